@@ -1,0 +1,44 @@
+# twinbolt: `make demo` runs the whole experiment on the embedded lab;
+# `make test` runs every test. Both set the machine up first if needed.
+
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+APT_PACKAGES := openssh-server openssh-client runit kmod iptables iproute2 iputils-ping \
+	binutils gcc procps util-linux
+STAMP := $(VENV)/.installed
+
+.PHONY: setup lab lab-down demo test lint unit verify lock
+
+setup: $(STAMP)
+
+$(STAMP): requirements.lock
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "setup: installing Debian packages: $$missing"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.lock
+	touch $(STAMP)
+
+lab: setup
+	$(PY) -m lab up
+	$(PY) -m lab status
+
+lab-down:
+	$(PY) -m lab down
+
+demo: lab
+	$(PY) -m lab status
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test: setup lint
+	$(PY) -m lab up
+	$(PY) -m pytest tests/unit tests/lab tests/e2e
+
+lock:
+	$(PY) -m pip freeze --exclude-editable > requirements.lock

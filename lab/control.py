@@ -1,0 +1,225 @@
+"""Bring the lab up, take it down, and say how it is.
+
+``up`` is idempotent: a healthy lab is left alone; a stale one (namespaces that
+survived while their processes did not, as after a session ends) is torn down
+and rebuilt. ``down`` removes every namespace, link, process and rule the lab
+made, by pid and by name, and succeeds on a half-built lab.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from lab import faults, hostfs, modules, network, ssh
+from lab.topology import (
+    HOSTS,
+    LINK_INTERFACE,
+    MODULE_NAME,
+    PYTHON,
+    REPO,
+    STATE,
+    WORKSTATIONS,
+    LabHost,
+    pid_file,
+    read_pid,
+)
+
+REQUIRED_TOOLS = ("ip", "nsenter", "unshare", "iptables", "tc", "/usr/sbin/sshd", "ssh",
+                  "ssh-keygen", "runsvdir", "sv", "modinfo", "depmod", "readelf", "objcopy",
+                  "gcc", "ld")
+LOGS = STATE / "logs"
+PROCESSES = [f"host-{host.name}" for host in HOSTS] + ["kernel"]
+
+
+class LabError(RuntimeError):
+    """The lab cannot do what was asked; the message says what to do."""
+
+
+def say(message: str) -> None:
+    print(f"lab: {message}", flush=True)
+
+
+def wait_for(what: str, condition: Callable[[], bool], timeout: float) -> None:
+    """Poll a condition with a bound; no fixed sleeps anywhere in the lab."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise LabError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def missing_tools() -> list[str]:
+    return [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
+
+
+def healthy() -> bool:
+    return all(read_pid(name) for name in PROCESSES) and all(
+        network.netns_exists(host.name) for host in HOSTS
+    )
+
+
+def has_remnants() -> bool:
+    return (
+        any(network.netns_exists(host.name) for host in HOSTS)
+        or network.link_exists("tblab0")
+        or any(pid_file(name).exists() for name in PROCESSES)
+    )
+
+
+def spawn(name: str, command: list[str]) -> int:
+    LOGS.mkdir(parents=True, exist_ok=True)
+    with (LOGS / f"{name}.log").open("ab") as log:
+        process = subprocess.Popen(
+            command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True,
+        )
+    pid_file(name).parent.mkdir(parents=True, exist_ok=True)
+    pid_file(name).write_text(str(process.pid))
+    return process.pid
+
+
+def sshd_answers(host: LabHost) -> bool:
+    try:
+        with socket.create_connection((host.management_address, 22), timeout=0.5) as sock:
+            return sock.recv(4).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def in_host(host: LabHost, *command: str) -> subprocess.CompletedProcess[str]:
+    """Run a command inside a host's namespaces, as its own processes see the world."""
+    pid = read_pid(f"host-{host.name}")
+    if pid is None:
+        raise LabError(f"host {host.name} is not running; run `python -m lab up`")
+    return subprocess.run(["nsenter", "-t", str(pid), "-m", "-u", "-n", *command],
+                          capture_output=True, text=True)
+
+
+def carrier(host: LabHost) -> bool:
+    out = network.in_netns(host.name, "ip", "-br", "link", "show", LINK_INTERFACE,
+                           check=False).stdout
+    return "LOWER_UP" in out or " UP " in out
+
+
+def boot_host(host: LabHost) -> None:
+    spawn(f"host-{host.name}", [
+        "ip", "netns", "exec", host.name, "unshare", "--mount", "--uts",
+        "--propagation", "private", str(PYTHON), "-m", "lab.hostinit", host.name,
+    ])
+
+
+def up() -> None:
+    missing = missing_tools()
+    if missing:
+        raise LabError(f"missing tools: {', '.join(missing)}; run `make setup`")
+    if healthy():
+        say("already up; nothing changed")
+        return
+    started = time.monotonic()
+    if has_remnants():
+        say("found a stale lab (namespaces without their processes): rebuilding")
+        down(quiet=True)
+    modules.build_all()
+    ssh.prepare()
+    for host in HOSTS:
+        hostfs.prepare(host)
+    network.create()
+    for host in HOSTS:
+        boot_host(host)
+    for host in HOSTS:
+        wait_for(f"sshd on {host.name} ({host.management_address}:22)",
+                 lambda host=host: sshd_answers(host), timeout=10)
+    for host in WORKSTATIONS:
+        # What the host's boot would do: load the distribution's driver.
+        loaded = in_host(host, "/usr/local/sbin/modprobe", MODULE_NAME)
+        if loaded.returncode != 0:
+            raise LabError(f"{host.name}: modprobe {MODULE_NAME} failed: {loaded.stderr}")
+    spawn("kernel", [str(PYTHON), "-m", "lab.kernel"])
+    for host in WORKSTATIONS:
+        wait_for(f"{LINK_INTERFACE} carrier on {host.name}", lambda host=host: carrier(host),
+                 timeout=10)
+    say(f"up in {time.monotonic() - started:.1f}s; ssh -F {ssh.CLIENT_CONFIG} wsa")
+
+
+def alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie that only waits to be reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def stop_pids(pids: list[int], timeout: float = 3.0) -> None:
+    """TERM, then KILL what is left: only the pids given, never by name."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if alive(pid)]
+        time.sleep(0.05)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def down(quiet: bool = False) -> None:
+    started = time.monotonic()
+    removed = []
+    pids = [pid for pid in (read_pid(name) for name in PROCESSES) if pid]
+    for host in HOSTS:
+        pids += network.netns_pids(host.name)
+    stop_pids(sorted(set(pids)))
+    if pids:
+        removed.append(f"{len(set(pids))} processes")
+    removed += network.destroy()
+    for name in PROCESSES:
+        pid_file(name).unlink(missing_ok=True)
+    faults.clear()
+    if not quiet:
+        what = ", ".join(removed) if removed else "nothing to remove"
+        say(f"down in {time.monotonic() - started:.1f}s ({what})")
+
+
+def loaded_driver(host: LabHost) -> str:
+    """Which of the lab's builds is loaded, by build-id, as twinbolt itself checks it."""
+    note = host.root / "sys-module" / MODULE_NAME / "notes" / ".note.gnu.build-id"
+    if not note.exists():
+        return "none"
+    loaded = note.read_bytes()[16:].hex()
+    for name, path in (("stock", modules.STOCK), ("candidate", modules.CANDIDATE)):
+        if modules.build_id(path) == loaded:
+            parameters = host.root / "sys-module" / MODULE_NAME / "parameters"
+            flags = ",".join(
+                f"{p.name}={p.read_text().strip()}" for p in sorted(parameters.iterdir())
+            )
+            return f"{name} ({flags})"
+    return f"unknown build-id {loaded}"
+
+
+def status() -> bool:
+    """Print each host's state; return whether the lab is fully up."""
+    is_up = healthy()
+    say(f"{'up' if is_up else 'down'}; state in {STATE}")
+    for host in HOSTS:
+        running = read_pid(f"host-{host.name}") is not None
+        sshd = "up" if running and sshd_answers(host) else "down"
+        line = f"  {host.name:4} {host.management_address:11}  sshd {sshd}"
+        if host.workstation and running:
+            link = "carrier" if carrier(host) else "no carrier"
+            line += f"  {LINK_INTERFACE} {host.link_address} {link}  driver {loaded_driver(host)}"
+        say(line)
+    say(f"  faults: {', '.join(faults.active()) or 'none'}")
+    return is_up

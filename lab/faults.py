@@ -1,0 +1,55 @@
+"""Named faults the lab can switch on, each a file under the lab's state.
+
+The lab kernel and the simulated servers read these files at the moment a fault
+would bite (a link retrain, a draft model load, a request), so switching one on
+needs no restart and switching it off leaves no trace.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+from lab.topology import LARGE_BACKEND_SERVICE, STATE, host_named
+
+FAULTS_DIR = STATE / "faults"
+
+FAULTS: dict[str, str] = {
+    "tx_credit_stall": "with tx_e2e=1 the controller never returns TX credits: nothing moves",
+    "peer_no_e2e": "each workstation's peer advertises prtcstns without bit 0 (TBNET_E2E)",
+    "link_10g": "the link retrains at 10 Gb/s",
+    "draft_init_crash": "a TP rank exits while the draft model initializes",
+    "rank_hang": "rank 0's /health answers but generation never completes",
+    "fallback_down": "the gateway's alternate (large) backend is stopped",
+}
+
+
+def check_name(name: str) -> None:
+    if name not in FAULTS:
+        raise KeyError(f"unknown fault {name!r}; faults are: {', '.join(FAULTS)}")
+
+
+def is_on(name: str) -> bool:
+    return (FAULTS_DIR / name).exists()
+
+
+def active() -> list[str]:
+    return [name for name in FAULTS if is_on(name)]
+
+
+def switch(name: str, on: bool) -> None:
+    """Turn a fault on or off; ``fallback_down`` also stops or starts the backend."""
+    check_name(name)
+    FAULTS_DIR.mkdir(parents=True, exist_ok=True)
+    if on:
+        (FAULTS_DIR / name).touch()
+    else:
+        (FAULTS_DIR / name).unlink(missing_ok=True)
+    if name == "fallback_down":
+        service = host_named("gw").root / "etc-sv" / LARGE_BACKEND_SERVICE
+        subprocess.run(["sv", "down" if on else "up", str(service)], check=True,
+                       capture_output=True)
+
+
+def clear() -> None:
+    for name in active():
+        (FAULTS_DIR / name).unlink(missing_ok=True)

@@ -1,0 +1,72 @@
+"""Each lab host's private files, laid out before the host boots.
+
+A host's ``/etc/sv``, ``/etc/service``, ``/var/log``, ``/var/lib`` and
+``/lib/modules`` (and, on workstations, ``/sys/module``, ``/sys/bus``, the
+link's statistics and the simulated commands in ``/usr/local/sbin``) are
+directories here, bind-mounted by ``lab.hostinit``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from lab import modules
+from lab.topology import (
+    LARGE_BACKEND_PORT,
+    LARGE_BACKEND_SERVICE,
+    PYTHON,
+    REPO,
+    LabHost,
+)
+
+SIMULATED_COMMANDS = {
+    "insmod": "lab.kmod_sim insmod",
+    "rmmod": "lab.kmod_sim rmmod",
+    "modprobe": "lab.kmod_sim modprobe",
+    "nvidia-smi": "lab.gpu_sim",
+}
+MODEL_DIRS = {True: ("qwen", "qwen-nextn"), False: ("large",)}
+
+
+def _script(path: Path, body: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+
+
+def large_backend_run_script(host: LabHost) -> str:
+    """The gateway's alternate backend: the SGLang simulator serving ``large``."""
+    return "\n".join([
+        "exec >>/var/log/lab-large.log 2>&1",
+        f"cd {REPO}",
+        f"export PYTHONPATH={REPO}",
+        f"exec {PYTHON} -m lab.sglang_sim --model-path /var/lib/models/large"
+        f" --served-model-name large --host {host.management_address}"
+        f" --port {LARGE_BACKEND_PORT} --context-length 262144 --enable-cache-report",
+    ])
+
+
+def prepare(host: LabHost) -> None:
+    """Lay out a host's files from nothing: a rebuilt host starts as if freshly booted."""
+    shutil.rmtree(host.root, ignore_errors=True)
+    for directory in ("etc-sv", "etc-service", "var-log", "var-lib", "lib/modules"):
+        (host.root / directory).mkdir(parents=True)
+    for model in MODEL_DIRS[host.workstation]:
+        model_dir = host.root / "var-lib" / "models" / model
+        model_dir.mkdir(parents=True)
+        (model_dir / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"]}\n')
+    modules.install_stock(host.root / "lib" / "modules")
+    if host.workstation:
+        (host.root / "sys-module" / "thunderbolt").mkdir(parents=True)
+        (host.root / "sys-module" / "thunderbolt" / "initstate").write_text("live\n")
+        (host.root / "sys-bus" / "thunderbolt" / "devices").mkdir(parents=True)
+        (host.root / "statistics").mkdir()
+        for command, module in SIMULATED_COMMANDS.items():
+            _script(host.root / "sbin" / command,
+                    f'PYTHONPATH={REPO} exec {PYTHON} -m {module} "$@"')
+    else:
+        service = host.root / "etc-sv" / LARGE_BACKEND_SERVICE
+        _script(service / "run", large_backend_run_script(host))
+        (host.root / "etc-service" / LARGE_BACKEND_SERVICE).symlink_to(
+            f"/etc/sv/{LARGE_BACKEND_SERVICE}")

@@ -1,0 +1,237 @@
+"""The lab kernel: what the Thunderbolt hardware and driver would do, as a loop.
+
+One process for the whole lab reconciles, every tick, what the simulated
+module state asks for with what the network shows:
+
+- a loaded ``thunderbolt_net`` brings ``thunderbolt0`` up after a retrain delay,
+  at 20 Gb/s (10 Gb/s under ``link_10g``), and an unloaded one leaves it down;
+- each side's XDomain sysfs shows the peer and, while the peer's driver is
+  loaded, its ``network`` service and capabilities (``prtcstns``);
+- the stock driver's receiver drops frames at a small rate (iptables
+  ``statistic``), so TCP really retransmits; the candidate with ``tx_e2e=1``
+  towards a peer that advertises E2E drops nothing; under ``tx_credit_stall``
+  it transmits nothing;
+- ``/sys/class/net/thunderbolt0/statistics`` shows the veth's real byte and
+  packet counters since the driver loaded, plus receiver errors equal to the
+  frames really dropped.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lab import faults
+from lab.network import in_netns, set_link_rate
+from lab.topology import (
+    DEGRADED_SPEED_GBPS,
+    IPTABLES_CHAINS,
+    LINK_INTERFACE,
+    LINK_LANES,
+    LINK_SPEED_GBPS,
+    MODULE_NAME,
+    RETRAIN_SECONDS,
+    WORKSTATIONS,
+    LabHost,
+    host_named,
+    read_pid,
+)
+
+TICK_SECONDS = 0.1
+E2E, MATCH_FRAGS_ID, FRAMES_64K = 0x1, 0x2, 0x4
+NET_DEV_FIELDS = ("rx_bytes", "rx_packets", "rx_errs", "rx_drop", "rx_fifo", "rx_frame",
+                  "rx_compressed", "rx_multicast", "tx_bytes", "tx_packets")
+
+
+@dataclass
+class ModuleState:
+    """What ``/sys/module/thunderbolt_net`` of one host says."""
+
+    loaded_at: float | None
+    parameters: dict[str, str]
+
+    @classmethod
+    def read(cls, host: LabHost) -> ModuleState:
+        module = host.root / "sys-module" / MODULE_NAME
+        try:
+            loaded_at = (module / "initstate").stat().st_mtime
+            parameters = {p.name: p.read_text().strip() for p in (module / "parameters").iterdir()}
+        except FileNotFoundError:
+            return cls(None, {})
+        return cls(loaded_at, parameters)
+
+    @property
+    def loaded(self) -> bool:
+        return self.loaded_at is not None
+
+    def flag(self, name: str) -> bool:
+        return self.parameters.get(name) == "Y"
+
+
+@dataclass
+class HostLink:
+    """The lab kernel's memory of one workstation's side of the link."""
+
+    host: LabHost
+    loaded_at: float | None = None
+    up: bool | None = None
+    rules: tuple[float, bool] | None = None
+    base: dict[str, int] = field(default_factory=dict)
+    # Drops counted by rules already flushed, by the current rules, and at the last load.
+    dropped_carried: int = 0
+    dropped_current: int = 0
+    dropped_at_load: int = 0
+    last_rx_packets: int = -1
+    written: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def dropped(self) -> int:
+        return self.dropped_carried + self.dropped_current
+
+
+def advertises_e2e(module: ModuleState) -> bool:
+    return module.loaded and module.flag("e2e") and not faults.is_on("peer_no_e2e")
+
+
+def tx_e2e_active(sender: ModuleState, receiver: ModuleState) -> bool:
+    """The candidate's TX E2E takes effect only with RX E2E on and a peer that has it."""
+    return sender.flag("tx_e2e") and sender.flag("e2e") and advertises_e2e(receiver)
+
+
+def write_if_changed(path: Path, value: str, cache: dict[str, str]) -> None:
+    if cache.get(str(path)) != value:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(value + "\n")
+        tmp.rename(path)
+        cache[str(path)] = value
+
+
+def xdomain_dir(host: LabHost) -> Path:
+    return host.root / "sys-bus" / "thunderbolt" / "devices"
+
+
+def write_xdomain(link: HostLink, peer: LabHost, peer_module: ModuleState,
+                  speed_gbps: float) -> None:
+    devices = xdomain_dir(link.host)
+    device = devices / "0-1"
+    values = {
+        "device_name": peer.name, "vendor_name": "twinbolt lab", "unique_id": peer.unique_id,
+        "rx_speed": f"{speed_gbps:.1f} Gb/s", "tx_speed": f"{speed_gbps:.1f} Gb/s",
+        "rx_lanes": str(LINK_LANES), "tx_lanes": str(LINK_LANES), "maxhopid": "15",
+    }
+    for name, value in values.items():
+        write_if_changed(device / name, value, link.written)
+    service = devices / "0-1.0"
+    if peer_module.loaded:
+        capabilities = MATCH_FRAGS_ID | FRAMES_64K | (E2E if advertises_e2e(peer_module) else 0)
+        service_values = {"key": "network", "prtcid": "1", "prtcvers": "1", "prtcrevs": "1",
+                          "prtcstns": f"0x{capabilities:08x}"}
+        for name, value in service_values.items():
+            write_if_changed(service / name, value, link.written)
+    elif service.exists():
+        for child in service.iterdir():
+            child.unlink()
+        service.rmdir()
+        link.written = {k: v for k, v in link.written.items() if not k.startswith(str(service))}
+
+
+def apply_rules(link: HostLink, rx_drop: float, tx_stall: bool) -> None:
+    if link.rules == (rx_drop, tx_stall):
+        return
+    link.dropped_carried += read_dropped(link.host)
+    link.dropped_current = 0
+    name = link.host.name
+    for chain in IPTABLES_CHAINS.values():
+        in_netns(name, "iptables", "-w", "-F", chain)
+    if rx_drop > 0:
+        in_netns(name, "iptables", "-w", "-A", IPTABLES_CHAINS["INPUT"], "-m", "statistic",
+                 "--mode", "random", "--probability", f"{rx_drop}", "-j", "DROP")
+    if tx_stall:
+        in_netns(name, "iptables", "-w", "-A", IPTABLES_CHAINS["OUTPUT"], "-j", "DROP")
+    link.rules = (rx_drop, tx_stall)
+
+
+def read_dropped(host: LabHost) -> int:
+    """Frames the receiver lost: the packet counter of the RX chain's DROP rule."""
+    out = in_netns(host.name, "iptables", "-w", "-nvxL", IPTABLES_CHAINS["INPUT"]).stdout
+    return sum(int(line.split()[0]) for line in out.splitlines()[2:] if "DROP" in line)
+
+
+def read_net_dev(host: LabHost) -> dict[str, int] | None:
+    pid = read_pid(f"host-{host.name}")
+    if pid is None:
+        return None
+    for line in Path(f"/proc/{pid}/net/dev").read_text().splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == LINK_INTERFACE:
+            return dict(zip(NET_DEV_FIELDS, map(int, counters.split()), strict=False))
+    return None
+
+
+def write_statistics(link: HostLink, module: ModuleState) -> None:
+    counters = read_net_dev(link.host)
+    if counters is None:
+        return
+    if module.loaded_at != link.loaded_at:
+        # A reload makes a new net device: its counters start from zero.
+        link.base, link.loaded_at = dict(counters), module.loaded_at
+        link.dropped_at_load = link.dropped
+    if counters["rx_packets"] != link.last_rx_packets:
+        # Drops only happen to received frames: skip iptables when nothing arrived.
+        link.dropped_current = read_dropped(link.host)
+        link.last_rx_packets = counters["rx_packets"]
+    dropped = link.dropped - link.dropped_at_load
+    crc = dropped // 5
+    values = {
+        name: counters[name] - link.base.get(name, 0)
+        for name in ("rx_bytes", "rx_packets", "tx_bytes", "tx_packets")
+    }
+    values.update(rx_crc_errors=crc, rx_missed_errors=dropped - crc, rx_length_errors=0,
+                  rx_over_errors=0, rx_errors=dropped, tx_errors=0, rx_dropped=0, tx_dropped=0)
+    statistics = link.host.root / "statistics"
+    for name, value in values.items():
+        write_if_changed(statistics / name, str(value), link.written)
+
+
+def set_up(link: HostLink, up: bool, speed_gbps: float) -> None:
+    if up == link.up:
+        return
+    if up:
+        set_link_rate(link.host.name, speed_gbps)
+    in_netns(link.host.name, "ip", "link", "set", LINK_INTERFACE, "up" if up else "down")
+    link.up = up
+
+
+def tick(links: dict[str, HostLink], speeds: dict[str, float]) -> None:
+    modules = {name: ModuleState.read(link.host) for name, link in links.items()}
+    now = time.time()
+    for name, link in links.items():
+        peer = host_named(link.host.peer or "")
+        module, peer_module = modules[name], modules[peer.name]
+        trained = module.loaded and now - (module.loaded_at or now) >= RETRAIN_SECONDS
+        if trained and not link.up:
+            # Training happens now, so a fault switched on before it bites here.
+            speeds[name] = DEGRADED_SPEED_GBPS if faults.is_on("link_10g") else LINK_SPEED_GBPS
+        set_up(link, trained, speeds[name])
+        write_xdomain(link, peer, peer_module, speeds[name])
+        rx_drop = 0.0 if tx_e2e_active(peer_module, module) else link.host.stock_rx_drop
+        tx_stall = tx_e2e_active(module, peer_module) and faults.is_on("tx_credit_stall")
+        apply_rules(link, rx_drop, tx_stall)
+        write_statistics(link, module)
+
+
+def main() -> None:
+    links = {host.name: HostLink(host) for host in WORKSTATIONS}
+    speeds = {host.name: LINK_SPEED_GBPS for host in WORKSTATIONS}
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        tick(links, speeds)
+        time.sleep(TICK_SECONDS)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Where the lab's hosts, links, files and processes live.
+
+Everything the lab creates on the machine is named here, so that ``down`` can
+remove exactly what ``up`` made and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STATE = Path(os.environ.get("TWINBOLT_LAB_STATE", REPO / ".lab"))
+PYTHON = REPO / ".venv" / "bin" / "python"
+
+BRIDGE = "tblab0"
+BRIDGE_ADDRESS = "10.66.0.1/24"
+LINK_INTERFACE = "thunderbolt0"
+LINK_PREFIX = 24
+IPTABLES_CHAINS = {"INPUT": "TBLAB_RX", "OUTPUT": "TBLAB_TX"}
+
+# The field report's link: one USB4 lane trained at 20 Gb/s.
+LINK_SPEED_GBPS = 20.0
+DEGRADED_SPEED_GBPS = 10.0
+LINK_LANES = 1
+RETRAIN_SECONDS = 1.0
+
+MODULE_NAME = "thunderbolt_net"
+STOCK_MODULE_RELPATH = "kernel/drivers/net/thunderbolt/thunderbolt_net.ko"
+GPU_NAME = "NVIDIA GeForce RTX 5090"
+GPU_MEMORY_MIB = 32607
+
+LARGE_BACKEND_SERVICE = "lab-large"
+LARGE_BACKEND_PORT = 31000
+
+
+@dataclass(frozen=True)
+class LabHost:
+    """One simulated host: a namespace pair, its management address and its role."""
+
+    name: str
+    management_address: str
+    workstation: bool
+    link_address: str | None = None
+    peer: str | None = None
+    # The stock driver's receiver drops frames at this rate; uneven on purpose,
+    # as on the field report's pair where one direction corrupted more.
+    stock_rx_drop: float = 0.0
+    unique_id: str = ""
+
+    @property
+    def root(self) -> Path:
+        """The host's private files, bind-mounted over its real paths."""
+        return STATE / "hosts" / self.name
+
+    @property
+    def management_veth(self) -> str:
+        return f"tblab-{self.name}"
+
+
+HOSTS: tuple[LabHost, ...] = (
+    LabHost(
+        "wsa", "10.66.0.11", True, "169.254.77.1", "wsb", 0.004,
+        "d1e5a000-0000-4a00-8000-00000000a0a0",
+    ),
+    LabHost(
+        "wsb", "10.66.0.12", True, "169.254.77.2", "wsa", 0.012,
+        "d1e5b000-0000-4b00-8000-00000000b0b0",
+    ),
+    LabHost("gw", "10.66.0.13", False),
+)
+WORKSTATIONS = tuple(host for host in HOSTS if host.workstation)
+
+
+def host_named(name: str) -> LabHost:
+    """Look a lab host up by name, with an error that lists the real ones."""
+    for host in HOSTS:
+        if host.name == name:
+            return host
+    raise KeyError(f"no lab host {name!r}; lab hosts are {', '.join(h.name for h in HOSTS)}")
+
+
+def pid_file(name: str) -> Path:
+    return STATE / "pids" / f"{name}.pid"
+
+
+def read_pid(name: str) -> int | None:
+    """The pid recorded for one of the lab's processes, if it is still alive."""
+    try:
+        pid = int(pid_file(name).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    return pid
