@@ -1,0 +1,28 @@
+"""
+pyinfra's config file: the CLI executes it once per run, after parsing the
+command line and before it loads the inventory or connects to any host.
+
+twinbolt uses it to refuse an unknown or missing target state before anything
+else happens. It has to be here, because no later hook is early enough:
+``--data state=NAME`` reaches host data only when pyinfra builds the final
+inventory, after ``inventory.py`` and ``group_data/`` have run (neither sees
+``--data``), and the next code of ours pyinfra runs is ``deploy.py``, which it
+loads only after ``connect_all()`` has connected to every host. A typo must not
+cost a round of connections, let alone a half-run, so the check reads the CLI's
+own parsed arguments from click's context.
+"""
+
+from pathlib import Path
+
+import click
+
+from operations.states import resolve_state
+
+# None when pyinfra is driven through its Python API, which takes no --data.
+_cli = click.get_current_context(silent=True)
+if _cli is not None:
+    _data = dict(item.split("=", 1) for item in _cli.params["data"] if "=" in item)
+    # Other commands (debug-inventory, exec, fact) need no state, but a state
+    # given to any of them must still be a real one.
+    if "state" in _data or any(Path(op).name == "deploy.py" for op in _cli.params["operations"]):
+        resolve_state(_data.get("state"))

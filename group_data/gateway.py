@@ -1,0 +1,11 @@
+"""
+Defaults for the gateway, read from the site model (see ``workstations.py``).
+"""
+
+from operations.site import GatewayRoles, LargeBackend, site_default
+
+gateway_roles_router_port = site_default(GatewayRoles, "router_port")
+gateway_roles_litellm_port = site_default(GatewayRoles, "litellm_port")
+gateway_roles_master_key_file = site_default(GatewayRoles, "master_key_file")
+gateway_roles_large_api_key_env = site_default(LargeBackend, "api_key_env")
+gateway_roles_large_api_key_file = site_default(LargeBackend, "api_key_file")

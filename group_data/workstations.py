@@ -1,0 +1,27 @@
+"""
+Defaults for the workstations.
+
+Each value is read from the site model (``operations/site.py``), where it is
+written once; a site file's own values reach the hosts as host data and win over
+these, so in practice these defaults serve the embedded lab. Every name exists
+even when its default is ``None``, because pyinfra raises on a missing
+``host.data`` key.
+"""
+
+from operations.site import Candidate, Link, Serving, site_default
+
+link_interface = site_default(Link, "interface")
+link_expected_rate_gbps = site_default(Link, "expected_rate_gbps")
+link_expected_lanes = site_default(Link, "expected_lanes")
+
+candidate_module_name = site_default(Candidate, "module_name")
+
+serving_quantization = site_default(Serving, "quantization")
+serving_context_length = site_default(Serving, "context_length")
+serving_mem_fraction_static = site_default(Serving, "mem_fraction_static")
+serving_draft_model_path = site_default(Serving, "draft_model_path")
+serving_port = site_default(Serving, "port")
+serving_dist_init_port = site_default(Serving, "dist_init_port")
+serving_sglang_module = site_default(Serving, "sglang_module")
+serving_min_sglang_version = site_default(Serving, "min_sglang_version")
+serving_init_system = site_default(Serving, "init_system")

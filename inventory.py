@@ -1,0 +1,62 @@
+"""
+The hosts: a real site when ``TWINBOLT_SITE`` names a site file, else the embedded lab.
+
+Groups: ``workstations`` (rank 0 first) and ``gateway``; the lab's hosts are also
+in ``lab``, defined last so that ``group_data/lab.py`` wins over the
+``workstations`` and ``gateway`` defaults (pyinfra applies group data in the
+order the groups are defined here).
+
+A site's values arrive as host data (see ``operations/site.py``), so they win
+over every ``group_data/`` default. The lab's host data is only what differs
+between its hosts; the rest is ``group_data/``.
+"""
+
+import os
+from pathlib import Path
+
+from operations.site import SITE_ENV, load_site
+
+if os.environ.get(SITE_ENV):
+    _site = load_site(os.environ[SITE_ENV])
+    workstations = _site.workstation_hosts()
+    gateway = _site.gateway_hosts()
+
+else:
+    # `python -m lab up` creates these files; the lab's own topology honours the
+    # same TWINBOLT_LAB_STATE override.
+    _LAB = Path(os.environ.get("TWINBOLT_LAB_STATE", Path(__file__).resolve().parent / ".lab"))
+    _CANDIDATE = _LAB / "modules" / "candidate" / "thunderbolt_net.ko"
+    _CANDIDATE_SHA256 = _CANDIDATE.with_name(_CANDIDATE.name + ".sha256")
+
+    def _lab_ssh(address: str) -> dict[str, object]:
+        return {
+            "ssh_hostname": address,
+            "ssh_user": "root",
+            "ssh_port": 22,
+            "ssh_key": str(_LAB / "ssh" / "id_ed25519"),
+            "ssh_known_hosts_file": str(_LAB / "ssh" / "known_hosts"),
+            "ssh_strict_host_key_checking": "yes",
+        }
+
+    def _lab_workstation(rank: int, address: str, link: str, peer_link: str) -> dict[str, object]:
+        return {
+            **_lab_ssh(address),
+            "rank": rank,
+            "thunderbolt_address": link,
+            "peer_thunderbolt_address": peer_link,
+            "candidate_path": str(_CANDIDATE),
+            # Until the lab has built the candidate there is no checksum; the
+            # driver layer reports that, the inventory must still load.
+            "candidate_sha256": (
+                next(iter(_CANDIDATE_SHA256.read_text().split()), None)
+                if _CANDIDATE_SHA256.exists()
+                else None
+            ),
+        }
+
+    workstations = [
+        ("wsa", _lab_workstation(0, "10.66.0.11", "169.254.77.1", "169.254.77.2")),
+        ("wsb", _lab_workstation(1, "10.66.0.12", "169.254.77.2", "169.254.77.1")),
+    ]
+    gateway = [("gw", _lab_ssh("10.66.0.13"))]
+    lab = ["wsa", "wsb", "gw"]

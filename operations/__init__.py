@@ -1,0 +1,1 @@
+"""twinbolt's layers: one module per layer (states, driver, link, serving, gateway, verify)."""

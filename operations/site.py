@@ -1,0 +1,349 @@
+"""
+A real site: its hosts and settings, read from the TOML file named by ``TWINBOLT_SITE``.
+
+The file is validated once, here, when the inventory loads: a mistyped key, a
+value SGLang would refuse or a malformed checksum stops the run before any host
+is touched, with a message naming the key and what it may be, instead of
+surfacing halfway through a transition with production already stopped.
+
+The models' defaults are the only place a default is written. Each host gets the
+site as flat pyinfra host data: TOML ``[section] key`` becomes ``section_key``
+(nested tables join with ``_`` too); a host table's ``ssh_*`` keys and
+``[ssh]`` become pyinfra's own SSH connector keys. ``group_data/`` publishes the
+same names with these defaults (via :func:`site_default`) for the embedded lab,
+which has no site file.
+"""
+
+import os
+import re
+import tomllib
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    PositiveFloat,
+    PositiveInt,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+from pyinfra.api.exceptions import InventoryError
+
+SITE_ENV = "TWINBOLT_SITE"
+
+
+class SiteError(InventoryError):
+    """
+    The site file is missing, unreadable or invalid.
+
+    An ``InventoryError`` because the inventory is where it is raised: pyinfra's
+    CLI then prints the message and exits non-zero, without a traceback.
+    """
+
+
+def _from_site_dir(path: Path, info: ValidationInfo) -> Path:
+    # Relative to the site file, not to wherever pyinfra happens to be run from.
+    return (info.context or {}).get("site_dir", Path()) / path.expanduser()
+
+
+def _lowercase_sha256(value: str) -> str:
+    value = value.lower()
+    if len(value) != 64 or any(char not in "0123456789abcdef" for char in value):
+        raise ValueError("must be 64 hexadecimal digits, as printed by sha256sum")
+    return value
+
+
+def _link_local(address: IPv4Address) -> IPv4Address:
+    # An address from another network is the usual slip, and it is a dangerous
+    # one: the peer would still answer, over the LAN, and "prove" the cable.
+    if not address.is_link_local:
+        raise ValueError("must be an IPv4 link-local address (169.254.0.0/16)")
+    return address
+
+
+Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+LocalPath = Annotated[Path, AfterValidator(_from_site_dir)]
+Sha256 = Annotated[str, AfterValidator(_lowercase_sha256)]
+LinkLocalAddress = Annotated[IPv4Address, AfterValidator(_link_local)]
+Version = Annotated[str, StringConstraints(pattern=r"^\d+(\.\d+)*$")]
+
+# SGLang v0.5.9's --quantization choices (argparse exits 2 on anything else).
+# NVFP4 checkpoints are "modelopt_fp4"; there is no plain "nvfp4".
+Quantization = Literal[
+    "awq",
+    "fp8",
+    "gptq",
+    "marlin",
+    "gptq_marlin",
+    "awq_marlin",
+    "bitsandbytes",
+    "gguf",
+    "modelopt",
+    "modelopt_fp8",
+    "modelopt_fp4",
+    "petit_nvfp4",
+    "w8a8_int8",
+    "w8a8_fp8",
+    "moe_wna16",
+    "w4afp8",
+    "mxfp4",
+]
+
+
+class _Section(BaseModel):
+    # extra="forbid": a mistyped key is an error, not a silently ignored setting.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Host(_Section):
+    """A host twinbolt reaches over SSH; the ``ssh_*`` keys are pyinfra's own."""
+
+    name: Text
+    ssh_hostname: Text
+    ssh_user: Text = "root"
+    ssh_port: Port = 22
+    ssh_key: LocalPath | None = None
+
+
+class Workstation(Host):
+    """A GPU workstation: one end of the Thunderbolt link."""
+
+    thunderbolt_address: LinkLocalAddress
+
+
+class Ssh(_Section):
+    """SSH settings shared by every host."""
+
+    known_hosts_file: LocalPath | None = None
+    # twinbolt swaps kernel modules as root: a host key never seen before is a
+    # reason to stop. pyinfra's own default would be "accept-new".
+    strict_host_key_checking: Literal["yes", "accept-new"] = "yes"
+
+
+class Link(_Section):
+    """What a healthy Thunderbolt link looks like after it (re)trains."""
+
+    interface: Text = "thunderbolt0"
+    # speed x lanes, as the XDomain reports them (rx_speed "20.0 Gb/s", rx_lanes 1).
+    expected_rate_gbps: PositiveFloat = 20.0
+    expected_lanes: Literal[1, 2] = 1
+
+
+class Candidate(_Section):
+    """The pinned candidate ``thunderbolt_net`` module, built elsewhere and uploaded."""
+
+    path: LocalPath
+    sha256: Sha256
+    module_name: Text = "thunderbolt_net"
+
+
+class Serving(_Section):
+    """How SGLang runs on the workstations, as replicas or as TP ranks."""
+
+    model_path: Text
+    served_model_name: Text
+    quantization: Quantization = "modelopt_fp4"
+    # None: leave SGLang's own default (the model's context, the memory heuristic).
+    context_length: PositiveInt | None = None
+    mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = None
+    # None: NEXTN drafts with the model's own MTP head.
+    draft_model_path: Text | None = None
+    port: Port = 30000
+    dist_init_port: Port = 5757
+    python: Text
+    sglang_module: Text = "sglang.launch_server"
+    # The release the SGLang facts in REFERENCE.md (NEXTN flags, /server_info) hold for.
+    min_sglang_version: Version = "0.5.9"
+    user: Text
+    init_system: Literal["systemd", "runit"] = "systemd"
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> "Serving":
+        if self.port == self.dist_init_port:
+            raise ValueError("port and dist_init_port must differ: rank 0 binds both")
+        return self
+
+
+class LargeBackend(_Section):
+    """The alternate larger backend behind the gateway's ``large`` role."""
+
+    api_base: HttpUrl
+    served_model_name: Text
+    api_key_env: Text | None = None
+    # A path on the gateway.
+    api_key_file: Text | None = None
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> "LargeBackend":
+        if self.api_key_env and self.api_key_file:
+            raise ValueError("set api_key_env or api_key_file, not both")
+        return self
+
+
+class GatewayRoles(_Section):
+    """The gateway's services: LiteLLM (the public roles) and sglang-router."""
+
+    # Not sglang-router's default 30000: that is SGLang's port, and a gateway
+    # may run a backend too (the lab's does).
+    router_port: Port = 30080
+    litellm_port: Port = 4000
+    # A path on the gateway; LiteLLM refuses to start without a master key.
+    master_key_file: Text = "/etc/twinbolt/litellm_master_key"
+    large: LargeBackend
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> "GatewayRoles":
+        if self.router_port == self.litellm_port:
+            raise ValueError("router_port and litellm_port must differ")
+        return self
+
+
+class Site(_Section):
+    """A whole site: two workstations (rank 0 first), a gateway and their settings."""
+
+    workstations: Annotated[list[Workstation], Field(min_length=2, max_length=2)]
+    gateway: Host
+    ssh: Ssh = Field(default_factory=Ssh)
+    link: Link = Field(default_factory=Link)
+    candidate: Candidate
+    serving: Serving
+    gateway_roles: GatewayRoles
+
+    @model_validator(mode="after")
+    def _distinct_hosts(self) -> "Site":
+        names = [host.name for host in (*self.workstations, self.gateway)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"host names must be distinct, got {', '.join(names)}")
+        if self.workstations[0].thunderbolt_address == self.workstations[1].thunderbolt_address:
+            raise ValueError("the workstations' thunderbolt_address values must differ")
+        return self
+
+    def workstation_hosts(self) -> list[tuple[str, dict[str, Any]]]:
+        """The ``workstations`` inventory group, rank 0 first, each with its peer's address."""
+
+        shared = {
+            **_flat("link", self.link.model_dump(mode="json")),
+            **_flat("candidate", self.candidate.model_dump(mode="json")),
+            **_flat("serving", self.serving.model_dump(mode="json")),
+        }
+        return [
+            (
+                workstation.name,
+                {
+                    **self._ssh_data(workstation),
+                    "rank": rank,
+                    "thunderbolt_address": str(workstation.thunderbolt_address),
+                    "peer_thunderbolt_address": str(
+                        self.workstations[1 - rank].thunderbolt_address
+                    ),
+                    **shared,
+                },
+            )
+            for rank, workstation in enumerate(self.workstations)
+        ]
+
+    def gateway_hosts(self) -> list[tuple[str, dict[str, Any]]]:
+        """The ``gateway`` inventory group: its one host."""
+
+        return [
+            (
+                self.gateway.name,
+                {
+                    **self._ssh_data(self.gateway),
+                    **_flat("gateway_roles", self.gateway_roles.model_dump(mode="json")),
+                },
+            )
+        ]
+
+    def _ssh_data(self, host: Host) -> dict[str, Any]:
+        data = {
+            **host.model_dump(mode="json", include=set(Host.model_fields) - {"name"}),
+            **_flat("ssh", self.ssh.model_dump(mode="json")),
+        }
+        # pyinfra type-checks its connector keys and refuses None: an unset
+        # key must be absent so that pyinfra's own default applies.
+        return {key: value for key, value in data.items() if value is not None}
+
+
+def _flat(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(_flat(f"{prefix}_{key}", value))
+        else:
+            flat[f"{prefix}_{key}"] = value
+    return flat
+
+
+def site_default(model: type[BaseModel], field: str) -> Any:
+    """A field's default, for ``group_data/`` to publish without writing it twice."""
+
+    return model.model_fields[field].get_default(call_default_factory=True)
+
+
+def load_site(path: str | os.PathLike[str]) -> Site:
+    """
+    Read and validate a site file (the inventory passes the one ``TWINBOLT_SITE`` names).
+
+    Every problem is reported at once, one ``file: key.path: what is wrong`` line
+    each, as a :class:`SiteError`.
+    """
+
+    path = Path(path)
+    try:
+        with path.open("rb") as file:
+            document = tomllib.load(file)
+    except FileNotFoundError:
+        raise SiteError(
+            f"site file {path} does not exist (it is named by {SITE_ENV}; "
+            f"unset {SITE_ENV} to target the embedded lab)"
+        ) from None
+    except OSError as error:
+        raise SiteError(f"site file {path} cannot be read: {error.strerror}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise SiteError(f"{path}: not valid TOML: {error}") from None
+
+    try:
+        return Site.model_validate(document, context={"site_dir": path.parent.resolve()})
+    except ValidationError as error:
+        lines = [f"{path}: {_describe(problem)}" for problem in error.errors()]
+        raise SiteError("\n".join(lines)) from None
+
+
+def _describe(problem: Any) -> str:
+    location = problem["loc"]
+    where = ".".join(str(part) for part in location) or "(top level)"
+    if problem["type"] == "missing":
+        return f"{where}: required, but missing"
+    if problem["type"] == "extra_forbidden":
+        allowed = ", ".join(_model_at(location[:-1]).model_fields)
+        return f"{where}: unknown key; allowed here: {allowed}"
+    if problem["type"] == "value_error":
+        message = str(problem["ctx"]["error"])
+    else:
+        message = re.sub(r"^Input\b", "value", problem["msg"])
+    if isinstance(problem["input"], (str, int, float)):
+        message = f"{message} (got {problem['input']!r})"
+    return f"{where}: {message}"
+
+
+def _model_at(location: tuple[Any, ...]) -> type[BaseModel]:
+    model: type[BaseModel] = Site
+    for part in location:
+        # A list index names an item of the list whose model is already in hand.
+        if isinstance(part, str):
+            annotation = model.model_fields[part].annotation
+            model = next(
+                candidate
+                for candidate in (annotation, *get_args(annotation))
+                if isinstance(candidate, type) and issubclass(candidate, BaseModel)
+            )
+    return model

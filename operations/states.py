@@ -1,0 +1,138 @@
+"""
+The named states of the experiment, each a value of four layers.
+
+One registry, so that ``deploy.py``, the testinfra checks and the campaign all
+mean the same thing by a state's name, and so that "change one layer at a time"
+(the field report's third lesson) is something code can check: two states differ
+exactly in the layers :func:`layers_changed` returns.
+"""
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+from pyinfra.api.exceptions import PyinfraError
+
+
+class _Value(BaseModel):
+    # Frozen: a state is a value; nothing downstream may edit the registry's copy.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Speculative(_Value):
+    """
+    The speculative decoder's settings, passed to SGLang as
+    ``--speculative-algorithm``, ``--speculative-num-steps``,
+    ``--speculative-eagle-topk`` and ``--speculative-num-draft-tokens``.
+    """
+
+    # NEXTN uses the model's own MTP head; SGLang reports it back as EAGLE.
+    algorithm: Literal["NEXTN"]
+    num_steps: int
+    eagle_topk: int
+    num_draft_tokens: int
+
+
+# The field report's setting, written "NEXTN 3/1/4" in DESIGN.md.
+NEXTN_3_1_4 = Speculative(algorithm="NEXTN", num_steps=3, eagle_topk=1, num_draft_tokens=4)
+
+
+class State(_Value):
+    """
+    One named state: what each layer must be for the hosts to be in it.
+
+    + driver: ``stock`` (the distribution's ``thunderbolt_net``) or ``candidate``
+      (the pinned out-of-tree module, loaded with ``tx_e2e=1``)
+    + serving: ``replicas`` (one single-GPU server per workstation, behind the
+      router) or ``tp2`` (one server split across both workstations)
+    + speculative: the speculative decoder's settings, or ``None`` for none
+    + gateway_fallback: whether the gateway carries the temporary general
+      fallback ``small -> large`` that keeps the ``small`` role answering while
+      the replicas are down
+    """
+
+    name: str
+    driver: Literal["stock", "candidate"]
+    serving: Literal["replicas", "tp2"]
+    speculative: Speculative | None
+    gateway_fallback: bool
+
+
+# In DESIGN.md's order, which is also the order a transition changes them in.
+LAYERS = ("driver", "serving", "speculative", "gateway_fallback")
+
+STATES: dict[str, State] = {
+    state.name: state
+    for state in (
+        State(
+            name="production",
+            driver="stock",
+            serving="replicas",
+            speculative=None,
+            gateway_fallback=False,
+        ),
+        State(
+            name="tp2_stock",
+            driver="stock",
+            serving="tp2",
+            speculative=NEXTN_3_1_4,
+            gateway_fallback=True,
+        ),
+        State(
+            name="tp2_e2e",
+            driver="candidate",
+            serving="tp2",
+            speculative=NEXTN_3_1_4,
+            gateway_fallback=True,
+        ),
+        # The two _nospec states are the matched controls the field report lacked:
+        # they separate the driver's effect from the speculative decoder's.
+        State(
+            name="tp2_stock_nospec",
+            driver="stock",
+            serving="tp2",
+            speculative=None,
+            gateway_fallback=True,
+        ),
+        State(
+            name="tp2_e2e_nospec",
+            driver="candidate",
+            serving="tp2",
+            speculative=None,
+            gateway_fallback=True,
+        ),
+    )
+}
+
+
+class UnknownState(PyinfraError, ValueError):
+    """
+    A state name that is not in the registry, or no name at all.
+
+    A ``PyinfraError`` so that, raised anywhere in a pyinfra run, the CLI prints
+    the message and exits non-zero instead of dumping a traceback.
+    """
+
+
+def resolve_state(name: str | None) -> State:
+    """
+    The state called ``name``; :class:`UnknownState` listing the valid names if
+    there is none, so a typo is answered with the list to pick from.
+    """
+
+    if isinstance(name, str) and name in STATES:
+        return STATES[name]
+    choices = ", ".join(STATES)
+    if name is None:
+        raise UnknownState(f"no state given (--data state=NAME); the states are: {choices}")
+    raise UnknownState(f"unknown state {name!r}; the states are: {choices}")
+
+
+def layers_changed(a: State, b: State) -> list[str]:
+    """
+    The layers that differ between two states, in :data:`LAYERS` order.
+
+    The campaign refuses a step that changes more than one layer, so that every
+    measured difference has a single cause.
+    """
+
+    return [layer for layer in LAYERS if getattr(a, layer) != getattr(b, layer)]

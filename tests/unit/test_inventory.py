@@ -1,0 +1,156 @@
+"""inventory.py and group_data/, as pyinfra itself loads them (debug-inventory --json)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LAB = REPO / ".lab"
+MINIMAL_SITE = (Path(__file__).parent / "minimal_site.toml").read_text()
+
+
+@pytest.fixture
+def inventory(run_pyinfra):
+    """The hosts pyinfra sees, by name: {"groups": [...], "data": {...}}."""
+
+    def load(**env: str) -> dict[str, dict]:
+        result = run_pyinfra("inventory.py", "debug-inventory", "--json", **env)
+        assert result.returncode == 0, result.stderr
+        return {host["name"]: host for host in json.loads(result.stdout)}
+
+    return load
+
+
+def groups(hosts: dict[str, dict]) -> dict[str, list[str]]:
+    members: dict[str, list[str]] = {}
+    for name, host in hosts.items():
+        for group in host["groups"]:
+            members.setdefault(group, []).append(name)
+    return members
+
+
+def test_lab_groups(inventory):
+    members = groups(inventory())
+    assert members["workstations"] == ["wsa", "wsb"]
+    assert members["gateway"] == ["gw"]
+    assert members["lab"] == ["wsa", "wsb", "gw"]
+
+
+def test_lab_ssh_data(inventory):
+    hosts = inventory()
+    for name, address in (("wsa", "10.66.0.11"), ("wsb", "10.66.0.12"), ("gw", "10.66.0.13")):
+        data = hosts[name]["data"]
+        assert data["ssh_hostname"] == address
+        assert data["ssh_user"] == "root"
+        assert data["ssh_port"] == 22
+        assert data["ssh_key"] == str(LAB / "ssh" / "id_ed25519")
+        assert data["ssh_known_hosts_file"] == str(LAB / "ssh" / "known_hosts")
+        assert data["ssh_strict_host_key_checking"] == "yes"
+
+
+def test_lab_workstations_know_their_rank_and_the_link(inventory):
+    hosts = inventory()
+    wsa, wsb = hosts["wsa"]["data"], hosts["wsb"]["data"]
+    assert (wsa["rank"], wsb["rank"]) == (0, 1)
+    assert (wsa["thunderbolt_address"], wsa["peer_thunderbolt_address"]) == (
+        "169.254.77.1",
+        "169.254.77.2",
+    )
+    assert (wsb["thunderbolt_address"], wsb["peer_thunderbolt_address"]) == (
+        "169.254.77.2",
+        "169.254.77.1",
+    )
+    for data in (wsa, wsb):
+        assert data["link_interface"] == "thunderbolt0"
+        assert data["link_expected_rate_gbps"] == 20.0
+        assert data["link_expected_lanes"] == 1
+        assert data["candidate_module_name"] == "thunderbolt_net"
+        assert data["run_dir"] == "/run/twinbolt"
+
+
+def test_lab_overrides_serving(inventory):
+    data = inventory()["wsa"]["data"]
+    assert data["serving_init_system"] == "runit"
+    assert data["serving_python"] == str(REPO / ".venv" / "bin" / "python")
+    assert data["serving_sglang_module"] == "lab.sglang_sim"
+    assert data["serving_model_path"] == "/var/lib/models/qwen"
+    assert data["serving_quantization"] == "modelopt_fp4"
+    assert data["serving_port"] == 30000
+
+
+def test_lab_candidate_checksum_is_read_when_the_lab_has_built_it(inventory, tmp_path):
+    candidate = tmp_path / "modules" / "candidate" / "thunderbolt_net.ko"
+    candidate.parent.mkdir(parents=True)
+    candidate.with_name("thunderbolt_net.ko.sha256").write_text(
+        "ab" * 32 + "  thunderbolt_net.ko\n"
+    )
+    data = inventory(TWINBOLT_LAB_STATE=str(tmp_path))["wsb"]["data"]
+    assert data["candidate_path"] == str(candidate)
+    assert data["candidate_sha256"] == "ab" * 32
+
+
+def test_lab_without_a_candidate_still_loads(inventory, tmp_path):
+    data = inventory(TWINBOLT_LAB_STATE=str(tmp_path))["wsa"]["data"]
+    assert data["candidate_sha256"] is None
+
+
+def test_site_groups_and_data(inventory, write_site, tmp_path):
+    hosts = inventory(TWINBOLT_SITE=str(write_site()))
+    members = groups(hosts)
+    assert members["workstations"] == ["ws0", "ws1"]
+    assert members["gateway"] == ["gw0"]
+    assert "lab" not in members
+
+    ws1 = hosts["ws1"]["data"]
+    assert ws1["rank"] == 1
+    assert ws1["ssh_hostname"] == "127.0.0.1"
+    assert ws1["ssh_port"] == 1
+    assert ws1["ssh_strict_host_key_checking"] == "yes"
+    # Unset connector keys are absent, not None: pyinfra refuses None for them.
+    assert "ssh_key" not in ws1
+    assert "ssh_known_hosts_file" not in ws1
+    assert ws1["thunderbolt_address"] == "169.254.77.2"
+    assert ws1["peer_thunderbolt_address"] == "169.254.77.1"
+    assert ws1["candidate_path"] == str(tmp_path / "modules" / "thunderbolt_net.ko")
+    assert ws1["serving_init_system"] == "systemd"
+    assert ws1["serving_sglang_module"] == "sglang.launch_server"
+    assert ws1["run_dir"] == "/run/twinbolt"
+
+    gw0 = hosts["gw0"]["data"]
+    assert gw0["gateway_roles_large_api_base"] == "http://127.0.0.1:1/v1"
+    assert gw0["gateway_roles_litellm_port"] == 4000
+
+
+def test_site_values_win_over_group_data(inventory, write_site):
+    site = write_site(MINIMAL_SITE + "\n[link]\nexpected_rate_gbps = 40.0\nexpected_lanes = 2\n")
+    data = inventory(TWINBOLT_SITE=str(site))["ws0"]["data"]
+    assert (data["link_expected_rate_gbps"], data["link_expected_lanes"]) == (40.0, 2)
+
+
+def test_lab_hosts_have_every_key_a_site_gives(inventory, write_site):
+    # group_data/ publishes the site model's defaults under the names a site's
+    # host data uses; a name out of step would leave a lab host without a key.
+    lab = inventory()
+    site = inventory(TWINBOLT_SITE=str(write_site()))
+    for lab_host, site_host in (("wsa", "ws0"), ("gw", "gw0")):
+        assert set(site[site_host]["data"]) <= set(lab[lab_host]["data"])
+
+
+def test_a_bad_site_stops_the_inventory_with_the_key_path(run_pyinfra, write_site):
+    site = write_site(MINIMAL_SITE.replace('"169.254.77.2"', '"169.254.77"'))
+    result = run_pyinfra("inventory.py", "debug-inventory", TWINBOLT_SITE=str(site))
+    assert result.returncode != 0
+    assert f"{site}: workstations.1.thunderbolt_address: value is not a valid IPv4 address" in (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr
+
+
+def test_a_missing_site_file_names_it_and_the_variable(run_pyinfra, tmp_path):
+    result = run_pyinfra(
+        "inventory.py", "debug-inventory", TWINBOLT_SITE=str(tmp_path / "nope.toml")
+    )
+    assert result.returncode != 0
+    assert f"site file {tmp_path / 'nope.toml'} does not exist" in result.stderr
+    assert "TWINBOLT_SITE" in result.stderr

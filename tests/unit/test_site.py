@@ -1,0 +1,156 @@
+"""Site files: validated once, with errors that name the key and what it may be."""
+
+from pathlib import Path
+
+import pytest
+
+from operations.site import SiteError, load_site
+
+REPO = Path(__file__).resolve().parents[2]
+MINIMAL_SITE = (Path(__file__).parent / "minimal_site.toml").read_text()
+
+
+def edited(old: str, new: str) -> str:
+    assert old in MINIMAL_SITE
+    return MINIMAL_SITE.replace(old, new, 1)
+
+
+def problems(site_file: Path) -> list[str]:
+    """The site file's error lines, with the file name they all start with taken off."""
+    with pytest.raises(SiteError) as raised:
+        load_site(site_file)
+    lines = str(raised.value).splitlines()
+    assert all(line.startswith(f"{site_file}: ") for line in lines)
+    return [line.removeprefix(f"{site_file}: ") for line in lines]
+
+
+def test_minimal_site_loads_with_the_defaults(write_site):
+    site = load_site(write_site())
+    assert [host.name for host in site.workstations] == ["ws0", "ws1"]
+    assert site.workstations[0].ssh_user == "root"
+    assert site.ssh.strict_host_key_checking == "yes"
+    assert site.link.interface == "thunderbolt0"
+    assert site.link.expected_rate_gbps == 20.0
+    assert site.link.expected_lanes == 1
+    assert site.candidate.module_name == "thunderbolt_net"
+    assert site.serving.quantization == "modelopt_fp4"
+    assert site.serving.port == 30000
+    assert site.serving.init_system == "systemd"
+    assert site.gateway_roles.litellm_port == 4000
+
+
+def test_example_site_loads():
+    site = load_site(REPO / "examples" / "site.toml")
+    assert [host.name for host in site.workstations] == ["ws0", "ws1"]
+    assert site.gateway.name == "gw"
+
+
+def test_relative_local_paths_are_relative_to_the_site_file(write_site, tmp_path):
+    assert load_site(write_site()).candidate.path == tmp_path / "modules" / "thunderbolt_net.ko"
+
+
+def test_missing_file_names_the_path_and_the_variable(tmp_path):
+    with pytest.raises(SiteError, match=f"{tmp_path / 'nope.toml'} does not exist.*TWINBOLT_SITE"):
+        load_site(tmp_path / "nope.toml")
+
+
+def test_malformed_toml(write_site):
+    (line,) = problems(write_site(MINIMAL_SITE + "port =\n"))
+    assert line.startswith("not valid TOML: ")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            edited('served_model_name = "qwen"\n', ""),
+            "serving.served_model_name: required, but missing",
+            id="missing key",
+        ),
+        pytest.param(
+            edited(
+                'ssh_port = 1\nthunderbolt_address = "169.254.77.2"',
+                'ssh_prot = 1\nthunderbolt_address = "169.254.77.2"',
+            ),
+            "workstations.1.ssh_prot: unknown key; allowed here: name, ssh_hostname, ssh_user,"
+            " ssh_port, ssh_key, thunderbolt_address",
+            id="mistyped key",
+        ),
+        pytest.param(
+            edited("[serving]", "[serving]\nprot = 1"),
+            "serving.prot: unknown key; allowed here: model_path, served_model_name,",
+            id="mistyped section key",
+        ),
+        pytest.param(
+            edited('sha256 = "9f86', 'sha256 = "zz86'),
+            "candidate.sha256: must be 64 hexadecimal digits, as printed by sha256sum (got 'zz86",
+            id="bad sha256",
+        ),
+        pytest.param(
+            edited('sha256 = "9f86', 'sha256 = "9f8'),
+            "candidate.sha256: must be 64 hexadecimal digits",
+            id="short sha256",
+        ),
+        pytest.param(
+            edited('user = "sglang"', 'user = "sglang"\nquantization = "nvfp4"'),
+            "serving.quantization: value should be 'awq', ",
+            id="bad quantization",
+        ),
+        pytest.param(
+            edited('"169.254.77.2"', '"169.254.77"'),
+            "workstations.1.thunderbolt_address: value is not a valid IPv4 address"
+            " (got '169.254.77')",
+            id="bad address",
+        ),
+        pytest.param(
+            edited('"169.254.77.2"', '"192.168.1.2"'),
+            "workstations.1.thunderbolt_address: must be an IPv4 link-local address",
+            id="not link-local",
+        ),
+        pytest.param(
+            edited("[candidate]", '[ssh]\nstrict_host_key_checking = "no"\n\n[candidate]'),
+            "ssh.strict_host_key_checking: value should be 'yes' or 'accept-new' (got 'no')",
+            id="strict checking off",
+        ),
+        pytest.param(
+            edited("[candidate]", "[link]\nexpected_lanes = 4\n\n[candidate]"),
+            "link.expected_lanes: value should be 1 or 2 (got 4)",
+            id="bad lanes",
+        ),
+        pytest.param(
+            edited('user = "sglang"', 'user = "sglang"\ndist_init_port = 30000'),
+            "serving: port and dist_init_port must differ",
+            id="port clash",
+        ),
+        pytest.param(
+            edited('name = "gw0"', 'name = "ws0"'),
+            "(top level): host names must be distinct, got ws0, ws1, ws0",
+            id="duplicate host",
+        ),
+    ],
+)
+def test_a_bad_value_names_its_key_and_what_is_allowed(write_site, text, expected):
+    (line,) = problems(write_site(text))
+    assert line.startswith(expected)
+
+
+def test_nvfp4_is_refused_and_modelopt_fp4_offered(write_site):
+    (line,) = problems(
+        write_site(edited('user = "sglang"', 'user = "sglang"\nquantization = "nvfp4"'))
+    )
+    assert "'modelopt_fp4'" in line
+    assert line.endswith("(got 'nvfp4')")
+
+
+def test_every_problem_is_reported_at_once(write_site):
+    text = edited('served_model_name = "qwen"', "served_model_name = 7")
+    lines = problems(write_site(text.replace("[gateway]\n", "[gateway]\nport = 2\n")))
+    assert [line.split(":")[0] for line in lines] == ["gateway.port", "serving.served_model_name"]
+
+
+def test_exactly_two_workstations(write_site):
+    third = (
+        '[[workstations]]\nname = "ws2"\nssh_hostname = "x"\nthunderbolt_address = "169.254.77.3"\n'
+    )
+    (line,) = problems(write_site(edited("[gateway]", third + "\n[gateway]")))
+    assert line == "workstations: List should have at most 2 items after validation, not 3"

@@ -1,0 +1,150 @@
+"""The state registry, and the CLI refusing a bad state before it connects anywhere."""
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from operations.states import (
+    LAYERS,
+    NEXTN_3_1_4,
+    STATES,
+    State,
+    UnknownState,
+    layers_changed,
+    resolve_state,
+)
+
+NAMES = ["production", "tp2_stock", "tp2_e2e", "tp2_stock_nospec", "tp2_e2e_nospec"]
+
+# DESIGN.md's table: driver, serving, speculative, gateway fallback.
+TABLE = {
+    "production": ("stock", "replicas", None, False),
+    "tp2_stock": ("stock", "tp2", NEXTN_3_1_4, True),
+    "tp2_e2e": ("candidate", "tp2", NEXTN_3_1_4, True),
+    "tp2_stock_nospec": ("stock", "tp2", None, True),
+    "tp2_e2e_nospec": ("candidate", "tp2", None, True),
+}
+
+
+def test_registry_holds_the_five_states_in_design_order():
+    assert list(STATES) == NAMES
+    assert all(STATES[name].name == name for name in NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_state_has_the_layers_design_gives_it(name):
+    state = resolve_state(name)
+    assert tuple(getattr(state, layer) for layer in LAYERS) == TABLE[name]
+
+
+def test_nextn_is_3_1_4():
+    assert NEXTN_3_1_4.model_dump() == {
+        "algorithm": "NEXTN",
+        "num_steps": 3,
+        "eagle_topk": 1,
+        "num_draft_tokens": 4,
+    }
+
+
+def test_states_are_frozen_values():
+    with pytest.raises(ValidationError):
+        STATES["production"].driver = "candidate"
+
+
+def test_a_state_rejects_an_unknown_layer_value():
+    with pytest.raises(ValidationError, match="'stock' or 'candidate'"):
+        State(name="x", driver="patched", serving="tp2", speculative=None, gateway_fallback=True)
+
+
+@pytest.mark.parametrize("name", ["tp2", "", "Production", 1, ["production"]])
+def test_unknown_state_lists_the_valid_names(name):
+    with pytest.raises(UnknownState) as raised:
+        resolve_state(name)
+    assert repr(name) in str(raised.value)
+    assert ", ".join(NAMES) in str(raised.value)
+
+
+def test_missing_state_lists_the_valid_names():
+    with pytest.raises(UnknownState, match="no state given.*" + ", ".join(NAMES)):
+        resolve_state(None)
+
+
+def test_unknown_state_is_a_value_error():
+    assert issubclass(UnknownState, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "changed"),
+    [
+        ("production", "production", []),
+        ("tp2_stock", "tp2_e2e", ["driver"]),
+        ("tp2_stock", "tp2_stock_nospec", ["speculative"]),
+        ("tp2_e2e_nospec", "tp2_stock_nospec", ["driver"]),
+        ("production", "tp2_stock_nospec", ["serving", "gateway_fallback"]),
+        ("production", "tp2_e2e", ["driver", "serving", "speculative", "gateway_fallback"]),
+    ],
+)
+def test_layers_changed(a, b, changed):
+    assert layers_changed(STATES[a], STATES[b]) == changed
+    assert layers_changed(STATES[b], STATES[a]) == changed
+
+
+@pytest.fixture
+def stub_deploy(tmp_path: Path) -> Path:
+    """Stands in for deploy.py: it would print the state it resolved, had it run."""
+
+    deploy = tmp_path / "deploy.py"
+    deploy.write_text(
+        "from pyinfra import host\n"
+        "from operations.states import resolve_state\n"
+        "print('resolved', resolve_state(host.data.state).name)\n"
+    )
+    return deploy
+
+
+@pytest.mark.parametrize("data", [["--data", "state=tp2"], []], ids=["unknown", "missing"])
+def test_cli_refuses_a_bad_state_before_connecting(data, stub_deploy, write_site, run_pyinfra):
+    result = run_pyinfra(
+        "inventory.py", str(stub_deploy), *data, "-y", TWINBOLT_SITE=str(write_site())
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert ", ".join(NAMES) in output
+    assert "Loading inventory" not in output
+    assert "Connecting" not in output
+    assert "Could not connect" not in output
+    assert "resolved" not in output
+
+
+def test_cli_with_a_good_state_goes_on_to_connect(stub_deploy, write_site, run_pyinfra):
+    # The control for the test above: the same unreachable inventory, a real
+    # state, and pyinfra does try to connect (and fails, as nothing listens).
+    result = run_pyinfra(
+        "inventory.py",
+        str(stub_deploy),
+        "--data",
+        "state=production",
+        "-y",
+        TWINBOLT_SITE=str(write_site()),
+    )
+    assert result.returncode != 0
+    assert "Connecting to hosts" in result.stderr
+    assert "Could not connect" in result.stderr
+
+
+def test_cli_needs_no_state_to_show_the_inventory(write_site, run_pyinfra):
+    result = run_pyinfra("inventory.py", "debug-inventory", TWINBOLT_SITE=str(write_site()))
+    assert result.returncode == 0, result.stderr
+
+
+def test_cli_refuses_an_unknown_state_given_to_any_command(write_site, run_pyinfra):
+    result = run_pyinfra(
+        "inventory.py",
+        "debug-inventory",
+        "--data",
+        "state=bogus",
+        TWINBOLT_SITE=str(write_site()),
+    )
+    assert result.returncode != 0
+    assert "unknown state 'bogus'" in result.stderr
