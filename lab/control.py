@@ -15,7 +15,6 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from lab import faults, hostfs, modules, network, ssh
 from lab.topology import (
@@ -27,6 +26,7 @@ from lab.topology import (
     STATE,
     WORKSTATIONS,
     LabHost,
+    alive,
     pid_file,
     read_pid,
 )
@@ -146,15 +146,6 @@ def up() -> None:
         wait_for(f"{LINK_INTERFACE} carrier on {host.name}", lambda host=host: carrier(host),
                  timeout=10)
     say(f"up in {time.monotonic() - started:.1f}s; ssh -F {ssh.CLIENT_CONFIG} wsa")
-
-
-def alive(pid: int) -> bool:
-    """Running, as opposed to gone or a zombie that only waits to be reaped."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def stop_pids(pids: list[int], timeout: float = 3.0) -> None:

@@ -91,8 +91,13 @@ def read_pid(name: str) -> int | None:
         pid = int(pid_file(name).read_text())
     except (FileNotFoundError, ValueError):
         return None
+    return pid if alive(pid) else None
+
+
+def alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie that only waits to be reaped."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    return pid
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"

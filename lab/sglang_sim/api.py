@@ -1,0 +1,162 @@
+"""The HTTP endpoints: rank 0's full API, and the dummy health server of rank 1.
+
+Rank 1's server answers 200 on ``/health`` and ``/health_generate`` whatever
+the group's state, as SGLang's dummy health server does: only rank 0's answers
+mean anything.
+"""
+
+import argparse
+import threading
+import time
+
+from lab.sglang_sim.args import context_length
+from lab.sglang_sim.engine import Scheduler, Sequence
+from lab.sglang_sim.httpd import (
+    App,
+    BadRequest,
+    Request,
+    Response,
+    Route,
+    error_response,
+    json_response,
+    sse_response,
+)
+from lab.sglang_sim.knobs import Knobs
+from lab.sglang_sim.openai_api import (
+    CHAT,
+    DEFAULT_MAX_NEW_TOKENS,
+    TEXT,
+    Endpoint,
+    chat_prompt,
+    check_context,
+    generate_body,
+    requested_tokens,
+    text_prompt,
+)
+from lab.sglang_sim.stats import Stats
+from lab.sglang_sim.tokens import block_hashes, tokenize
+
+# SGLang's SGLANG_HEALTH_CHECK_TIMEOUT: /health_generate gives up after this.
+HEALTH_GENERATE_TIMEOUT_SECONDS = 20.0
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def dummy_health_app() -> App:
+    """Rank 1's server: always healthy, nothing else."""
+    routes = {path: {"GET": lambda request: Response(200)}
+              for path in ("/health", "/health_generate")}
+    return App(routes, api_key=None)
+
+
+class Leader:
+    """Rank 0's endpoints in front of the scheduler; ``ready`` once the group has loaded."""
+
+    def __init__(self, args: argparse.Namespace, knobs: Knobs, stats: Stats,
+                 scheduler: Scheduler) -> None:
+        self.ready = threading.Event()
+        self._args = args
+        self._knobs = knobs
+        self._stats = stats
+        self._scheduler = scheduler
+
+    def app(self) -> App:
+        routes = {
+            "/health": {"GET": self.health},
+            "/health_generate": {"GET": self.health_generate},
+            "/server_info": {"GET": self.server_info},
+            "/get_server_info": {"GET": self.server_info},
+            "/model_info": {"GET": self.model_info},
+            "/get_model_info": {"GET": self.model_info},
+            "/v1/models": {"GET": self.models},
+            "/v1/chat/completions": {"POST": self._when_ready(self.chat_completions)},
+            "/v1/completions": {"POST": self._when_ready(self.completions)},
+            "/generate": {"POST": self._when_ready(self.generate)},
+        }
+        if self._args.enable_metrics:
+            routes["/metrics"] = {"GET": self.metrics}
+        return App(routes, self._args.api_key)
+
+    def _when_ready(self, route: Route) -> Route:
+        def guarded(request: Request) -> Response:
+            if not self.ready.is_set():
+                return error_response("The server is still loading.", 503,
+                                      "ServiceUnavailableError")
+            return route(request)
+
+        return guarded
+
+    def health(self, request: Request) -> Response:
+        return Response(200 if self.ready.is_set() else 503)
+
+    def health_generate(self, request: Request) -> Response:
+        """200 only when a one-token generation really completes."""
+        if not self.ready.is_set():
+            return Response(503)
+        probe = Sequence("health", 1, [], max_new_tokens=1)
+        self._scheduler.submit(probe)
+        return Response(200 if probe.done.wait(HEALTH_GENERATE_TIMEOUT_SECONDS) else 503)
+
+    def server_info(self, request: Request) -> Response:
+        """Every server arg under SGLang's name, the version, and the scheduler's state."""
+        state = {}
+        if self._args.speculative_algorithm:
+            state["avg_spec_accept_length"] = self._stats.avg_accept_length()
+        if self._args.nnodes > 1:
+            state["allreduce_bytes"] = self._stats.allreduce_bytes
+        return json_response({**vars(self._args), "version": self._knobs.version,
+                              "internal_states": [state]})
+
+    def model_info(self, request: Request) -> Response:
+        return json_response({"model_path": self._args.model_path,
+                              "tokenizer_path": self._args.tokenizer_path,
+                              "is_generation": True})
+
+    def models(self, request: Request) -> Response:
+        name = self._args.served_model_name
+        return json_response({"object": "list", "data": [{
+            "id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
+            "root": name, "max_model_len": context_length(self._args),
+        }]})
+
+    def metrics(self, request: Request) -> Response:
+        text = self._stats.prometheus(self._args.served_model_name,
+                                      bool(self._args.speculative_algorithm))
+        return Response(200, text.encode(), METRICS_CONTENT_TYPE)
+
+    def chat_completions(self, request: Request) -> Response:
+        body = request.json()
+        requested = requested_tokens(body.get("max_completion_tokens"), body.get("max_tokens"))
+        return self._complete(CHAT, body, self._submit(chat_prompt(body), requested))
+
+    def completions(self, request: Request) -> Response:
+        body = request.json()
+        prompt = text_prompt(body.get("prompt"), "prompt")
+        return self._complete(TEXT, body, self._submit(prompt, requested_tokens(
+            body.get("max_tokens"))))
+
+    def generate(self, request: Request) -> Response:
+        """SGLang's native endpoint: ``text`` (or ``input_ids``) and ``sampling_params``."""
+        body = request.json()
+        if body.get("stream"):
+            raise BadRequest("The simulator's /generate does not stream; use /v1/completions.")
+        prompt = text_prompt(body.get("text", body.get("input_ids")), "text")
+        sampling = body.get("sampling_params") or {}
+        seq = self._submit(prompt, requested_tokens(sampling.get("max_new_tokens")))
+        return json_response(generate_body(seq, bool(self._args.speculative_algorithm)))
+
+    def _submit(self, prompt: str, requested: int | None) -> Sequence:
+        """Tokenize, check the window, and queue the request for the scheduler."""
+        tokens = tokenize(prompt)
+        check_context(len(tokens), requested, context_length(self._args))
+        max_new_tokens = DEFAULT_MAX_NEW_TOKENS if requested is None else requested
+        seq = Sequence(prompt, len(tokens), block_hashes(tokens), max_new_tokens)
+        self._scheduler.submit(seq)
+        return seq
+
+    def _complete(self, endpoint: Endpoint, body: dict, seq: Sequence) -> Response:
+        model = body.get("model") or self._args.served_model_name
+        cache_report = self._args.enable_cache_report
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return sse_response(endpoint.events(seq, model, cache_report, include_usage))
+        return json_response(endpoint.body(seq, model, cache_report))

@@ -1,0 +1,110 @@
+"""The command line of ``python -m sglang.launch_server``, as far as twinbolt uses it.
+
+The parser is as strict as SGLang's (``parse_args``, prefixes allowed): a typo in
+a rendered service fails here the way it would on a real workstation.
+"""
+
+import argparse
+from pathlib import Path
+
+SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
+QUANTIZATIONS = (
+    "awq", "fp8", "gptq", "marlin", "gptq_marlin", "awq_marlin", "bitsandbytes", "gguf",
+    "modelopt", "modelopt_fp8", "modelopt_fp4", "petit_nvfp4", "w8a8_int8", "w8a8_fp8",
+    "moe_wna16", "qoq", "w4afp8", "mxfp4", "compressed-tensors",
+)
+KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1")
+
+# What SGLang chooses when the flags are left out.
+DEFAULT_SPECULATIVE = {
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "speculative_num_draft_tokens": 4,
+}
+DEFAULT_CONTEXT_LENGTH = 262144
+DEFAULT_MEM_FRACTION = {"single": 0.85, "tp": 0.80}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags twinbolt renders into its services, with SGLang's names and defaults."""
+    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server")
+    add = parser.add_argument
+    add("--model-path", required=True)
+    add("--served-model-name")
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=30000)
+    add("--tp-size", "--tp", type=int, default=1, dest="tp_size")
+    add("--nnodes", type=int, default=1)
+    add("--node-rank", type=int, default=0)
+    add("--dist-init-addr", metavar="HOST:PORT")
+    add("--speculative-algorithm", choices=SPECULATIVE_ALGORITHMS)
+    add("--speculative-num-steps", type=int)
+    add("--speculative-eagle-topk", type=int)
+    add("--speculative-num-draft-tokens", type=int)
+    add("--speculative-draft-model-path")
+    add("--context-length", type=int)
+    add("--mem-fraction-static", type=float)
+    add("--quantization", choices=QUANTIZATIONS)
+    add("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    add("--enable-metrics", action="store_true")
+    add("--enable-cache-report", action="store_true")
+    add("--api-key")
+    add("--trust-remote-code", action="store_true")
+    add("--log-level", default="info")
+    return parser
+
+
+def parse_server_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse and complete the server args the way SGLang's ``ServerArgs`` does."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.nnodes not in (1, 2):
+        parser.error("the simulator runs one or two nodes (--nnodes 1 or 2)")
+    if not 0 <= args.node_rank < args.nnodes:
+        parser.error(f"--node-rank must be below --nnodes {args.nnodes}")
+    if args.nnodes > 1:
+        if args.dist_init_addr is None:
+            parser.error("--dist-init-addr HOST:PORT is required with --nnodes 2")
+        try:
+            split_host_port(args.dist_init_addr)
+        except ValueError as error:
+            parser.error(f"--dist-init-addr: {error}")
+    complete(args)
+    return args
+
+
+def complete(args: argparse.Namespace) -> None:
+    """Fill in what SGLang derives, so ``/server_info`` reports what actually runs."""
+    args.served_model_name = args.served_model_name or args.model_path
+    args.tokenizer_path = args.model_path
+    if args.mem_fraction_static is None:
+        args.mem_fraction_static = DEFAULT_MEM_FRACTION["tp" if args.tp_size > 1 else "single"]
+    if args.speculative_algorithm == "NEXTN":
+        # SGLang runs NEXTN (the model's own MTP head) with the EAGLE worker.
+        args.speculative_algorithm = "EAGLE"
+    if args.speculative_algorithm:
+        for name, default in DEFAULT_SPECULATIVE.items():
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+
+
+def context_length(args: argparse.Namespace) -> int:
+    """The model's window: the flag, or the simulated model's native length."""
+    return args.context_length or DEFAULT_CONTEXT_LENGTH
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[IPV6]:PORT`` as a host and a port number."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not host or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {address!r}")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def check_model_path(model_path: str) -> None:
+    """Fail like the real loader when the weights are not where the service says."""
+    if not Path(model_path).is_dir():
+        raise OSError(
+            f"Can't load the configuration of '{model_path}'. Make sure '{model_path}' "
+            "is the correct path to a directory containing a config.json file"
+        )

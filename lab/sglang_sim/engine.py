@@ -1,0 +1,220 @@
+"""The scheduler: SGLang's loop reduced to where it spends time.
+
+New requests are prefilled together (time proportional to their uncached
+tokens), then every running request advances by one decode step at a time. A
+step costs fixed compute plus, in TP2, one all-reduce over the link. With
+speculative decoding a step verifies the draft tokens and yields one token plus
+the drafts accepted before the first rejection, so it yields more tokens per
+step for the same cost.
+"""
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from lab.sglang_sim.knobs import Knobs
+from lab.sglang_sim.link import PeerLink
+from lab.sglang_sim.stats import Stats
+from lab.sglang_sim.tokens import PrefixCache
+
+logger = logging.getLogger(__name__)
+
+# An idle rank 0 still exchanges with rank 1, as SGLang's ranks keep talking.
+HEARTBEAT_SECONDS = 1.0
+DECODE_LOG_INTERVAL = 40
+VOCABULARY = (
+    "the", "link", "rank", "token", "model", "cable", "frame", "credit", "lane", "route",
+    "answer", "draft", "verify", "prefix", "cache", "batch", "state", "layer", "proof", "run",
+)
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """EAGLE-style drafting: how many drafts a step may verify, and how often they hold."""
+
+    num_steps: int
+    num_draft_tokens: int
+    accept_rate: float
+
+    def accept_length(self, rng: random.Random) -> int:
+        """One verified token plus the drafts accepted before the first rejection."""
+        longest = min(self.num_draft_tokens, self.num_steps + 1)
+        length = 1
+        while length < longest and rng.random() < self.accept_rate:
+            length += 1
+        return length
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One generation request as the scheduler sees it.
+
+    Outputs are seeded by the prompt, so the same request gets the same words
+    and the same accept lengths every time.
+    """
+
+    prompt: str
+    prompt_tokens: int
+    block_hashes: list[bytes]
+    max_new_tokens: int
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    verify_ct: int = 0
+    created: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    aborted: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+    _outputs: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.prompt)
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - self.completion_tokens
+
+    def emit(self, count: int) -> None:
+        """Produce this step's ``count`` tokens for the waiting client."""
+        words = [self.rng.choice(VOCABULARY) for _ in range(count)]
+        self.completion_tokens += count
+        self.verify_ct += 1
+        self.first_token_at = self.first_token_at or time.monotonic()
+        self._outputs.put(words)
+
+    def finish(self) -> None:
+        self.finished_at = time.monotonic()
+        self._outputs.put(None)
+        self.done.set()
+
+    def abort(self) -> None:
+        """The client went away: stop spending steps on it."""
+        self.aborted = True
+
+    def stream(self) -> Iterator[list[str]]:
+        """Each step's words as the scheduler produces them, until the request finishes."""
+        while (words := self._outputs.get()) is not None:
+            yield words
+
+    def e2e_latency(self) -> float:
+        return self.finished_at - self.created
+
+
+class DecodeLog:
+    """SGLang's periodic decode line: throughput and accept length of the last 40 steps."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._started, self._steps, self._request_steps, self._tokens = 0.0, 0, 0, 0
+
+    def step(self, started: float, running: int, tokens: int) -> None:
+        """Count one step; an interval starts with its first step, not at the idle wait before."""
+        if not self._steps:
+            self._started = started
+        self._steps += 1
+        self._request_steps += running
+        self._tokens += tokens
+        if self._steps < DECODE_LOG_INTERVAL:
+            return
+        now = time.monotonic()
+        logger.info("Decode batch. #running-req: %d, accept len: %.2f, "
+                    "gen throughput (token/s): %.2f", running,
+                    self._tokens / self._request_steps, self._tokens / (now - self._started))
+        self._reset()
+
+
+class Scheduler:
+    """Runs requests in batches, step by step, on its own thread."""
+
+    def __init__(self, knobs: Knobs, stats: Stats, speculation: Speculation | None) -> None:
+        self._knobs = knobs
+        self._stats = stats
+        self._speculation = speculation
+        self._waiting: queue.SimpleQueue[Sequence] = queue.SimpleQueue()
+        self._cache = PrefixCache()
+        self._decode_log = DecodeLog()
+
+    def submit(self, sequence: Sequence) -> None:
+        self._waiting.put(sequence)
+
+    def run(self, link: PeerLink | None) -> None:
+        """The scheduler loop; it returns only by raising (a lost peer)."""
+        running: list[Sequence] = []
+        while True:
+            new = self._admit(wait=not running)
+            if not new and not running:
+                if link:
+                    link.heartbeat()
+                continue
+            self._hang_if_faulted()
+            running += self._prefill(new)
+            if running:
+                self._decode(running, link)
+            running = [seq for seq in running if seq.remaining and not seq.aborted]
+
+    def _admit(self, wait: bool) -> list[Sequence]:
+        """Everything waiting; when idle, wait a heartbeat for the first request."""
+        admitted = []
+        try:
+            if wait:
+                admitted.append(self._waiting.get(timeout=HEARTBEAT_SECONDS))
+            while True:
+                admitted.append(self._waiting.get_nowait())
+        except queue.Empty:
+            return admitted
+
+    def _hang_if_faulted(self) -> None:
+        if self._knobs.fault_on("rank_hang"):
+            logger.warning("Lab fault rank_hang: this rank stops making progress")
+            threading.Event().wait()
+
+    def _prefill(self, new: list[Sequence]) -> list[Sequence]:
+        """Compute the new prompts' uncached tokens; return those that still decode."""
+        if not new:
+            return []
+        for seq in new:
+            seq.cached_tokens = self._cache.match_and_insert(seq.block_hashes)
+            self._stats.record_prefill(seq.prompt_tokens, seq.cached_tokens)
+        uncached = sum(seq.prompt_tokens - seq.cached_tokens for seq in new)
+        time.sleep(uncached / self._knobs.prefill_tokens_per_second)
+        logger.info("Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d",
+                    len(new), uncached, sum(seq.cached_tokens for seq in new))
+        for seq in new:
+            if not seq.remaining:
+                self._finish(seq)
+        return [seq for seq in new if seq.remaining]
+
+    def _decode(self, running: list[Sequence], link: PeerLink | None) -> None:
+        """One step for every running request."""
+        started = time.monotonic()
+        time.sleep(self._knobs.token_seconds)
+        if link:
+            self._stats.record_allreduce(link.allreduce(self._knobs.allreduce_bytes))
+        tokens = 0
+        for seq in running:
+            first = seq.first_token_at is None
+            count = min(seq.remaining, self._accept_length(seq))
+            seq.emit(count)
+            self._stats.record_decode(count)
+            tokens += count
+            if first:
+                self._stats.record_ttft(seq.first_token_at - seq.created)
+            if not seq.remaining:
+                self._finish(seq)
+        self._decode_log.step(started, len(running), tokens)
+
+    def _accept_length(self, seq: Sequence) -> int:
+        return self._speculation.accept_length(seq.rng) if self._speculation else 1
+
+    def _finish(self, seq: Sequence) -> None:
+        seq.finish()
+        logger.info("Finish request. #prompt-token: %d, #cached-token: %d, "
+                    "#completion-token: %d, #verify-step: %d, e2e latency: %.3f s",
+                    seq.prompt_tokens, seq.cached_tokens, seq.completion_tokens,
+                    seq.verify_ct, seq.e2e_latency())

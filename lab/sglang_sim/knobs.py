@@ -1,0 +1,68 @@
+"""Lab knobs: what real hardware decides, the lab sets by environment.
+
+Every knob is read once at start and a bad value names its variable, so a typo
+in a run script stops the server instead of silently changing the physics.
+Faults are the exception: they are files, read at the moment they would bite.
+"""
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from lab.sglang_sim import __version__
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def default_faults_dir() -> Path:
+    """Where ``python -m lab fault NAME on`` puts its files."""
+    return Path(os.environ.get("TWINBOLT_LAB_STATE", REPO / ".lab")) / "faults"
+
+
+def _in_range(value: float, metadata: Mapping[str, object]) -> bool:
+    return value > 0 if metadata.get("positive") else value >= 0
+
+
+class KnobError(ValueError):
+    """A lab knob with a value the simulator cannot use."""
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The simulator's physics and its files; each field is ``LAB_SGLANG_<NAME>``."""
+
+    load_seconds: float = 2.0
+    token_seconds: float = 0.01
+    prefill_tokens_per_second: float = field(default=200_000.0, metadata={"positive": True})
+    allreduce_bytes: int = 512 * 1024
+    spec_accept_rate: float = 0.966
+    peer_timeout_seconds: float = 600.0
+    version: str = __version__
+    gpu_dir: Path = Path("/run/lab-gpu")
+    faults_dir: Path = field(
+        default_factory=default_faults_dir, metadata={"env": "LAB_FAULTS_DIR"}
+    )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Knobs":
+        """Read every knob that is set; the others keep their defaults."""
+        values = {}
+        for knob in fields(cls):
+            name = knob.metadata.get("env", f"LAB_SGLANG_{knob.name.upper()}")
+            if name not in environ:
+                continue
+            try:
+                value = knob.type(environ[name])
+            except ValueError:
+                raise KnobError(
+                    f"{name}={environ[name]!r} is not a valid {knob.type.__name__}"
+                ) from None
+            if isinstance(value, int | float) and not _in_range(value, knob.metadata):
+                raise KnobError(f"{name}={environ[name]!r} is out of range")
+            values[knob.name] = value
+        return cls(**values)
+
+    def fault_on(self, name: str) -> bool:
+        """Whether the lab has switched fault ``name`` on, as of now."""
+        return (self.faults_dir / name).exists()

@@ -1,0 +1,52 @@
+"""Each lab fault does what it says, and switching it off leaves no trace."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import carrier, load, read, ssh, transfer, wait_until
+
+from lab import faults
+
+pytestmark = pytest.mark.usefixtures("restore_stock")
+
+
+def test_unknown_fault_is_refused_with_the_list() -> None:
+    with pytest.raises(KeyError, match="tx_credit_stall"):
+        faults.switch("no_such_fault", True)
+
+
+def test_tx_credit_stall_stops_all_traffic_under_tx_e2e_only() -> None:
+    faults.switch("tx_credit_stall", True)
+    assert transfer(64 << 20, timeout=15) == 64 << 20, "stock driver must be unaffected"
+    for host in ("wsa", "wsb"):
+        load(host, "candidate", "tx_e2e=1")
+    for host in ("wsa", "wsb"):
+        wait_until(lambda host=host: carrier(host))
+    assert ssh("wsa", "ping -c 2 -W 1 169.254.77.2", check=False).returncode != 0
+    assert transfer(64 << 20, timeout=5) == 0
+
+
+def test_peer_no_e2e_clears_bit_zero_of_the_peer_capabilities() -> None:
+    faults.switch("peer_no_e2e", True)
+    wait_until(lambda: read("wsa", "/sys/bus/thunderbolt/devices/0-1.0/prtcstns")
+               == "0x00000006", timeout=2)
+    faults.switch("peer_no_e2e", False)
+    wait_until(lambda: read("wsa", "/sys/bus/thunderbolt/devices/0-1.0/prtcstns")
+               == "0x00000007", timeout=2)
+
+
+def test_link_10g_makes_the_next_retrain_slow() -> None:
+    faults.switch("link_10g", True)
+    ssh("wsa", "rmmod thunderbolt_net; modprobe thunderbolt_net")
+    wait_until(lambda: carrier("wsa"))
+    assert read("wsa", "/sys/bus/thunderbolt/devices/0-1/rx_speed") == "10.0 Gb/s"
+    assert "rate 10Gbit" in ssh("wsa", "tc qdisc show dev thunderbolt0").stdout
+
+
+def test_server_faults_are_visible_to_every_host() -> None:
+    for name in ("draft_init_crash", "rank_hang"):
+        faults.switch(name, True)
+        for host in ("wsa", "wsb", "gw"):
+            assert ssh(host, f"test -e {faults.FAULTS_DIR / name}", check=False).returncode == 0
+        faults.switch(name, False)
+        assert not faults.is_on(name)

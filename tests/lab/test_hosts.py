@@ -1,0 +1,71 @@
+"""Each host is its own machine as far as SSH, files and processes are concerned."""
+
+from __future__ import annotations
+
+import subprocess
+
+from conftest import ssh, wait_until
+
+from lab.ssh import CLIENT_CONFIG
+from lab.topology import PYTHON
+
+
+def test_every_host_answers_over_ssh_with_its_own_name() -> None:
+    for host in ("wsa", "wsb", "gw"):
+        assert ssh(host, "hostname").stdout.strip() == host
+
+
+def test_strict_host_key_checking_rejects_an_unknown_key(tmp_path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    result = subprocess.run(
+        ["ssh", "-F", str(CLIENT_CONFIG), "-o", f"UserKnownHostsFile={empty}", "wsa", "true"],
+        capture_output=True, text=True, timeout=20)
+    assert result.returncode != 0
+    assert "Host key verification failed" in result.stderr
+
+
+def test_hosts_do_not_see_each_others_files() -> None:
+    ssh("wsa", "mkdir -p /etc/sv/only-on-wsa /run/twinbolt-test && echo a > /var/lib/only-on-wsa")
+    try:
+        for host in ("wsb", "gw"):
+            assert ssh(host, "test -e /etc/sv/only-on-wsa", check=False).returncode == 1
+            assert ssh(host, "test -e /var/lib/only-on-wsa", check=False).returncode == 1
+            assert ssh(host, "test -e /run/twinbolt-test", check=False).returncode == 1
+    finally:
+        ssh("wsa", "rm -rf /etc/sv/only-on-wsa /run/twinbolt-test /var/lib/only-on-wsa")
+
+
+def test_the_project_and_its_virtualenv_are_visible_on_every_host() -> None:
+    for host in ("wsa", "wsb", "gw"):
+        ssh(host, f"{PYTHON} -c 'import pyinfra'")
+
+
+def test_management_traffic_never_uses_the_thunderbolt_link() -> None:
+    route = ssh("wsa", "ip route get 10.66.0.12").stdout
+    assert "dev eth0" in route and "thunderbolt0" not in route
+
+
+def test_nvidia_smi_reports_one_rtx_5090_and_the_memory_live_processes_hold() -> None:
+    query = "nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader,nounits"
+    assert ssh("wsa", query).stdout.strip() == "NVIDIA GeForce RTX 5090, 32607, 0"
+    held = ssh("wsa", "sleep 30 >/dev/null 2>&1 & echo $! ; ").stdout.strip()
+    try:
+        ssh("wsa", f"echo 20000 > /run/lab-gpu/{held}")
+        assert ssh("wsa", query).stdout.strip().endswith(", 20000")
+        assert ssh("wsb", query).stdout.strip().endswith(", 0"), "GPU use leaked to wsb"
+    finally:
+        ssh("wsa", f"kill {held}; rm -f /run/lab-gpu/{held}")
+    assert ssh("wsa", query).stdout.strip().endswith(", 0")
+
+
+def test_runit_supervises_services_in_each_host() -> None:
+    ssh("wsb", "mkdir -p /etc/sv/lab-test && printf '#!/bin/sh\\nexec sleep 600\\n' "
+               "> /etc/sv/lab-test/run && chmod +x /etc/sv/lab-test/run && "
+               "ln -sfn /etc/sv/lab-test /etc/service/lab-test")
+    try:
+        wait_until(lambda: ssh("wsb", "sv status lab-test", check=False)
+                   .stdout.startswith("run:"), timeout=15)
+    finally:
+        ssh("wsb", "rm -f /etc/service/lab-test; sv exit /etc/sv/lab-test; rm -rf /etc/sv/lab-test",
+            check=False)

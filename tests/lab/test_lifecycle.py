@@ -1,0 +1,60 @@
+"""``up`` is idempotent and repairs a stale lab; ``down`` leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from conftest import ssh
+
+from lab import network
+from lab.control import PROCESSES
+from lab.topology import HOSTS, PYTHON, REPO, STATE, alive, read_pid
+
+
+def lab(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(PYTHON), "-m", "lab", *arguments], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def leftovers() -> list[str]:
+    found = [f"netns {h.name}" for h in HOSTS if network.netns_exists(h.name)]
+    found += [f"link {name}" for name in ["tblab0", *(h.management_veth for h in HOSTS)]
+              if network.link_exists(name)]
+    found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text()
+              .splitlines() if str(STATE) in line or "/run/netns/" in line.split()[4]]
+    return found
+
+
+def test_second_up_changes_nothing() -> None:
+    pids = {name: read_pid(name) for name in PROCESSES}
+    result = lab("up")
+    assert result.returncode == 0
+    assert "nothing changed" in result.stdout
+    assert {name: read_pid(name) for name in PROCESSES} == pids
+
+
+def test_down_leaves_nothing_then_up_rebuilds_a_stale_lab() -> None:
+    pids = [pid for name in PROCESSES if (pid := read_pid(name))]
+    for host in HOSTS:
+        pids += network.netns_pids(host.name)
+    assert lab("down").returncode == 0
+    assert leftovers() == []
+    assert not [pid for pid in pids if alive(pid)]
+    assert lab("down").returncode == 0, "down on a lab that is already down must succeed"
+
+    assert lab("up").returncode == 0
+    # A session ends: its processes die, its namespaces survive.
+    for name in PROCESSES:
+        os.kill(read_pid(name), signal.SIGKILL)
+    for host in HOSTS:
+        for pid in network.netns_pids(host.name):
+            os.kill(pid, signal.SIGKILL)
+    assert lab("status").returncode == 3
+    rebuilt = lab("up")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "stale" in rebuilt.stdout
+    assert ssh("wsa", "cat /sys/module/thunderbolt_net/parameters/e2e").stdout.strip() == "Y"
+    assert lab("status").returncode == 0
