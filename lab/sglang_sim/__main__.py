@@ -54,7 +54,7 @@ class Shutdown:
             try:
                 target(*args)
             except Exception:
-                logger.error("Scheduler hit an exception: %s", traceback.format_exc())
+                logger.error("Scheduler hit an exception: %s", traceback.format_exc().rstrip())
                 self.request(1)
 
         threading.Thread(target=run, name=target.__name__, daemon=True).start()

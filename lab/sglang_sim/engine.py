@@ -69,6 +69,7 @@ class Sequence:
     finished_at: float | None = None
     aborted: bool = False
     done: threading.Event = field(default_factory=threading.Event)
+    rng: random.Random = field(init=False)
     _outputs: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
 
     def __post_init__(self) -> None:
@@ -156,7 +157,15 @@ class Scheduler:
             running += self._prefill(new)
             if running:
                 self._decode(running, link)
-            running = [seq for seq in running if seq.remaining and not seq.aborted]
+            running = self._still_running(running)
+
+    def _still_running(self, running: list[Sequence]) -> list[Sequence]:
+        """Drop finished requests, and those whose client went away."""
+        for seq in running:
+            if seq.aborted and seq.remaining:
+                logger.info("Abort request: the client went away after %d tokens",
+                            seq.completion_tokens)
+        return [seq for seq in running if seq.remaining and not seq.aborted]
 
     def _admit(self, wait: bool) -> list[Sequence]:
         """Everything waiting; when idle, wait a heartbeat for the first request."""
@@ -170,6 +179,7 @@ class Scheduler:
             return admitted
 
     def _hang_if_faulted(self) -> None:
+        """Stop here for good, as a hung rank does; HTTP threads still answer /health."""
         if self._knobs.fault_on("rank_hang"):
             logger.warning("Lab fault rank_hang: this rank stops making progress")
             threading.Event().wait()

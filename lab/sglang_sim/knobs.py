@@ -37,7 +37,7 @@ class Knobs:
     prefill_tokens_per_second: float = field(default=200_000.0, metadata={"positive": True})
     allreduce_bytes: int = 512 * 1024
     spec_accept_rate: float = 0.966
-    peer_timeout_seconds: float = 600.0
+    peer_timeout_seconds: float = field(default=600.0, metadata={"positive": True})
     version: str = __version__
     gpu_dir: Path = Path("/run/lab-gpu")
     faults_dir: Path = field(

@@ -1,0 +1,360 @@
+"""The SGLang simulator, run as real processes on 127.0.0.1 and asked over HTTP."""
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from lab.sglang_sim.engine import Speculation
+from lab.sglang_sim.link import socket_ifname
+
+REPO = Path(__file__).resolve().parents[2]
+ALLREDUCE_BYTES = 65536
+NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@dataclass
+class Sim:
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def get(self, path: str, **kwargs) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=kwargs.pop("timeout", 10), **kwargs)
+
+    def post(self, path: str, payload: dict, **kwargs) -> httpx.Response:
+        return httpx.post(self.url + path, json=payload, timeout=kwargs.pop("timeout", 10),
+                          **kwargs)
+
+    def health(self) -> int | None:
+        """The status of /health, or None while nothing listens; fails if the process died."""
+        if self.proc.poll() is not None:
+            raise AssertionError(f"exited {self.proc.returncode}:\n{self.log()}")
+        try:
+            return self.get("/health", timeout=2).status_code
+        except httpx.TransportError:
+            return None
+
+    def wait_ready(self, timeout: float = 10) -> "Sim":
+        wait_for(lambda: self.health() == 200, timeout, f"{self.url}/health == 200")
+        return self
+
+    def wait_exit(self, timeout: float = 10) -> int:
+        return self.proc.wait(timeout)
+
+
+@pytest.fixture
+def lab_dirs(tmp_path):
+    model = tmp_path / "models" / "qwen"
+    model.mkdir(parents=True)
+    return {"model": model, "gpu": tmp_path / "gpu", "faults": tmp_path / "faults",
+            "logs": tmp_path}
+
+
+@pytest.fixture
+def launch(lab_dirs):
+    """Start simulators; every one still running is killed at teardown."""
+    launched: list[Sim] = []
+    base_env = {name: value for name, value in os.environ.items()
+                if not name.startswith(("LAB_", "NCCL_"))}
+    base_env.update({
+        "PYTHONPATH": str(REPO),
+        "LAB_SGLANG_LOAD_SECONDS": "0.2",
+        "LAB_SGLANG_TOKEN_SECONDS": "0.002",
+        "LAB_SGLANG_ALLREDUCE_BYTES": str(ALLREDUCE_BYTES),
+        "LAB_SGLANG_GPU_DIR": str(lab_dirs["gpu"]),
+        "LAB_FAULTS_DIR": str(lab_dirs["faults"]),
+    })
+
+    def start(*flags: str, env: dict | None = None, port: int | None = None) -> Sim:
+        port = port or free_port()
+        log_path = lab_dirs["logs"] / f"sim-{len(launched)}.log"
+        command = [sys.executable, "-m", "lab.sglang_sim", "--model-path",
+                   str(lab_dirs["model"]), "--served-model-name", "qwen", "--port", str(port),
+                   *flags]
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(command, cwd=REPO, env={**base_env, **(env or {})},
+                                    stdout=log, stderr=subprocess.STDOUT)
+        sim = Sim(proc, port, log_path)
+        launched.append(sim)
+        return sim
+
+    yield start
+    for sim in launched:
+        if sim.proc.poll() is None:
+            sim.proc.kill()
+            sim.proc.wait(5)
+
+
+def run_sim(*flags: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "lab.sglang_sim", *flags], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=20)
+
+
+def switch_fault(lab_dirs: dict, name: str) -> None:
+    lab_dirs["faults"].mkdir(exist_ok=True)
+    (lab_dirs["faults"] / name).touch()
+
+
+def chat(sim: Sim, content: str, max_tokens: int, timeout: float = 10, headers=None,
+         **fields) -> httpx.Response:
+    payload = {"model": "qwen", "messages": [{"role": "user", "content": content}],
+               "max_tokens": max_tokens, **fields}
+    return sim.post("/v1/chat/completions", payload, timeout=timeout, headers=headers)
+
+
+def stream_events(response: httpx.Response) -> list:
+    lines = [line.removeprefix("data: ") for line in response.text.splitlines() if line]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+# Command line
+
+
+def test_unknown_flag_exits_2(lab_dirs):
+    result = run_sim("--model-path", str(lab_dirs["model"]), "--speculative-algo-typo", "x")
+    assert result.returncode == 2
+    assert "unrecognized arguments" in result.stderr
+
+
+def test_nvfp4_is_not_a_quantization(lab_dirs):
+    result = run_sim("--model-path", str(lab_dirs["model"]), "--quantization", "nvfp4")
+    assert result.returncode == 2
+    assert "invalid choice: 'nvfp4'" in result.stderr
+
+
+def test_missing_model_path_exits_1_naming_it(lab_dirs, tmp_path):
+    missing = tmp_path / "models" / "absent"
+    result = run_sim("--model-path", str(missing), "--port", str(free_port()))
+    assert result.returncode == 1
+    assert str(missing) in result.stderr
+
+
+def test_nccl_socket_ifname_accepts_one_exact_name():
+    assert socket_ifname("=thunderbolt0") == "thunderbolt0"
+    assert socket_ifname("thunderbolt0") == "thunderbolt0"
+    assert socket_ifname(None) is None
+    with pytest.raises(ValueError, match="not lists or exclusions"):
+        socket_ifname("^lo,docker")
+
+
+# Serving
+
+
+def test_health_is_503_while_loading_then_200(launch):
+    sim = launch(env={"LAB_SGLANG_LOAD_SECONDS": "1.5"})
+    wait_for(lambda: sim.health() is not None, 5, "the HTTP server")
+    assert sim.health() == 503
+    assert chat(sim, "hi", 4).status_code == 503
+    sim.wait_ready()
+    assert "The server is fired up and ready to roll!" in sim.log()
+
+
+def test_chat_completion_generates_exactly_max_tokens(launch):
+    sim = launch().wait_ready()
+    body = chat(sim, "tell me about the link", 37).json()
+    assert len(body["choices"][0]["message"]["content"].split()) == 37
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 37
+    assert body["usage"]["prompt_tokens"] == 6  # five words and the role
+    assert body["usage"]["total_tokens"] == 43
+
+    response = chat(sim, "tell me about the link", 37, stream=True,
+                    stream_options={"include_usage": True})
+    assert response.headers["content-type"] == "text/event-stream"
+    events = stream_events(response)
+    text = "".join(event["choices"][0]["delta"].get("content", "")
+                   for event in events if event["choices"])
+    assert len(text.split()) == 37
+    assert events[-1]["choices"] == []
+    assert events[-1]["usage"]["completion_tokens"] == 37
+
+    completion = sim.post("/v1/completions", {"prompt": "x y z", "max_tokens": 5}).json()
+    assert len(completion["choices"][0]["text"].split()) == 5
+
+
+def test_cache_report_shows_cached_tokens_on_a_repeated_prompt(launch):
+    reporting = launch("--enable-cache-report")
+    silent = launch()
+    long_prompt = "x " * 1000  # 1001 tokens with the role
+    for sim in (reporting.wait_ready(), silent.wait_ready()):
+        first = chat(sim, long_prompt, 4).json()["usage"]
+        assert first["prompt_tokens"] == 1001
+        assert first["prompt_tokens_details"] is None
+    second = chat(reporting, long_prompt, 4).json()["usage"]
+    assert second["prompt_tokens_details"] == {"cached_tokens": 960}
+    assert chat(silent, long_prompt, 4).json()["usage"]["prompt_tokens_details"] is None
+    meta = silent.post("/generate", {"text": "user: " + long_prompt,
+                                     "sampling_params": {"max_new_tokens": 1}}).json()
+    assert meta["meta_info"]["cached_tokens"] == 960
+
+
+def test_context_overflow_is_400_with_sglang_message(launch):
+    sim = launch("--context-length", "1000").wait_ready()
+    response = chat(sim, "x " * 900, 200)
+    assert response.status_code == 400
+    assert response.json() == {
+        "object": "error",
+        "message": "Requested token count exceeds the model's maximum context length of 1000 "
+                   "tokens. You requested a total of 1101 tokens: 901 tokens from the input "
+                   "messages and 200 tokens for the completion. Please reduce the number of "
+                   "tokens in the input messages or the completion to fit within the limit.",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+    assert chat(sim, "x " * 900, 50).status_code == 200
+
+
+def test_server_info_reports_nextn_as_eagle(launch):
+    sim = launch(*NEXTN, "--quantization", "modelopt_fp4").wait_ready()
+    info = sim.get("/server_info").json()
+    assert info["speculative_algorithm"] == "EAGLE"
+    assert (info["speculative_num_steps"], info["speculative_eagle_topk"],
+            info["speculative_num_draft_tokens"]) == (3, 1, 4)
+    assert info["quantization"] == "modelopt_fp4"
+    assert info["tp_size"] == 1
+    assert info["version"] == "0.5.9"
+    assert sim.get("/get_server_info").json()["served_model_name"] == "qwen"
+    assert sim.get("/model_info").json()["is_generation"] is True
+    assert sim.get("/v1/models").json()["data"][0]["id"] == "qwen"
+
+
+def test_api_key_is_required_except_for_health(launch):
+    sim = launch("--api-key", "sekret").wait_ready()
+    assert chat(sim, "hi", 2).status_code == 401
+    assert chat(sim, "hi", 2, headers={"Authorization": "Bearer sekret"}).status_code == 200
+    assert sim.get("/health").status_code == 200
+
+
+def test_nextn_accepts_about_four_tokens_per_step(launch):
+    spec = launch(*NEXTN)
+    plain = launch()
+    request = {"text": "explain the thunderbolt link", "sampling_params": {"max_new_tokens": 256}}
+    spec_meta = spec.wait_ready().post("/generate", request).json()["meta_info"]
+    plain_meta = plain.wait_ready().post("/generate", request).json()["meta_info"]
+    assert spec_meta["completion_tokens"] == plain_meta["completion_tokens"] == 256
+    assert 3.3 <= spec_meta["spec_accept_length"] <= 4.0
+    assert spec_meta["spec_verify_ct"] < 256 / 3
+    assert "spec_verify_ct" not in plain_meta
+    assert spec_meta["e2e_latency"] < plain_meta["e2e_latency"]
+    state = spec.get("/server_info").json()["internal_states"][0]
+    assert 3.3 <= state["avg_spec_accept_length"] <= 4.0
+
+
+def test_metrics_use_sglang_names(launch):
+    sim = launch("--enable-metrics").wait_ready()
+    chat(sim, "hello", 3)
+    text = sim.get("/metrics").text
+    for name in ("sglang:prompt_tokens_total", "sglang:generation_tokens_total",
+                 "sglang:cached_tokens_total", "sglang:time_to_first_token_seconds_bucket",
+                 "sglang:time_to_first_token_seconds_sum",
+                 "sglang:time_to_first_token_seconds_count", "sglang:spec_accept_length"):
+        assert f'{name}{{' in text, name
+    assert 'sglang:generation_tokens_total{model_name="qwen"} 3.0' in text
+    assert launch().wait_ready().get("/metrics").status_code == 404
+
+
+def test_gpu_memory_file_is_written_and_removed_on_sigterm(launch, lab_dirs):
+    sim = launch().wait_ready()
+    gpu_file = lab_dirs["gpu"] / str(sim.proc.pid)
+    assert gpu_file.read_text().strip() == str(round(0.85 * 32607))
+    sim.proc.send_signal(signal.SIGTERM)
+    assert sim.wait_exit() == 0
+    assert not gpu_file.exists()
+
+
+# TP2 over loopback
+
+
+def test_tp2_ranks_exchange_payloads_and_fail_together(launch):
+    dist = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}",
+            *NEXTN]
+    rank1 = launch(*dist, "--node-rank", "1", env={"LAB_SGLANG_LOAD_SECONDS": "1.0"})
+    wait_for(lambda: rank1.health() == 200, 5, "rank 1's dummy /health")
+    assert rank1.get("/v1/models").status_code == 404
+    rank0 = launch(*dist, "--node-rank", "0")
+    wait_for(lambda: rank0.health() == 503, 5, "rank 0 loading")
+    rank0.wait_ready()
+
+    assert len(chat(rank0, "hello", 16).json()["choices"][0]["message"]["content"].split()) == 16
+    info = rank0.get("/server_info").json()
+    assert (info["tp_size"], info["nnodes"], info["speculative_algorithm"]) == (2, 2, "EAGLE")
+    before = info["internal_states"][0]["allreduce_bytes"]
+    meta = rank0.post("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 64}}
+                      ).json()["meta_info"]
+    after = rank0.get("/server_info").json()["internal_states"][0]["allreduce_bytes"]
+    assert after - before == meta["spec_verify_ct"] * 2 * ALLREDUCE_BYTES
+
+    rank1.proc.kill()
+    assert rank0.wait_exit() != 0
+    assert "connection closed by peer rank" in rank0.log()
+
+
+# Faults
+
+
+def test_draft_init_crash_stops_speculative_ranks_only(launch, lab_dirs):
+    switch_fault(lab_dirs, "draft_init_crash")
+    speculative = launch(*NEXTN)
+    plain = launch()
+    assert speculative.wait_exit() == 1
+    assert "Initializing draft model" in speculative.log()
+    assert "Traceback" in speculative.log()
+    assert "fired up" not in speculative.log()
+    plain.wait_ready()
+
+
+def test_rank_hang_keeps_health_green_but_never_generates(launch, lab_dirs):
+    sim = launch().wait_ready()
+    switch_fault(lab_dirs, "rank_hang")
+    with pytest.raises(httpx.ReadTimeout):
+        chat(sim, "hello", 4, timeout=1.0)
+    assert sim.get("/health").status_code == 200
+    with pytest.raises(httpx.ReadTimeout):
+        sim.get("/health_generate", timeout=1.0)
+
+
+# Pure parts
+
+
+def test_speculation_mean_accept_length_is_about_3_8():
+    rng = random.Random(0)
+    nextn = Speculation(num_steps=3, num_draft_tokens=4, accept_rate=0.966)
+    lengths = [nextn.accept_length(rng) for _ in range(20000)]
+    assert max(lengths) == 4
+    assert 3.75 <= sum(lengths) / len(lengths) <= 3.85
