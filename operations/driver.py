@@ -1,0 +1,422 @@
+"""
+The driver layer: which ``thunderbolt_net`` build the workstations run.
+
+``stock`` is the distribution's module, loaded by ``modprobe``. ``candidate`` is
+a pinned out-of-tree build that adds the opt-in ``tx_e2e`` parameter; it is
+staged in ``/run/twinbolt`` (tmpfs, gone on reboot) and loaded with ``insmod``,
+never copied under ``/lib/modules``, into the initramfs or into ``modprobe.d``.
+
+A load is not proof: ``insmod`` ignores parameters a module does not declare, so
+the candidate is accepted only when ``parameters/tx_e2e`` reads ``Y`` and the
+loaded build-id is the candidate's own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from elftools.elf.elffile import ELFFile
+from pyinfra import host
+from pyinfra.api import FactBase, OperationError, QuoteString, StringCommand, operation
+from pyinfra.api.command import PyinfraCommand
+from pyinfra.facts.files import File
+from pyinfra.facts.server import KernelVersion
+from pyinfra.operations import files
+
+from operations.phase import executing
+
+Driver = Literal["stock", "candidate"]
+TBNET_E2E = 0x1
+
+
+def build_id_from_note(note: bytes) -> str:
+    """The descriptor of an ELF note (``/sys/module/*/notes/.note.gnu.build-id``) as hex."""
+    name_size = int.from_bytes(note[0:4], "little")
+    desc_size = int.from_bytes(note[4:8], "little")
+    desc_start = 12 + (name_size + 3) // 4 * 4
+    return note[desc_start : desc_start + desc_size].hex()
+
+
+# Facts
+
+
+class LoadedModule(FactBase):
+    """
+    A module as the kernel shows it under ``/sys/module/<name>``, or ``None`` when
+    it is not loaded. This kernel-side view is the truth; ``lsmod`` and
+    ``/proc/modules`` are not always there.
+
+    .. code:: python
+
+        {"initstate": "live", "parameters": {"e2e": "Y", "tx_e2e": "Y"}, "build_id": "3c20…"}
+    """
+
+    def command(self, module: str) -> StringCommand:
+        script = (
+            'd=/sys/module/"$1"; [ -e "$d/initstate" ] || exit 0; '
+            'echo "initstate $(cat "$d/initstate")"; '
+            'for p in "$d"/parameters/*; do [ -e "$p" ] && echo "parameter ${p##*/} $(cat "$p")"; '
+            "done; "
+            'echo "note $(od -An -tx1 -v "$d/notes/.note.gnu.build-id" | tr -d " \\n")"'
+        )
+        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(module))
+
+    def process(self, output: list[str]) -> dict | None:
+        if not output:
+            return None
+        module: dict = {"initstate": None, "parameters": {}, "build_id": None}
+        for line in output:
+            kind, _, rest = line.partition(" ")
+            if kind == "initstate":
+                module["initstate"] = rest.strip()
+            elif kind == "parameter":
+                key, _, value = rest.partition(" ")
+                module["parameters"][key] = value.strip()
+            elif kind == "note" and rest.strip():
+                module["build_id"] = build_id_from_note(bytes.fromhex(rest.strip()))
+        return module
+
+
+class ModuleFileBuildId(FactBase):
+    """The GNU build-id of a module file (``readelf -n``), or ``None`` without the file."""
+
+    def requires_command(self, path: str) -> str:
+        return "readelf"
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand("readelf", "-n", QuoteString(path), "2>/dev/null", "||", "true")
+
+    def process(self, output: list[str]) -> str | None:
+        for line in output:
+            if "Build ID:" in line:
+                return line.split("Build ID:")[1].strip()
+        return None
+
+
+class ModprobeTarget(FactBase):
+    """The file ``modprobe <name>`` would load (``modinfo -n``), or ``None``."""
+
+    def command(self, module: str) -> StringCommand:
+        return StringCommand("modinfo", "-n", QuoteString(module), "2>/dev/null", "||", "true")
+
+    def process(self, output: list[str]) -> str | None:
+        return output[0].strip() if output else None
+
+
+class PeerCapabilities(FactBase):
+    """
+    The peer's ThunderboltIP capabilities (``prtcstns``) from the XDomain service
+    whose ``key`` is ``network``; ``None`` while no peer driver advertises one.
+
+    .. code:: python
+
+        {"service": "0-1.0", "prtcstns": 7}
+    """
+
+    def command(self) -> str:
+        return (
+            "for d in /sys/bus/thunderbolt/devices/*; do "
+            '[ "$(cat "$d/key" 2>/dev/null)" = network ] && '
+            'echo "${d##*/} $(cat "$d/prtcstns")"; done; true'
+        )
+
+    def process(self, output: list[str]) -> dict | None:
+        for line in output:
+            service, _, value = line.partition(" ")
+            return {"service": service, "prtcstns": int(value.strip(), 16)}
+        return None
+
+
+class PersistentModuleCopies(FactBase):
+    """
+    Every ``<name>.ko*`` under ``/lib/modules`` with its sha256, and every line of
+    modprobe, modules-load or initramfs configuration that names the module.
+
+    .. code:: python
+
+        {"files": {"/lib/modules/6.8/updates/thunderbolt_net.ko": "9f2c…"},
+         "config": ["/etc/modprobe.d/tb.conf:options thunderbolt_net tx_e2e=1"]}
+    """
+
+    def command(self, module: str) -> StringCommand:
+        script = (
+            'find /lib/modules -name "$1.ko*" -type f -exec sha256sum {} + 2>/dev/null; '
+            "grep -rsH -e \"$1\" /etc/modprobe.d /etc/modules-load.d /etc/modules "
+            "/etc/initramfs-tools/modules | sed 's/^/config /'; true"
+        )
+        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(module))
+
+    def process(self, output: list[str]) -> dict:
+        copies: dict = {"files": {}, "config": []}
+        for line in output:
+            if line.startswith("config "):
+                copies["config"].append(line.removeprefix("config "))
+            else:
+                digest, _, path = line.partition("  ")
+                copies["files"][path.strip()] = digest
+        return copies
+
+
+# The candidate, inspected on the machine that runs pyinfra
+
+
+@dataclass(frozen=True)
+class CandidateModule:
+    """
+    The pinned candidate ``.ko`` on the operator's machine.
+
+    Everything about it is checked here, before it is uploaded anywhere: the
+    file exists, its sha256 is the pinned one, it declares ``tx_e2e``, and its
+    vermagic names the kernel it will be loaded into.
+    """
+
+    path: str | None
+    sha256: str | None
+    name: str = "thunderbolt_net"
+
+    @cached_property
+    def _elf(self) -> tuple[dict[str, list[str]], str]:
+        with open(self.path or "", "rb") as stream:
+            elf = ELFFile(stream)
+            modinfo: dict[str, list[str]] = {}
+            for entry in elf.get_section_by_name(".modinfo").data().split(b"\0"):
+                key, _, value = entry.decode(errors="replace").partition("=")
+                if key:
+                    modinfo.setdefault(key, []).append(value)
+            note = next(elf.get_section_by_name(".note.gnu.build-id").iter_notes())
+            return modinfo, note["n_desc"]
+
+    @property
+    def build_id(self) -> str:
+        return self._elf[1]
+
+    @property
+    def vermagic_release(self) -> str:
+        return self._elf[0].get("vermagic", [""])[0].split(" ")[0]
+
+    @property
+    def parameters(self) -> list[str]:
+        return [entry.split(":")[0] for entry in self._elf[0].get("parmtype", [])]
+
+    def problems(self, kernel_release: str) -> list[str]:
+        """What makes this file unfit to load into ``kernel_release``; empty when fit."""
+        if not self.path or not self.sha256:
+            return ["no candidate module configured (candidate path and sha256)"]
+        local = Path(self.path)
+        if not local.is_file():
+            return [f"candidate module file {local} does not exist"]
+        digest = hashlib.sha256(local.read_bytes()).hexdigest()
+        if digest != self.sha256:
+            return [f"candidate {local} has sha256 {digest}, but the pinned one is {self.sha256}"]
+        found = []
+        if "tx_e2e" not in self.parameters:
+            found.append(f"candidate {local} does not declare the tx_e2e parameter")
+        if self.vermagic_release != kernel_release:
+            found.append(
+                f"candidate {local} was built for kernel {self.vermagic_release or '(none)'}, "
+                f"but this host runs {kernel_release}"
+            )
+        return found
+
+
+def staged_path(run_dir: str, candidate: CandidateModule) -> str:
+    return f"{run_dir}/{candidate.name}.ko"
+
+
+def candidate_refusals(candidate: CandidateModule) -> list[str]:
+    """Why the candidate may not be loaded on this host now; empty when it may."""
+    found = candidate.problems(host.get_fact(KernelVersion))
+    module = host.get_fact(LoadedModule, module=candidate.name)
+    if module is not None and module["parameters"].get("e2e") != "Y":
+        found.append(
+            f"RX E2E is off (/sys/module/{candidate.name}/parameters/e2e is "
+            f"{module['parameters'].get('e2e')}); tx_e2e takes effect only with it on"
+        )
+    peer = host.get_fact(PeerCapabilities)
+    if peer is None:
+        found.append("no peer advertises a ThunderboltIP network service: is its driver loaded?")
+    elif not peer["prtcstns"] & TBNET_E2E:
+        found.append(
+            f"the peer does not advertise E2E (service {peer['service']} prtcstns "
+            f"0x{peer['prtcstns']:08x}, bit 0 clear)"
+        )
+    return found
+
+
+def persistence_problems(candidate: CandidateModule, run_dir: str) -> list[str]:
+    """Candidate copies or options that would outlive a reboot."""
+    copies = host.get_fact(PersistentModuleCopies, module=candidate.name)
+    found = [
+        f"a candidate copy is installed persistently at {path}"
+        for path, digest in copies["files"].items()
+        if digest == candidate.sha256
+    ]
+    found += [f"persistent configuration mentions tx_e2e: {line}"
+              for line in copies["config"] if "tx_e2e" in line]
+    return found
+
+
+def driver_problems(loaded: Driver, candidate: CandidateModule, run_dir: str) -> list[str]:
+    """Everything that differs from the wanted driver on this host; empty when it holds."""
+    module = host.get_fact(LoadedModule, module=candidate.name)
+    found = persistence_problems(candidate, run_dir)
+    if module is None or module["initstate"] != "live":
+        return [f"{candidate.name} is not loaded", *found]
+    parameters = module["parameters"]
+    if parameters.get("e2e") != "Y":
+        found.append(f"RX E2E is off (parameters/e2e is {parameters.get('e2e')})")
+    if loaded == "candidate":
+        if module["build_id"] != candidate.build_id:
+            found.append(
+                f"the loaded build-id {module['build_id']} is not the candidate's "
+                f"{candidate.build_id}"
+            )
+        if parameters.get("tx_e2e") != "Y":
+            found.append(
+                f"parameters/tx_e2e is {parameters.get('tx_e2e', 'absent')}, not Y "
+                "(insmod ignores parameters a module does not declare)"
+            )
+        return found
+    stock_file = host.get_fact(ModprobeTarget, module=candidate.name)
+    stock_build = host.get_fact(ModuleFileBuildId, path=stock_file) if stock_file else None
+    if module["build_id"] != stock_build:
+        found.append(
+            f"the loaded build-id {module['build_id']} is not that of {stock_file}, the file "
+            f"modprobe loads ({stock_build})"
+        )
+    if "tx_e2e" in parameters:
+        found.append("parameters/tx_e2e exists: a candidate build is loaded")
+    if host.get_fact(File, path=staged_path(run_dir, candidate)):
+        found.append(f"the staged candidate {staged_path(run_dir, candidate)} is still present")
+    return found
+
+
+def candidate_loaded(module: dict | None, candidate: CandidateModule) -> bool:
+    return (
+        module is not None
+        and module["build_id"] == candidate.build_id
+        and module["parameters"].get("tx_e2e") == "Y"
+    )
+
+
+def refuse(layer: str, found: list[str]) -> None:
+    """Stop this host with every piece of evidence, named by host and layer."""
+    raise OperationError(f"{host.name}: {layer} layer: " + "; ".join(found))
+
+
+# Operations
+
+
+@operation(is_idempotent=True)
+def admissible(loaded: Driver, candidate: CandidateModule) -> Iterator[PyinfraCommand]:
+    """
+    Refuse, before anything changes, a driver that cannot be loaded on this host.
+
+    The stock driver needs the file ``modprobe`` would load. The candidate needs
+    a file whose sha256 is the pinned one, that declares ``tx_e2e`` and was built
+    for the running kernel, RX E2E on, and a peer that advertises E2E: without
+    those ``tx_e2e`` would load and do nothing, or stall the link.
+
+    + loaded: ``stock`` or ``candidate``
+    + candidate: the pinned ``CandidateModule``
+
+    **Example:**
+
+    .. code:: python
+
+        driver.admissible(
+            name="Preflight: the candidate driver can be loaded",
+            loaded="candidate",
+            candidate=CandidateModule("/srv/tb/thunderbolt_net.ko", "9f2c…"),
+        )
+    """
+    if loaded == "candidate":
+        found = candidate_refusals(candidate)
+    elif host.get_fact(ModprobeTarget, module=candidate.name) is None:
+        found = [f"modprobe finds no {candidate.name} module for this kernel"]
+    else:
+        found = []
+    if found:
+        refuse("driver", found)
+    host.noop(f"the {loaded} driver can be loaded")
+    # An operation is a generator, even one that only proves.
+    yield from ()
+
+
+@operation()
+def module(
+    loaded: Driver, candidate: CandidateModule, run_dir: str = "/run/twinbolt"
+) -> Iterator[PyinfraCommand]:
+    """
+    Load the wanted ``thunderbolt_net`` build, swapping only if another is loaded.
+
+    The candidate is staged in ``run_dir`` (tmpfs) and loaded with ``insmod
+    <file> tx_e2e=1``; the stock driver is loaded with ``modprobe`` and the staged
+    copy removed. A reload takes the link down: wait for it with ``link.trained``.
+
+    + loaded: ``stock`` or ``candidate``
+    + candidate: the pinned ``CandidateModule``
+    + run_dir: where the candidate is staged; must be a tmpfs
+
+    **Example:**
+
+    .. code:: python
+
+        driver.module(
+            name="Driver: thunderbolt_net is the candidate build",
+            loaded="candidate",
+            candidate=CandidateModule("/srv/tb/thunderbolt_net.ko", "9f2c…"),
+        )
+    """
+    current = host.get_fact(LoadedModule, module=candidate.name)
+    unload = ["rmmod", QuoteString(candidate.name), "&&"] if current else []
+    staged = staged_path(run_dir, candidate)
+    if loaded == "candidate":
+        found = candidate_refusals(candidate)
+        if found:
+            refuse("driver", found)
+        yield from files.directory._inner(path=run_dir, mode="0700")
+        yield from files.put._inner(src=candidate.path, dest=staged, mode="0600")
+        if not candidate_loaded(current, candidate):
+            yield StringCommand(*unload, "insmod", QuoteString(staged), "tx_e2e=1")
+        else:
+            host.noop("the candidate is loaded with tx_e2e=Y")
+        return
+    stock_file = host.get_fact(ModprobeTarget, module=candidate.name)
+    stock_build = host.get_fact(ModuleFileBuildId, path=stock_file) if stock_file else None
+    if current is None or current["build_id"] != stock_build or "tx_e2e" in current["parameters"]:
+        yield StringCommand(*unload, "modprobe", QuoteString(candidate.name))
+    else:
+        host.noop("the stock driver is loaded")
+    yield from files.file._inner(path=staged, present=False)
+
+
+@operation(is_idempotent=True)
+def verified(
+    loaded: Driver, candidate: CandidateModule, run_dir: str = "/run/twinbolt"
+) -> Iterator[PyinfraCommand]:
+    """
+    Prove the wanted driver is loaded, by build-id and parameters, and that no
+    candidate copy or option would survive a reboot.
+
+    + loaded: ``stock`` or ``candidate``
+    + candidate: the pinned ``CandidateModule`` (its build-id and sha256)
+    + run_dir: where a staged candidate would be
+
+    **Example:**
+
+    .. code:: python
+
+        driver.verified(name="Verify: the stock driver is loaded", loaded="stock",
+                        candidate=candidate)
+    """
+    found = driver_problems(loaded, candidate, run_dir)
+    if found and executing():
+        refuse("driver", found)
+    host.noop(f"the {loaded} driver is loaded and nothing of the candidate persists")
+    yield from ()
