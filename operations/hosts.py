@@ -1,0 +1,68 @@
+"""
+The inventory's hosts as plain data, for code that is not a pyinfra run: the
+testinfra checks and the experiment harness.
+
+It asks pyinfra itself (``pyinfra inventory.py debug-inventory --json``), so
+group data, site data and the lab's defaults merge exactly as in a deploy, and
+importing pyinfra's CLI (which monkey-patches the process with gevent) stays out
+of the caller's process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class InventoryEntry:
+    """One host: its name, its groups, and its merged pyinfra data."""
+
+    name: str
+    groups: tuple[str, ...]
+    data: dict[str, Any] = field(hash=False)
+
+
+def inventory_entries(repo: Path = REPO) -> list[InventoryEntry]:
+    """Every host of ``inventory.py``, in inventory order (rank 0 first)."""
+    pyinfra = Path(sys.executable).with_name("pyinfra")
+    result = subprocess.run(
+        [str(pyinfra), "inventory.py", "debug-inventory", "--json"],
+        cwd=repo, capture_output=True, text=True,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"inventory.py: {result.stderr.strip() or result.stdout.strip()}")
+    return [InventoryEntry(host["name"], tuple(host["groups"]), host["data"])
+            for host in json.loads(result.stdout)]
+
+
+def in_group(entries: list[InventoryEntry], group: str) -> list[InventoryEntry]:
+    return [entry for entry in entries if group in entry.groups]
+
+
+def ssh_config(entries: list[InventoryEntry]) -> str:
+    """An OpenSSH client config with one block per host, from the inventory's SSH data."""
+    blocks = []
+    for entry in entries:
+        data = entry.data
+        lines = [
+            f"Host {entry.name}",
+            f"    HostName {data['ssh_hostname']}",
+            f"    User {data.get('ssh_user') or 'root'}",
+            f"    Port {data.get('ssh_port') or 22}",
+            "    BatchMode yes",
+            "    ConnectTimeout 5",
+            f"    StrictHostKeyChecking {data.get('ssh_strict_host_key_checking') or 'yes'}",
+        ]
+        if data.get("ssh_key"):
+            lines += [f"    IdentityFile {data['ssh_key']}", "    IdentitiesOnly yes"]
+        if data.get("ssh_known_hosts_file"):
+            lines.append(f"    UserKnownHostsFile {data['ssh_known_hosts_file']}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"

@@ -1,0 +1,89 @@
+"""
+testinfra checks of the live hosts of the inventory, for one declared state:
+
+    pytest tests/verify --state tp2_e2e
+
+The hosts come from ``inventory.py`` (the embedded lab, or the site named by
+``TWINBOLT_SITE``), never from a list typed by hand. testinfra reaches them
+with the system ``ssh`` and a config written from the inventory's own SSH data,
+so host keys are checked exactly as strictly as pyinfra checks them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import testinfra
+
+from operations.hosts import InventoryEntry, in_group, inventory_entries, ssh_config
+from operations.states import STATES, resolve_state
+from operations.states import State as DeclaredState
+
+
+@dataclass(frozen=True)
+class InventoryHost:
+    """One host of the inventory: its name, its pyinfra data, and a testinfra handle."""
+
+    name: str
+    data: dict[str, Any]
+    host: testinfra.host.Host
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--state", choices=list(STATES),
+                     help="the declared state the live hosts must be in")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "workstation" in metafunc.fixturenames:
+        names = [entry.name for entry in in_group(inventory_entries(), "workstations")]
+        metafunc.parametrize("workstation", names, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="session")
+def state(request: pytest.FixtureRequest) -> DeclaredState:
+    name = request.config.getoption("--state")
+    if name is None:
+        raise pytest.UsageError(f"--state is required; the states are: {', '.join(STATES)}")
+    return resolve_state(name)
+
+
+@pytest.fixture(scope="session")
+def inventory() -> list[InventoryEntry]:
+    return inventory_entries()
+
+
+@pytest.fixture(scope="session")
+def ssh_config_file(inventory: list[InventoryEntry],
+                    tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("ssh") / "config"
+    path.write_text(ssh_config(inventory))
+    return path
+
+
+def inventory_host(entry: InventoryEntry, ssh_config_file: Path) -> InventoryHost:
+    handle = testinfra.get_host(f"ssh://{entry.name}?controlpersist=0",
+                                ssh_config=str(ssh_config_file))
+    return InventoryHost(entry.name, entry.data, handle)
+
+
+@pytest.fixture(scope="module")
+def workstation(request: pytest.FixtureRequest, inventory: list[InventoryEntry],
+                ssh_config_file: Path) -> InventoryHost:
+    entry = next(entry for entry in inventory if entry.name == request.param)
+    return inventory_host(entry, ssh_config_file)
+
+
+@pytest.fixture(scope="session")
+def workstations(inventory: list[InventoryEntry], ssh_config_file: Path) -> list[InventoryHost]:
+    """Both workstations, rank 0 first."""
+    return [inventory_host(entry, ssh_config_file)
+            for entry in in_group(inventory, "workstations")]
+
+
+@pytest.fixture(scope="session")
+def gateway(inventory: list[InventoryEntry], ssh_config_file: Path) -> InventoryHost:
+    return inventory_host(in_group(inventory, "gateway")[0], ssh_config_file)

@@ -1,0 +1,78 @@
+"""The driver layer: which thunderbolt_net build is loaded, and that nothing of the
+candidate would survive a reboot."""
+
+from __future__ import annotations
+
+from operations.driver import CandidateModule, build_id_from_note
+from operations.states import State
+
+MODULE = "/sys/module/thunderbolt_net"
+
+
+def candidate_of(workstation) -> CandidateModule:
+    data = workstation.data
+    return CandidateModule(
+        data["candidate_path"], data["candidate_sha256"], data["candidate_module_name"])
+
+
+def loaded_build_id(workstation) -> str:
+    note = workstation.host.run(f"od -An -tx1 -v {MODULE}/notes/.note.gnu.build-id")
+    assert note.rc == 0, f"{workstation.name}: thunderbolt_net is not loaded ({note.stderr})"
+    return build_id_from_note(bytes.fromhex("".join(note.stdout.split())))
+
+
+def stock_build_id(workstation) -> tuple[str, str]:
+    path = workstation.host.check_output("modinfo -n thunderbolt_net")
+    out = workstation.host.check_output(f"readelf -n {path}")
+    return path, out.split("Build ID:")[1].split()[0]
+
+
+def test_the_declared_build_is_loaded(workstation, state: State) -> None:
+    loaded = loaded_build_id(workstation)
+    if state.driver == "candidate":
+        expected = candidate_of(workstation).build_id
+        assert loaded == expected, (
+            f"{workstation.name}: loaded build-id {loaded} is not the candidate's {expected}; "
+            f"converge with: pyinfra inventory.py deploy.py --data state={state.name}")
+    else:
+        path, expected = stock_build_id(workstation)
+        assert loaded == expected, (
+            f"{workstation.name}: loaded build-id {loaded} is not {path} ({expected}), the file "
+            "modprobe loads; restore with: pyinfra inventory.py deploy.py --data state=production")
+
+
+def test_tx_e2e_is_on_for_the_candidate_and_absent_for_stock(workstation, state: State) -> None:
+    parameter = workstation.host.file(f"{MODULE}/parameters/tx_e2e")
+    if state.driver == "candidate":
+        assert parameter.exists, f"{workstation.name}: the loaded module has no tx_e2e parameter"
+        assert parameter.content_string.strip() == "Y", (
+            f"{workstation.name}: tx_e2e reads {parameter.content_string.strip()}, not Y")
+    else:
+        assert not parameter.exists, (
+            f"{workstation.name}: tx_e2e exists, so a candidate build is loaded in {state.name}")
+
+
+def test_rx_e2e_is_on(workstation) -> None:
+    e2e = workstation.host.file(f"{MODULE}/parameters/e2e").content_string.strip()
+    assert e2e == "Y", f"{workstation.name}: RX E2E is {e2e}; reload the driver with e2e=1"
+
+
+def test_no_candidate_copy_or_option_persists(workstation, state: State) -> None:
+    candidate = candidate_of(workstation)
+    found = workstation.host.run(
+        "find /lib/modules -name 'thunderbolt_net.ko*' -type f -exec sha256sum {} +").stdout
+    copies = [line.split()[1] for line in found.splitlines()
+              if line.split()[0] == candidate.sha256]
+    assert copies == [], f"{workstation.name}: candidate copies under /lib/modules: {copies}"
+    options = workstation.host.run(
+        "grep -rsl tx_e2e /etc/modprobe.d /etc/modules-load.d /etc/modules "
+        "/etc/initramfs-tools").stdout.split()
+    assert options == [], f"{workstation.name}: persistent tx_e2e configuration in {options}"
+    run_dir = workstation.data["run_dir"]
+    staged = workstation.host.file(f"{run_dir}/thunderbolt_net.ko")
+    if state.driver == "stock":
+        assert not staged.exists, f"{workstation.name}: {staged.path} is left behind"
+    else:
+        assert staged.exists and staged.sha256sum == candidate.sha256, (
+            f"{workstation.name}: the loaded candidate's staged file {staged.path} is missing "
+            "or not the pinned build")
