@@ -381,7 +381,9 @@ def module(
         if found:
             refuse("driver", found)
         yield from files.directory._inner(path=run_dir, mode="0700")
-        yield from files.put._inner(src=candidate.path, dest=staged, mode="0600")
+        yield from files.put._inner(
+            src=candidate.path, dest=staged, mode="0600", create_remote_dir=False
+        )
         if not candidate_loaded(current, candidate):
             yield StringCommand(*unload, "insmod", QuoteString(staged), "tx_e2e=1")
         else:

@@ -1,0 +1,42 @@
+"""
+Run a twinbolt operation body against given facts, the way pyinfra's own
+operation tests do: no host is contacted; the test states what the facts say
+and asserts the commands the operation yields, or that it yields none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from unittest.mock import patch
+
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringCommand
+from pyinfra.api.host import Host
+from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_host, ctx_state
+
+
+def describe(command: Any) -> str:
+    if isinstance(command, StringCommand):
+        return command.get_raw_value()
+    if isinstance(command, FileUploadCommand):
+        return f"upload {command.src} {command.dest}"
+    if isinstance(command, FunctionCommand):
+        return f"call {command.function.__name__}"
+    return repr(command)
+
+
+def run_operation(operation: Callable, facts: Callable[[type, dict], Any],
+                  executing: bool = True, **arguments: Any) -> list[str]:
+    """The commands ``operation`` yields on a host whose facts ``facts(cls, kwargs)`` gives."""
+    inventory = Inventory((["wsa"], {}))
+    state = State(inventory, Config())
+    state.current_stage = StateStage.Execute if executing else StateStage.Prepare
+    host = inventory.get_host("wsa")
+
+    def get_fact(self: Host, cls: type, *args: Any, **kwargs: Any) -> Any:
+        return facts(cls, kwargs)
+
+    with patch.object(Host, "get_fact", get_fact), ctx_state.use(state), ctx_host.use(host):
+        return [describe(command) for command in operation._inner(**arguments)]

@@ -1,0 +1,150 @@
+"""The driver layer's operations, given facts, yield the right commands or none."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from operation_harness import run_operation
+from pyinfra.api import OperationError
+from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.server import KernelVersion, TmpDir
+
+from lab.modules import build
+from operations import driver
+from operations.driver import (
+    CandidateModule,
+    LoadedModule,
+    ModprobeTarget,
+    ModuleFileBuildId,
+    PeerCapabilities,
+    PersistentModuleCopies,
+    build_id_from_note,
+)
+
+RELEASE = __import__("os").uname().release
+STOCK_FILE = f"/lib/modules/{RELEASE}/kernel/drivers/net/thunderbolt/thunderbolt_net.ko"
+STOCK_BUILD = "3c2064ecc8a43a44b08a2d6b40df18360923bf58"
+STAGED = "/run/twinbolt/thunderbolt_net.ko"
+
+
+@pytest.fixture(scope="module")
+def candidate(tmp_path_factory: pytest.TempPathFactory) -> CandidateModule:
+    path = build("candidate", tmp_path_factory.mktemp("ko") / "thunderbolt_net.ko")
+    return CandidateModule(str(path), hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def facts(candidate: CandidateModule, loaded: str | None = "stock", peer: int = 7,
+          e2e: str = "Y", staged: bool = False, persistent: dict | None = None):
+    """Facts of a workstation with the given driver loaded and the given peer."""
+    module = None
+    if loaded == "stock":
+        module = {"initstate": "live", "parameters": {"e2e": e2e}, "build_id": STOCK_BUILD}
+    elif loaded == "candidate":
+        module = {"initstate": "live", "parameters": {"e2e": e2e, "tx_e2e": "Y"},
+                  "build_id": candidate.build_id}
+    sha1 = hashlib.sha1(Path(candidate.path).read_bytes()).hexdigest()
+    values = {
+        LoadedModule: module,
+        ModprobeTarget: STOCK_FILE,
+        ModuleFileBuildId: STOCK_BUILD,
+        PeerCapabilities: {"service": "0-1.0", "prtcstns": peer},
+        PersistentModuleCopies: persistent or {"files": {STOCK_FILE: "aa"}, "config": []},
+        KernelVersion: RELEASE,
+        TmpDir: "/tmp",
+        File: {"size": 1, "mode": 600} if staged else None,
+        Sha1File: sha1 if staged else None,
+        Directory: {"mode": 700} if staged else None,
+    }
+    return lambda cls, kwargs: values[cls]
+
+
+def test_build_id_is_read_from_the_kernel_note() -> None:
+    note = bytes.fromhex("04000000" "14000000" "03000000") + b"GNU\0" + bytes(range(20))
+    assert build_id_from_note(note) == bytes(range(20)).hex()
+
+
+def test_loaded_module_fact_parses_sysfs() -> None:
+    note = ("04 00 00 00 14 00 00 00 03 00 00 00 47 4e 55 00 " + "ab " * 20).replace(" ", "")
+    parsed = LoadedModule().process(
+        ["initstate live", "parameter e2e Y", "parameter tx_e2e Y", f"note {note}"])
+    assert parsed == {"initstate": "live", "parameters": {"e2e": "Y", "tx_e2e": "Y"},
+                      "build_id": "ab" * 20}
+    assert LoadedModule().process([]) is None
+
+
+def test_candidate_is_staged_in_run_and_inserted_with_tx_e2e(candidate) -> None:
+    commands = run_operation(driver.module, facts(candidate), loaded="candidate",
+                             candidate=candidate)
+    assert commands == [
+        "mkdir -p /run/twinbolt",
+        "chmod 700 /run/twinbolt",
+        f"upload {candidate.path} {STAGED}",
+        "chmod 600 /run/twinbolt/thunderbolt_net.ko",
+        "rmmod thunderbolt_net && insmod /run/twinbolt/thunderbolt_net.ko tx_e2e=1",
+    ]
+
+
+def test_a_loaded_candidate_changes_nothing(candidate) -> None:
+    assert run_operation(driver.module, facts(candidate, "candidate", staged=True),
+                         loaded="candidate", candidate=candidate) == []
+
+
+def test_stock_replaces_the_candidate_and_removes_the_staged_copy(candidate) -> None:
+    commands = run_operation(driver.module, facts(candidate, "candidate", staged=True),
+                             loaded="stock", candidate=candidate)
+    assert commands == ["rmmod thunderbolt_net && modprobe thunderbolt_net", f"rm -f {STAGED}"]
+
+
+def test_stock_loads_when_nothing_is_loaded_and_is_a_noop_when_loaded(candidate) -> None:
+    assert run_operation(driver.module, facts(candidate, None), loaded="stock",
+                         candidate=candidate) == ["modprobe thunderbolt_net"]
+    assert run_operation(driver.module, facts(candidate), loaded="stock",
+                         candidate=candidate) == []
+
+
+@pytest.mark.parametrize(("kwargs", "evidence"), [
+    ({"peer": 6}, "does not advertise E2E (service 0-1.0 prtcstns 0x00000006"),
+    ({"e2e": "N"}, "RX E2E is off"),
+])
+def test_candidate_is_refused_without_e2e_on_both_ends(candidate, kwargs, evidence) -> None:
+    with pytest.raises(OperationError, match="wsa: driver layer") as refused:
+        run_operation(driver.admissible, facts(candidate, **kwargs), loaded="candidate",
+                      candidate=candidate)
+    assert evidence in str(refused.value)
+
+
+def test_a_wrong_checksum_or_kernel_is_refused(candidate, tmp_path) -> None:
+    wrong = CandidateModule(candidate.path, "ab" * 32)
+    with pytest.raises(OperationError, match="but the pinned one is abab"):
+        run_operation(driver.admissible, facts(candidate), loaded="candidate", candidate=wrong)
+    assert wrong.problems(RELEASE) and candidate.problems("5.0.0-other") == [
+        f"candidate {candidate.path} was built for kernel {RELEASE}, but this host runs 5.0.0-other"
+    ]
+    missing = CandidateModule(str(tmp_path / "absent.ko"), candidate.sha256)
+    assert missing.problems(RELEASE) == [f"candidate module file {missing.path} does not exist"]
+
+
+def test_a_stock_build_is_not_a_candidate(tmp_path) -> None:
+    stock = build("stock", tmp_path / "thunderbolt_net.ko")
+    fake = CandidateModule(str(stock), hashlib.sha256(stock.read_bytes()).hexdigest())
+    assert fake.problems(RELEASE) == [f"candidate {stock} does not declare the tx_e2e parameter"]
+
+
+def test_verification_names_every_difference_but_only_judges_when_executing(candidate) -> None:
+    wrong = facts(candidate, "candidate", staged=True)
+    with pytest.raises(OperationError) as refused:
+        run_operation(driver.verified, wrong, loaded="stock", candidate=candidate)
+    message = str(refused.value)
+    assert "parameters/tx_e2e exists" in message and f"{STAGED} is still present" in message
+    assert run_operation(driver.verified, wrong, executing=False, loaded="stock",
+                         candidate=candidate) == []
+
+
+def test_a_persistent_candidate_copy_fails_verification(candidate) -> None:
+    persistent = {"files": {f"/lib/modules/{RELEASE}/updates/thunderbolt_net.ko":
+                            candidate.sha256}, "config": []}
+    with pytest.raises(OperationError, match="installed persistently at /lib/modules/.*/updates"):
+        run_operation(driver.verified, facts(candidate, persistent=persistent),
+                      loaded="stock", candidate=candidate)
