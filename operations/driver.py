@@ -22,12 +22,13 @@ from typing import Literal
 
 from elftools.elf.elffile import ELFFile
 from pyinfra import host
-from pyinfra.api import FactBase, OperationError, QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.facts.files import File
 from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import files
 
+from operations.attempt import failing, refuse
 from operations.phase import executing
 
 Driver = Literal["stock", "candidate"]
@@ -304,11 +305,6 @@ def candidate_loaded(module: dict | None, candidate: CandidateModule) -> bool:
     )
 
 
-def refuse(layer: str, found: list[str]) -> None:
-    """Stop this host with every piece of evidence, named by host and layer."""
-    raise OperationError(f"{host.name}: {layer} layer: " + "; ".join(found))
-
-
 # Operations
 
 
@@ -379,7 +375,9 @@ def module(
     if loaded == "candidate":
         found = candidate_refusals(candidate)
         if found:
-            refuse("driver", found)
+            # Preflight checked this; something changed since: fail into the rollback.
+            yield failing("driver", found)
+            return
         yield from files.directory._inner(path=run_dir, mode="0700")
         yield from files.put._inner(
             src=candidate.path, dest=staged, mode="0600", create_remote_dir=False
@@ -419,6 +417,6 @@ def verified(
     """
     found = driver_problems(loaded, candidate, run_dir)
     if found and executing():
-        refuse("driver", found)
+        yield failing("driver", found)
+        return
     host.noop(f"the {loaded} driver is loaded and nothing of the candidate persists")
-    yield from ()

@@ -12,18 +12,13 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from typing import Any
 
-from pyinfra import host, logger
-from pyinfra.api import (
-    FactBase,
-    FunctionCommand,
-    OperationError,
-    QuoteString,
-    StringCommand,
-    operation,
-)
+from pyinfra import host
+from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.api.command import PyinfraCommand
 
+from operations.attempt import failing, record_failure, refuse
 from operations.phase import executing
 
 SPEED = re.compile(r"([0-9.]+)\s*Gb/s")
@@ -110,6 +105,23 @@ class PeerAnswers(FactBase):
         return output == ["yes"]
 
 
+class RouteInterface(FactBase):
+    """
+    The interface this host would send to ``address`` through (``ip route get``);
+    ``address`` ``ssh-client`` means the machine this SSH session comes from.
+    """
+
+    def command(self, address: str) -> StringCommand:
+        script = (
+            'a="$1"; [ "$a" = ssh-client ] && set -- $SSH_CONNECTION && a="$1"; '
+            '[ -n "$a" ] && ip route get "$a" | sed -n "s/.* dev \\([^ ]*\\).*/\\1/p"; true'
+        )
+        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(address))
+
+    def process(self, output: list[str]) -> str | None:
+        return output[0].strip() if output else None
+
+
 # Evidence
 
 
@@ -148,8 +160,8 @@ def link_problems(interface: str, address: str, peer_address: str,
     return found, True
 
 
-def wait_for_link(interface: str, address: str, peer_address: str, expected_rate_gbps: float,
-                  expected_lanes: int, timeout: float) -> None:
+def wait_for_link(state: Any, host: Any, interface: str, address: str, peer_address: str,
+                  expected_rate_gbps: float, expected_lanes: int, timeout: float) -> bool:
     """Poll the link until it is usable, printing progress; fail with the evidence."""
     started = time.monotonic()
     next_report = started
@@ -158,20 +170,52 @@ def wait_for_link(interface: str, address: str, peer_address: str, expected_rate
                                              expected_rate_gbps, expected_lanes)
         elapsed = time.monotonic() - started
         if not found:
-            logger.info(f"[{host.name}] link: {interface} trained at {expected_rate_gbps:g} Gb/s, "
-                        f"peer {peer_address} answers ({elapsed:.1f}s)")
-            return
+            host.log(f"link: {interface} trained at {expected_rate_gbps:g} Gb/s, "
+                     f"peer {peer_address} answers ({elapsed:.1f}s)")
+            return True
         if not worth_waiting or elapsed > timeout:
-            reason = "" if not worth_waiting else f" after {timeout:g}s"
-            raise OperationError(f"{host.name}: link layer: " + "; ".join(found) + reason)
+            after = "" if not worth_waiting else f" (waited {timeout:g}s)"
+            return record_failure(host, "link", [*found[:-1], found[-1] + after])
         if time.monotonic() >= next_report:
-            logger.info(f"[{host.name}] link: waiting: {'; '.join(found)} "
-                        f"({elapsed:.0f}s of {timeout:g}s)")
+            host.log(f"link: waiting: {'; '.join(found)} ({elapsed:.0f}s of {timeout:g}s)")
             next_report += 2
         time.sleep(0.2)
 
 
 # Operations
+
+
+@operation(is_idempotent=True)
+def management_path(interface: str, addresses: dict[str, str]) -> Iterator[PyinfraCommand]:
+    """
+    Refuse, before any change, when the operator's SSH session or the route to
+    another host would cross the link: a driver reload cuts ``interface``, and
+    with it whatever runs over it.
+
+    + interface: the ThunderboltIP interface, ``thunderbolt0``
+    + addresses: what must stay reachable, by role (``ssh-client`` is this SSH
+      session's client)
+
+    **Example:**
+
+    .. code:: python
+
+        link.management_path(
+            name="Preflight: management traffic stays off the link",
+            interface="thunderbolt0",
+            addresses={"operator": "ssh-client", "gateway": "10.66.0.13"},
+        )
+    """
+    found = [
+        f"traffic to the {role} ({address}) would leave through {interface}, which a "
+        "driver reload takes down: give management its own network"
+        for role, address in addresses.items()
+        if host.get_fact(RouteInterface, address=address) == interface
+    ]
+    if found:
+        refuse("link", found)
+    host.noop(f"management traffic does not cross {interface}")
+    yield from ()
 
 
 @operation(is_idempotent=True)
@@ -209,8 +253,11 @@ def trained(interface: str, address: str, peer_address: str, expected_rate_gbps:
     if not found:
         host.noop(f"{interface} is up at {expected_rate_gbps:g} Gb/s and the peer answers")
         return
+    if not wait:
+        refuse("link", found)
     # While pyinfra only predicts, an earlier driver change has not happened yet:
     # predict the wait rather than judge a link that is about to retrain.
-    if not wait or (not worth_waiting and executing()):
-        raise OperationError(f"{host.name}: link layer: " + "; ".join(found))
+    if not worth_waiting and executing():
+        yield failing("link", found)
+        return
     yield FunctionCommand(wait_for_link, (*arguments, timeout), {})

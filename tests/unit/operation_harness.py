@@ -22,6 +22,9 @@ def describe(command: Any) -> str:
         return command.get_raw_value()
     if isinstance(command, FileUploadCommand):
         return f"upload {command.src} {command.dest}"
+    if isinstance(command, FunctionCommand) and command.function.__name__ == "fail":
+        layer, found = command.args
+        return f"fail: {layer} layer: " + "; ".join(found)
     if isinstance(command, FunctionCommand):
         return f"call {command.function.__name__}"
     return repr(command)

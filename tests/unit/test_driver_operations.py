@@ -134,9 +134,8 @@ def test_a_stock_build_is_not_a_candidate(tmp_path) -> None:
 
 def test_verification_names_every_difference_but_only_judges_when_executing(candidate) -> None:
     wrong = facts(candidate, "candidate", staged=True)
-    with pytest.raises(OperationError) as refused:
-        run_operation(driver.verified, wrong, loaded="stock", candidate=candidate)
-    message = str(refused.value)
+    [message] = run_operation(driver.verified, wrong, loaded="stock", candidate=candidate)
+    assert message.startswith("fail: driver layer: ")
     assert "parameters/tx_e2e exists" in message and f"{STAGED} is still present" in message
     assert run_operation(driver.verified, wrong, executing=False, loaded="stock",
                          candidate=candidate) == []
@@ -145,6 +144,6 @@ def test_verification_names_every_difference_but_only_judges_when_executing(cand
 def test_a_persistent_candidate_copy_fails_verification(candidate) -> None:
     persistent = {"files": {f"/lib/modules/{RELEASE}/updates/thunderbolt_net.ko":
                             candidate.sha256}, "config": []}
-    with pytest.raises(OperationError, match="installed persistently at /lib/modules/.*/updates"):
-        run_operation(driver.verified, facts(candidate, persistent=persistent),
-                      loaded="stock", candidate=candidate)
+    [message] = run_operation(driver.verified, facts(candidate, persistent=persistent),
+                              loaded="stock", candidate=candidate)
+    assert f"installed persistently at /lib/modules/{RELEASE}/updates" in message
