@@ -31,8 +31,13 @@ def describe(command: Any) -> str:
 
 
 def run_operation(operation: Callable, facts: Callable[[type, dict], Any],
-                  executing: bool = True, **arguments: Any) -> list[str]:
-    """The commands ``operation`` yields on a host whose facts ``facts(cls, kwargs)`` gives."""
+                  executing: bool = True, shell: list[str] | None = None,
+                  **arguments: Any) -> list[str]:
+    """
+    The commands ``operation`` yields on a host whose facts ``facts(cls, kwargs)``
+    gives; commands it runs directly (``host.run_shell_command``) succeed and are
+    appended to ``shell``.
+    """
     inventory = Inventory((["wsa"], {}))
     state = State(inventory, Config())
     state.current_stage = StateStage.Execute if executing else StateStage.Prepare
@@ -41,5 +46,11 @@ def run_operation(operation: Callable, facts: Callable[[type, dict], Any],
     def get_fact(self: Host, cls: type, *args: Any, **kwargs: Any) -> Any:
         return facts(cls, kwargs)
 
-    with patch.object(Host, "get_fact", get_fact), ctx_state.use(state), ctx_host.use(host):
+    def run_shell_command(self: Host, command: Any, **kwargs: Any) -> tuple[bool, Any]:
+        (shell if shell is not None else []).append(describe(command))
+        return True, None
+
+    with patch.object(Host, "get_fact", get_fact), \
+            patch.object(Host, "run_shell_command", run_shell_command), \
+            ctx_state.use(state), ctx_host.use(host):
         return [describe(command) for command in operation._inner(**arguments)]

@@ -1,0 +1,116 @@
+"""The host lock, the management-path refusal and the attempt's conclusion."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+from operation_harness import run_operation
+from pyinfra.api import OperationError
+
+from operations import attempt, link, lock
+from operations.link import RouteInterface
+from operations.lock import HostLock, RunOwner
+
+OWNER = RunOwner(socket.gethostname(), "root", 4242, "2026-11-29T13:00:00+0000", "tp2_e2e")
+
+
+def holding(owner: RunOwner | None):
+    return lambda cls, kwargs: owner
+
+
+def test_a_free_lock_is_taken_without_reporting_a_change() -> None:
+    shell: list[str] = []
+    assert run_operation(lock.held, holding(None), shell=shell, run_dir="/run/twinbolt",
+                         owner=OWNER) == []
+    assert shell == ["mkdir -p -m 0700 /run/twinbolt && ( set -C ; echo "
+                     f"'{OWNER.line()}' > /run/twinbolt/lock )"]
+
+
+def test_a_lock_held_by_a_live_run_is_refused_naming_the_holder() -> None:
+    other = RunOwner("operator-laptop", "ana", 77, "2026-11-29T12:00:00+0000", "tp2_stock")
+    with pytest.raises(OperationError) as refused:
+        run_operation(lock.held, holding(other), run_dir="/run/twinbolt", owner=OWNER)
+    assert "wsa: lock layer: another run holds /run/twinbolt/lock: ana@operator-laptop pid 77" \
+        in str(refused.value)
+
+
+def test_a_stale_lock_is_taken_over() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = RunOwner(socket.gethostname(), "root", dead.pid, "earlier", "tp2_e2e")
+    shell: list[str] = []
+    run_operation(lock.held, holding(stale), shell=shell, run_dir="/run/twinbolt", owner=OWNER)
+    assert shell and "rm -f /run/twinbolt/lock" in shell[0]
+
+
+def test_the_lock_is_only_taken_when_executing_and_released_only_if_ours() -> None:
+    shell: list[str] = []
+    run_operation(lock.held, holding(None), executing=False, shell=shell,
+                  run_dir="/run/twinbolt", owner=OWNER)
+    assert shell == []
+    run_operation(lock.released, holding(OWNER), shell=shell, run_dir="/run/twinbolt",
+                  owner=OWNER)
+    assert shell == ["rm -f /run/twinbolt/lock"]
+    other = RunOwner("elsewhere", "ana", 77, "earlier", "production")
+    run_operation(lock.released, holding(other), shell=shell, run_dir="/run/twinbolt",
+                  owner=OWNER)
+    assert shell == ["rm -f /run/twinbolt/lock"]
+
+
+def test_lock_line_round_trips_through_the_fact() -> None:
+    assert HostLock().process([OWNER.line()]) == OWNER
+    assert HostLock().process([]) is None
+
+
+def test_management_over_the_link_is_refused() -> None:
+    routes = {"ssh-client": "thunderbolt0", "10.66.0.13": "eth0"}
+    with pytest.raises(OperationError, match=r"the operator \(ssh-client\) would leave through "
+                                             r"thunderbolt0"):
+        run_operation(link.management_path, lambda cls, kwargs: routes[kwargs["address"]],
+                      interface="thunderbolt0",
+                      addresses={"operator": "ssh-client", "gateway": "10.66.0.13"})
+    routes["ssh-client"] = "eth0"
+    assert run_operation(link.management_path, lambda cls, kwargs: routes[kwargs["address"]],
+                         interface="thunderbolt0",
+                         addresses={"operator": "ssh-client", "gateway": "10.66.0.13"}) == []
+
+
+def test_route_fact_command_names_the_interface_on_this_machine() -> None:
+    command = RouteInterface().command(address="127.0.0.1").get_raw_value()
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
+    assert RouteInterface().process(out.splitlines()) == "lo"
+
+
+@pytest.fixture
+def fresh_attempt():
+    saved = dict(attempt.ATTEMPT.failures), attempt.ATTEMPT.restoring_from
+    attempt.ATTEMPT.failures.clear()
+    attempt.ATTEMPT.restoring_from = None
+    yield attempt.ATTEMPT
+    attempt.ATTEMPT.failures.clear()
+    attempt.ATTEMPT.failures.update(saved[0])
+    attempt.ATTEMPT.restoring_from = saved[1]
+
+
+def no_facts(cls, kwargs):
+    raise AssertionError("the conclusion reads no facts")
+
+
+def test_conclusion_is_silent_after_success(fresh_attempt) -> None:
+    assert run_operation(attempt.concluded, no_facts) == []
+
+
+def test_conclusion_names_the_failure_and_the_restoration(fresh_attempt) -> None:
+    fresh_attempt.record("wsa", "op1", "wsa: link layer: the link to wsb trained at 10 Gb/s")
+    with pytest.raises(OperationError) as error:
+        run_operation(attempt.concluded, no_facts)
+    assert str(error.value) == ("wsa: link layer: the link to wsb trained at 10 Gb/s | "
+                                "production was restored and verified")
+    with pytest.raises(OperationError, match="LEFT AS THEY ARE"):
+        run_operation(attempt.concluded, no_facts, on_failure="stop")
+    run_operation(attempt.restoring, no_facts)
+    fresh_attempt.record("wsb", "op9", "wsb: serving layer: the replica did not answer")
+    with pytest.raises(OperationError, match="the rollback to production failed too"):
+        run_operation(attempt.concluded, no_facts)
