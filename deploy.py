@@ -18,9 +18,9 @@ report's discipline, one layer at a time:
 8. verify: every layer holds, with the evidence if it does not.
 """
 
-from pyinfra import config, host
+from pyinfra import config, host, inventory
 
-from operations import driver, link
+from operations import driver, link, serving
 from operations.driver import CandidateModule
 from operations.states import resolve_state
 
@@ -30,6 +30,7 @@ config.FAIL_PERCENT = 0
 
 state = resolve_state(host.data.get("state"))
 workstation = "workstations" in host.groups
+gateway = "gateway" in host.groups
 
 if workstation:
     candidate = CandidateModule(
@@ -43,6 +44,13 @@ if workstation:
         expected_lanes=host.data.link_expected_lanes,
     )
 
+# Serving runs on both kinds of host; each gets its own settings and None for the
+# other kind. Every serving step is called on every host (a no-op where it has no
+# part): pyinfra orders operations across hosts only through the ones they share.
+sglang = serving.Sglang.from_host(host) if workstation else None
+router = (serving.Router.from_hosts(host, inventory.get_group("workstations"))
+          if gateway else None)
+
 # 1. Preflight: read-only; every refusal happens here, before any change.
 if workstation:
     driver.admissible(
@@ -51,6 +59,25 @@ if workstation:
         candidate=candidate,
     )
     link.trained(name="Preflight: the link is up at the expected rate", wait=False, **the_link)
+    serving.admissible(name=f"Preflight: SGLang can serve {state.name} here", sglang=sglang,
+                       target=state)
+
+# 3. Serving: stop what the target does not run; a GPU holds a replica or a rank, never both.
+if state.serving == "tp2":
+    serving.router(name="Serving: the router stops with the replicas", router=router,
+                   present=False)
+    serving.replica(name="Serving: the replicas are stopped", sglang=sglang, present=False)
+    # A running TP group that is to change, or whose link a driver swap will take
+    # away, stops here as a whole; it starts again together in step 6.
+    serving.tp_rank_stopped_for_change(
+        name="Serving: the TP ranks stop if they or the driver under them are to change",
+        sglang=sglang,
+        speculative=state.speculative,
+        driver_changes=lambda: bool(
+            driver.driver_problems(state.driver, candidate, host.data.run_dir)),
+    )
+else:
+    serving.tp_rank(name="Serving: the TP ranks are stopped", sglang=sglang, present=False)
 
 # 4. Driver: both workstations in the same step.
 if workstation:
@@ -65,6 +92,19 @@ if workstation:
 if workstation:
     link.trained(name="Link: trained at the expected rate, the peer answers", **the_link)
 
+# 6. Serving: start the target's servers; only a real completion accepts them.
+if state.serving == "tp2":
+    serving.tp_rank(name="Serving: the TP ranks run", sglang=sglang,
+                    speculative=state.speculative)
+    serving.tp_accepted(name="Serving: rank 0 serves a real completion as declared",
+                        sglang=sglang, speculative=state.speculative)
+else:
+    serving.replica(name="Serving: the replicas run", sglang=sglang)
+    serving.replica_accepted(name="Serving: each replica serves a real completion",
+                             sglang=sglang)
+    serving.router(name="Serving: the router fronts the replicas", router=router)
+    serving.router_accepted(name="Serving: the router serves a real completion", router=router)
+
 # 8. Verify: every layer holds.
 if workstation:
     driver.verified(
@@ -73,3 +113,10 @@ if workstation:
         candidate=candidate,
         run_dir=host.data.run_dir,
     )
+serving.verified(name=f"Verify: the workstations serve as {state.name} declares",
+                 sglang=sglang, target=state)
+serving.router_verified(
+    name="Verify: the router " + ("serves" if state.serving == "replicas" else "is stopped"),
+    router=router,
+    present=state.serving == "replicas",
+)

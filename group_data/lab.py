@@ -14,6 +14,22 @@ serving_python = str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "py
 serving_sglang_module = "lab.sglang_sim"
 serving_user = "root"
 serving_init_system = "runit"
+# `python -m lab.sglang_sim` finds the simulator from the checkout.
+serving_working_directory = str(Path(__file__).resolve().parents[1])
+# The simulator loads in seconds; a lab start that takes a minute has failed.
+serving_start_timeout_seconds = 60
+
+gateway_roles_init_system = "runit"
+# sglang-router is already in the repository's virtualenv (requirements.lock).
+gateway_roles_router_venv = str(Path(__file__).resolve().parents[1] / ".venv")
+gateway_roles_router_user = "root"
 
 gateway_roles_large_api_base = "http://10.66.0.13:31000/v1"
 gateway_roles_large_served_model_name = "large"
+# A lab host's /etc is the machine's own (only /etc/sv and /etc/service are
+# private to it), so the gateway keeps its files in its private /var/lib.
+gateway_roles_master_key_file = "/var/lib/twinbolt/litellm_master_key"
+gateway_roles_litellm_config_file = "/var/lib/twinbolt/litellm.yaml"
+# litellm[proxy] is already in the repository's virtualenv (requirements.lock).
+gateway_roles_litellm_venv = str(Path(__file__).resolve().parents[1] / ".venv")
+gateway_roles_litellm_user = "root"

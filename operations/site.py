@@ -164,6 +164,11 @@ class Serving(_Section):
     min_sglang_version: Version = "0.5.9"
     user: Text
     init_system: Literal["systemd", "runit"] = "systemd"
+    # On each workstation; SGLang's caches follow the user's home, not this.
+    working_directory: Text = "/"
+    # Loading a 27B model, capturing CUDA graphs and autotuning take minutes;
+    # past this bound a start that has not served a real completion has failed.
+    start_timeout_seconds: PositiveInt = 900
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> "Serving":
@@ -197,6 +202,18 @@ class GatewayRoles(_Section):
     litellm_port: Port = 4000
     # A path on the gateway; LiteLLM refuses to start without a master key.
     master_key_file: Text = "/etc/twinbolt/litellm_master_key"
+    # A path on the gateway; the config holds no secret.
+    litellm_config_file: Text = "/etc/twinbolt/litellm.yaml"
+    # twinbolt installs litellm[proxy] into this virtualenv on the gateway.
+    litellm_venv: Text = "/opt/twinbolt/litellm"
+    # The proxy reads the master key, so it runs as an account of its own
+    # (created if missing) that owns the key file.
+    litellm_user: Text = "litellm"
+    init_system: Literal["systemd", "runit"] = "systemd"
+    # twinbolt installs sglang-router into this virtualenv on the gateway.
+    router_venv: Text = "/opt/twinbolt/sglang-router"
+    # The router keeps no state: an unprivileged user that exists everywhere.
+    router_user: Text = "nobody"
     large: LargeBackend
 
     @model_validator(mode="after")

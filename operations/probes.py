@@ -1,0 +1,149 @@
+"""
+Real requests from the machine that runs pyinfra, and bounded waits for them.
+
+Acceptance is a served request, not a process or a green ``/health`` (the field
+report's second lesson), and it is asked the way a client asks: over the
+network, from outside the host. So the operator's machine must reach each
+server's port (a site documents that in README.md); in exchange the probe
+needs nothing on the hosts, sees the route clients use, and parses JSON in
+Python rather than in a shell.
+
+Nothing here knows SGLang's server layout beyond the OpenAI-compatible chat
+API: the serving and gateway layers both use it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+from pyinfra import host, logger
+
+ACCEPTANCE_PROMPT = "twinbolt acceptance: describe the cable between the two workstations."
+# Each wait prints where it stands this often, so a long start is never silent.
+PROGRESS_SECONDS = 5.0
+POLL_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One HTTP exchange: what came back, or why nothing did."""
+
+    url: str
+    status: int | None = None
+    body: object = None
+    headers: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+    def describe(self) -> str:
+        """A short account for evidence: the status and the start of the body, or the error."""
+        if self.error:
+            return f"{self.url}: {self.error}"
+        text = self.body if isinstance(self.body, str) else repr(self.body)
+        return f"{self.url}: HTTP {self.status} {text[:200]}"
+
+
+def request(method: str, url: str, timeout: float, json: object = None,
+            headers: dict[str, str] | None = None) -> Answer:
+    """One request with a bound; every failure becomes an :class:`Answer` with its error."""
+    started = time.monotonic()
+    try:
+        response = httpx.request(method, url, json=json, headers=headers, timeout=timeout)
+    except httpx.TimeoutException:
+        return Answer(url, error=f"no answer within {timeout:g}s",
+                      seconds=time.monotonic() - started)
+    except httpx.HTTPError as error:
+        return Answer(url, error=f"{type(error).__name__}: {error}",
+                      seconds=time.monotonic() - started)
+    try:
+        body: object = response.json()
+    except ValueError:
+        body = response.text
+    return Answer(url, response.status_code, body, dict(response.headers),
+                  seconds=time.monotonic() - started)
+
+
+def get(url: str, timeout: float = 5.0) -> Answer:
+    return request("GET", url, timeout)
+
+
+def chat_body(model: str, tokens: int, **extra: object) -> dict[str, object]:
+    """
+    The acceptance request for exactly ``tokens`` tokens, as a ``/v1/chat/completions`` body.
+
+    ``ignore_eos`` keeps SGLang from stopping early at an end-of-sequence token,
+    so the count asked for is the count a working server returns.
+    """
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": ACCEPTANCE_PROMPT}],
+        "max_tokens": tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        **extra,
+    }
+
+
+def chat_completion(base_url: str, model: str, tokens: int, timeout: float,
+                    headers: dict[str, str] | None = None, **extra: object) -> Answer:
+    """Ask ``base_url``'s ``/v1/chat/completions`` for :func:`chat_body`."""
+    return request("POST", f"{base_url}/v1/chat/completions", timeout,
+                   json=chat_body(model, tokens, **extra), headers=headers)
+
+
+def completion_problems(answer: Answer, tokens: int) -> list[str]:
+    """Why ``answer`` is not a real completion of ``tokens`` tokens; empty when it is."""
+    if not answer.ok:
+        return [f"no completion: {answer.describe()}"]
+    try:
+        content = answer.body["choices"][0]["message"]["content"]
+        completion_tokens = answer.body["usage"]["completion_tokens"]
+    except (KeyError, IndexError, TypeError):
+        return [f"not a chat completion: {answer.describe()}"]
+    found = []
+    if not content or not content.strip():
+        found.append("the completion is empty")
+    if completion_tokens != tokens:
+        found.append(f"the completion has {completion_tokens} tokens, {tokens} were asked for")
+    return found
+
+
+def wait_until(what: str, check: Callable[[float], tuple[list[str], bool]], timeout: float,
+               outcome: dict) -> bool:
+    """
+    Poll ``check`` until it finds nothing, printing progress, for at most ``timeout`` seconds.
+
+    ``check`` is given the seconds left (to bound its own requests) and returns
+    what is still wrong and whether waiting can still help (a process that died
+    will not serve by waiting). Run as a pyinfra
+    ``FunctionCommand``; the operation that yields it reads ``outcome["found"]``
+    afterwards and raises with the evidence, so the failure reads like any other
+    operation error instead of a traceback from a callback.
+    """
+    started = time.monotonic()
+    next_report = started + PROGRESS_SECONDS
+    while True:
+        found, worth_waiting = check(max(1.0, timeout - (time.monotonic() - started)))
+        elapsed = time.monotonic() - started
+        if not found:
+            logger.info(f"    [{host.name}] {what}: yes, after {elapsed:.1f}s")
+            outcome["found"] = []
+            return True
+        if not worth_waiting:
+            outcome["found"] = [*found, f"(gave up after {elapsed:.0f}s: waiting cannot help)"]
+            return True
+        if elapsed >= timeout:
+            outcome["found"] = [*found, f"(timed out after {timeout:g}s)"]
+            return True
+        if time.monotonic() >= next_report:
+            logger.info(f"    [{host.name}] waiting for {what} ({elapsed:.0f}s of {timeout:g}s): "
+                        + "; ".join(found))
+            next_report += PROGRESS_SECONDS
+        time.sleep(POLL_SECONDS)

@@ -1,0 +1,323 @@
+"""
+Long-running services, described once and rendered for the host's init system.
+
+A :class:`Service` says what runs (argv, environment, user, working directory);
+``templates/`` turns it into a systemd unit (``/etc/systemd/system/NAME.service``,
+logs in the journal) or a runit service (``/etc/sv/NAME/run`` linked from
+``/etc/service/NAME``, logs appended to ``/var/log/twinbolt/NAME.log``). pyinfra's
+own ``systemd``/``runit`` operations start and stop it; a running service is
+restarted only when its rendered file changed or the caller says the state
+needs it.
+
+Nothing here knows SGLang: the serving and gateway layers describe their
+services with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pyinfra import host
+from pyinfra.api import FactBase, QuoteString, StringCommand, operation
+from pyinfra.api.command import PyinfraCommand
+from pyinfra.api.util import get_template
+from pyinfra.facts.files import Sha1File
+from pyinfra.facts.runit import RunitManaged
+from pyinfra.operations import files, runit, systemd
+
+InitSystem = Literal["systemd", "runit"]
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+TEMPLATE = {"systemd": TEMPLATES / "systemd.service.j2", "runit": TEMPLATES / "runit.run.j2"}
+SYSTEMD_DIR = "/etc/systemd/system"
+RUNIT_SOURCEDIR = "/etc/sv"
+RUNIT_SVDIR = "/etc/service"
+LOG_DIR = "/var/log/twinbolt"
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+EnvironmentName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class Service(BaseModel):
+    """
+    One long-running process, independent of the init system that supervises it.
+
+    + name: the unit or runit service name (``sglang-replica``)
+    + description: one line for ``systemctl status`` and the run script's header
+    + command: the argv, the program first; never a shell string
+    + environment: variables set for the process, in this order
+    + user: the account it runs as
+    + working_directory: its current directory
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
+    description: Annotated[str, StringConstraints(pattern=r"^[^\n]+$")]
+    command: Annotated[list[str], Field(min_length=1)]
+    environment: dict[EnvironmentName, str] = Field(default_factory=dict)
+    user: str = "root"
+    working_directory: str = "/"
+
+
+def unit_path(name: str) -> str:
+    return f"{SYSTEMD_DIR}/{name}.service"
+
+
+def run_script_path(name: str) -> str:
+    return f"{RUNIT_SOURCEDIR}/{name}/run"
+
+
+def log_path(name: str) -> str:
+    """Where a runit service's output goes (systemd services log to the journal)."""
+    return f"{LOG_DIR}/{name}.log"
+
+
+def rendered_path(name: str, init_system: InitSystem) -> str:
+    return unit_path(name) if init_system == "systemd" else run_script_path(name)
+
+
+def unit_quote(word: str) -> str:
+    """
+    One word of a systemd ``ExecStart=``/``Environment=`` line.
+
+    systemd expands ``%`` specifiers and ``$`` variables in these lines, so both
+    are escaped; words with blanks, quotes or backslashes are double-quoted.
+    """
+    word = word.replace("%", "%%").replace("$", "$$")
+    if word and not re.search(r"[\s\"'\\;]", word):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def template_context(service: Service) -> dict[str, object]:
+    """What both templates are rendered with: the service and the quoting for each format."""
+    return {
+        "service": service,
+        "log_dir": LOG_DIR,
+        "log_path": log_path(service.name),
+        "sh": shlex.quote,
+        "sh_join": shlex.join,
+        "unit_quote": unit_quote,
+        "unit_join": lambda words: " ".join(unit_quote(word) for word in words),
+    }
+
+
+def render(service: Service, init_system: InitSystem) -> str:
+    """The file :func:`present` uploads, rendered locally (pyinfra's own jinja2 environment)."""
+    return get_template(str(TEMPLATE[init_system])).render(template_context(service))
+
+
+def rendered_differs(service: Service, init_system: InitSystem) -> bool:
+    """Whether the host's rendered file is missing or not what :func:`present` would write."""
+    local = hashlib.sha1(render(service, init_system).encode()).hexdigest()
+    return host.get_fact(Sha1File, path=rendered_path(service.name, init_system)) != local
+
+
+# Facts
+
+
+class ServiceProcess(FactBase):
+    """
+    The process an init system runs for a service, read from ``/proc``: its argv and
+    environment are what actually runs, whatever the rendered file now says.
+
+    .. code:: python
+
+        {"running": True, "status": "run: sglang-replica: (pid 4242) 73s", "pid": 4242,
+         "argv": ["/opt/sglang/bin/python", "-m", "sglang.launch_server", ...],
+         "environment": {"NCCL_IB_DISABLE": "1", ...}}
+    """
+
+    default = dict
+
+    def command(self, service: str, init_system: InitSystem) -> StringCommand:
+        script = (
+            'if [ "$1" = runit ]; then '
+            f'status=$(sv status {RUNIT_SVDIR}/"$2" 2>&1 | head -n 1); '
+            "pid=$(echo \"$status\" | sed -n 's/^run: [^(]*(pid \\([0-9]*\\)).*/\\1/p'); "
+            "else "
+            'status=$(systemctl show -p ActiveState -p SubState -p MainPID -p NRestarts '
+            '"$2.service" 2>&1 | tr "\\n" " "); '
+            'pid=$(systemctl show -p MainPID --value "$2.service" 2>/dev/null); '
+            "fi; "
+            'echo "status $status"; '
+            '[ -n "$pid" ] && [ "$pid" != 0 ] && [ -r "/proc/$pid/cmdline" ] || exit 0; '
+            'echo "pid $pid"; '
+            "tr '\\0' '\\n' < \"/proc/$pid/cmdline\" | sed 's/^/arg /'; "
+            "tr '\\0' '\\n' < \"/proc/$pid/environ\" | sed 's/^/env /'"
+        )
+        return StringCommand(
+            "sh", "-c", QuoteString(script), "-", QuoteString(init_system), QuoteString(service)
+        )
+
+    def process(self, output: list[str]) -> dict:
+        process: dict = {"running": False, "status": "", "pid": None, "argv": [],
+                         "environment": {}}
+        for line in output:
+            kind, _, value = line.partition(" ")
+            if kind == "status":
+                process["status"] = value.strip()
+            elif kind == "pid":
+                process["pid"] = int(value)
+                process["running"] = True
+            elif kind == "arg":
+                process["argv"].append(value)
+            elif kind == "env":
+                key, _, val = value.partition("=")
+                process["environment"][key] = val
+        return process
+
+
+class RunningServices(FactBase):
+    """
+    The names of the running services whose name starts with ``prefix``.
+
+    .. code:: python
+
+        ["sglang-replica"]
+    """
+
+    default = list
+
+    def command(self, prefix: str, init_system: InitSystem) -> StringCommand:
+        script = (
+            'if [ "$1" = runit ]; then '
+            f'for s in {RUNIT_SVDIR}/"$2"*; do [ -e "$s" ] && sv status "$s"; done '
+            "| sed -n 's|^run: [^:]*/\\([^/:]*\\): .*|\\1|p'; "
+            "else "
+            'systemctl list-units --type=service --state=running --plain --no-legend "$2*" '
+            "| awk '{print $1}' | sed 's/\\.service$//'; "
+            "fi; true"
+        )
+        return StringCommand(
+            "sh", "-c", QuoteString(script), "-", QuoteString(init_system), QuoteString(prefix)
+        )
+
+    def process(self, output: list[str]) -> list[str]:
+        return sorted(line.strip() for line in output if line.strip())
+
+
+class ServiceLog(FactBase):
+    """
+    The last lines a service logged: its runit log file, or its systemd journal.
+
+    .. code:: python
+
+        ["[2026-01-01 10:00:00] Load weight begin. ...", "..."]
+    """
+
+    default = list
+
+    def command(self, service: str, init_system: InitSystem, lines: int = 20) -> StringCommand:
+        if init_system == "runit":
+            return StringCommand(
+                "tail", "-n", str(int(lines)), QuoteString(log_path(service)), "2>/dev/null",
+                "||", "true",
+            )
+        return StringCommand(
+            "journalctl", "--no-pager", "-o", "cat", "-n", str(int(lines)), "-u",
+            QuoteString(f"{service}.service"), "2>/dev/null", "||", "true",
+        )
+
+    def process(self, output: list[str]) -> list[str]:
+        # Colour codes (sglang-router logs in colour) only garble an error message.
+        return [ANSI_ESCAPE.sub("", line) for line in output]
+
+
+# Operations
+
+
+@operation()
+def present(
+    service: Service, init_system: InitSystem, restarted: bool = False
+) -> Iterator[PyinfraCommand]:
+    """
+    Render a service, and keep it enabled and running.
+
+    A running service is restarted when its rendered file changed, or when
+    ``restarted`` says the state needs it (say, the link under it was replaced).
+
+    + service: the :class:`Service` to run
+    + init_system: ``systemd`` (a unit, logs in the journal) or ``runit`` (a run
+      script in ``/etc/sv``, linked from ``/etc/service``, logs appended to
+      ``/var/log/twinbolt/NAME.log``)
+    + restarted: restart it even if its rendered file is unchanged
+
+    **Example:**
+
+    .. code:: python
+
+        services.present(
+            name="Run the echo server",
+            service=Service(name="echo", description="An echo server",
+                            command=["/usr/bin/socat", "TCP-LISTEN:7,fork", "EXEC:cat"]),
+            init_system="systemd",
+        )
+    """
+    changed = False
+    for command in files.template._inner(
+        src=str(TEMPLATE[init_system]),
+        dest=rendered_path(service.name, init_system),
+        mode="644" if init_system == "systemd" else "755",
+        **template_context(service),
+    ):
+        changed = True
+        yield command
+    if init_system == "systemd":
+        yield from systemd.service._inner(
+            service=f"{service.name}.service",
+            running=True,
+            enabled=True,
+            restarted=changed or restarted,
+            daemon_reload=changed,
+        )
+    else:
+        yield from runit.service._inner(
+            service=service.name,
+            running=True,
+            restarted=changed or restarted,
+            svdir=RUNIT_SVDIR,
+            sourcedir=RUNIT_SOURCEDIR,
+        )
+
+
+@operation()
+def absent(service: str, init_system: InitSystem) -> Iterator[PyinfraCommand]:
+    """
+    Stop a service and keep it from starting again.
+
+    The rendered file stays, as an available but disabled service: the systemd
+    unit is disabled, the runit link in ``/etc/service`` removed.
+
+    + service: the service's name
+    + init_system: ``systemd`` or ``runit``
+
+    **Example:**
+
+    .. code:: python
+
+        services.absent(name="Stop the echo server", service="echo", init_system="systemd")
+    """
+    name = service
+    if init_system == "systemd":
+        yield from systemd.service._inner(service=f"{name}.service", running=False, enabled=False)
+        return
+    if name not in host.get_fact(RunitManaged, service=name, svdir=RUNIT_SVDIR):
+        host.noop(f"runit service {name} is not managed")
+        return
+    # Stopped first, waiting for it to exit: removing the link alone leaves the
+    # process to runsvdir's next scan, with the GPU still held meanwhile.
+    yield from runit.service._inner(
+        service=name, running=False, svdir=RUNIT_SVDIR, sourcedir=RUNIT_SOURCEDIR
+    )
+    yield from runit.manage._inner(
+        service=name, managed=False, svdir=RUNIT_SVDIR, sourcedir=RUNIT_SOURCEDIR
+    )

@@ -1,0 +1,876 @@
+"""
+The serving layer: SGLang on the workstations, sglang-router on the gateway.
+
+``production`` runs one single-GPU replica per workstation (``sglang-replica``)
+behind sglang-router on the gateway (``sglang-router``). The TP states run one
+server split across both workstations: ``sglang-tp2-rank0`` on the first,
+``sglang-tp2-rank1`` on the second, NCCL and Gloo pinned to the Thunderbolt
+interface. A GPU holds a replica or a rank, never both: replicas stop before
+ranks start and ranks stop before replicas start. The router stops with the
+replicas: its workers are gone, and on their port rank 1's dummy ``/health``
+would answer 200 and draw traffic it cannot serve.
+
+A server is accepted only by a real chat completion of the requested length,
+asked from the machine running pyinfra (see ``operations/probes.py``), and for
+TP only from rank 0, whose ``/server_info`` must also report ``tp_size`` 2 and
+the declared speculative settings (NEXTN is reported as EAGLE). Rank 1 is never
+probed: its ``/health`` is a dummy that always answers 200.
+
+The SGLang version is read by importing the package that provides the server
+module with the service's own interpreter and working directory and printing
+its ``__version__``: ``sglang`` for ``sglang.launch_server`` (SGLang sets
+``sglang.__version__`` from its release), ``lab.sglang_sim`` for the lab's
+simulator (a package run with ``-m``). Nothing is started and no GPU is touched.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
+from pyinfra import host, inventory
+from pyinfra import state as pyinfra_state
+from pyinfra.api import (
+    FactBase,
+    FunctionCommand,
+    Host,
+    OperationError,
+    QuoteString,
+    StringCommand,
+    operation,
+)
+from pyinfra.api.command import PyinfraCommand
+from pyinfra.facts.files import Directory
+from pyinfra.operations import pip
+
+from operations import probes, services
+from operations.services import InitSystem, Service, ServiceLog, ServiceProcess
+from operations.states import Speculative, State
+
+LAYER = "serving"
+REPLICA = "sglang-replica"
+TP_RANKS = ("sglang-tp2-rank0", "sglang-tp2-rank1")
+ROUTER = "sglang-router"
+SGLANG_SERVICES = "sglang-"
+# The router twinbolt installs on the gateway; requirements.txt pins the same release.
+ROUTER_REQUIREMENT = "sglang-router==0.3.2"
+# SGLang reports the NEXTN drafter under the name of the worker that runs it.
+REPORTED_ALGORITHM = {"NEXTN": "EAGLE"}
+ACCEPTANCE_TOKENS = 32
+# One acceptance request may take this long; a slower one counts as a hang.
+REQUEST_TIMEOUT_SECONDS = 30.0
+LOG_LINES = 15
+# uvicorn's access log, as SGLang (and the lab's simulator) write it.
+ACCESS_LOG_LINE = re.compile(r'"(GET|POST|PUT|DELETE|HEAD|PRI) \S+ HTTP/[\d.]+" \d{3}\s*$')
+
+# What a bounded wait polls: given the seconds left, what is still wrong and
+# whether waiting can still help (see probes.wait_until).
+Check = Callable[..., tuple[list[str], bool]]
+
+
+# What runs: the site's settings and the services built from them
+
+
+@dataclass(frozen=True)
+class Sglang:
+    """
+    SGLang on one workstation, as the site describes it (host data ``serving_*``).
+
+    ``address`` is where the router, the acceptance probes and clients reach the
+    server: the host's ``ssh_hostname``. ``rank0_link_address`` is rank 0's
+    address on the Thunderbolt link, where the TP group meets.
+    """
+
+    address: str
+    rank: int
+    rank0_link_address: str
+    interface: str
+    python: str
+    module: str
+    model_path: str
+    served_model_name: str
+    quantization: str | None
+    context_length: int | None
+    mem_fraction_static: float | None
+    draft_model_path: str | None
+    port: int
+    dist_init_port: int
+    min_version: str
+    user: str
+    init_system: InitSystem
+    working_directory: str
+    start_timeout: float
+
+    @classmethod
+    def from_host(cls, workstation: Host) -> Sglang:
+        """Read a workstation's host data (any inventory host, not only the current one)."""
+        data = workstation.data
+        rank = data.rank
+        return cls(
+            address=data.get("ssh_hostname") or workstation.name,
+            rank=rank,
+            rank0_link_address=(
+                data.thunderbolt_address if rank == 0 else data.peer_thunderbolt_address
+            ),
+            interface=data.link_interface,
+            python=data.serving_python,
+            module=data.serving_sglang_module,
+            model_path=data.serving_model_path,
+            served_model_name=data.serving_served_model_name,
+            quantization=data.serving_quantization,
+            context_length=data.serving_context_length,
+            mem_fraction_static=data.serving_mem_fraction_static,
+            draft_model_path=data.serving_draft_model_path,
+            port=data.serving_port,
+            dist_init_port=data.serving_dist_init_port,
+            min_version=data.serving_min_sglang_version,
+            user=data.serving_user,
+            init_system=data.serving_init_system,
+            working_directory=data.serving_working_directory,
+            start_timeout=data.serving_start_timeout_seconds,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+    @property
+    def tp_rank_name(self) -> str:
+        return TP_RANKS[self.rank]
+
+
+@dataclass(frozen=True)
+class Router:
+    """sglang-router on the gateway (host data ``gateway_roles_*``) and its workers."""
+
+    address: str
+    port: int
+    venv: str
+    user: str
+    init_system: InitSystem
+    workers: tuple[str, ...]
+    served_model_name: str
+    start_timeout: float
+
+    @classmethod
+    def from_hosts(cls, gateway: Host, workstations: list[Host]) -> Router:
+        """The gateway's settings, with every workstation's replica as a worker."""
+        replicas = [Sglang.from_host(workstation) for workstation in workstations]
+        data = gateway.data
+        return cls(
+            address=data.get("ssh_hostname") or gateway.name,
+            port=data.gateway_roles_router_port,
+            venv=data.gateway_roles_router_venv,
+            user=data.gateway_roles_router_user,
+            init_system=data.gateway_roles_init_system,
+            workers=tuple(replica.url for replica in replicas),
+            served_model_name=replicas[0].served_model_name,
+            start_timeout=max(replica.start_timeout for replica in replicas),
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+
+def server_command(sglang: Sglang) -> list[str]:
+    """The argv every SGLang server here starts with: the model and how it is served."""
+    argv = [
+        sglang.python, "-m", sglang.module,
+        "--model-path", sglang.model_path,
+        "--served-model-name", sglang.served_model_name,
+        # Every address: the router, the acceptance probes and clients come from
+        # elsewhere, and a workstation's own name may resolve to loopback on it.
+        "--host", "0.0.0.0",
+        "--port", str(sglang.port),
+        "--enable-metrics",
+        # Without it SGLang leaves cached_tokens out of usage.
+        "--enable-cache-report",
+    ]
+    if sglang.quantization:
+        argv += ["--quantization", sglang.quantization]
+    if sglang.context_length:
+        argv += ["--context-length", str(sglang.context_length)]
+    if sglang.mem_fraction_static:
+        argv += ["--mem-fraction-static", str(sglang.mem_fraction_static)]
+    return argv
+
+
+def speculative_args(speculative: Speculative | None, draft_model_path: str | None) -> list[str]:
+    """The speculative decoder's flags; none at all for a state without one."""
+    if speculative is None:
+        return []
+    argv = [
+        "--speculative-algorithm", speculative.algorithm,
+        "--speculative-num-steps", str(speculative.num_steps),
+        "--speculative-eagle-topk", str(speculative.eagle_topk),
+        "--speculative-num-draft-tokens", str(speculative.num_draft_tokens),
+    ]
+    if draft_model_path:
+        argv += ["--speculative-draft-model-path", draft_model_path]
+    return argv
+
+
+def tp_environment(interface: str) -> dict[str, str]:
+    """NCCL and Gloo on the Thunderbolt link only, over plain TCP."""
+    return {
+        # A leading "=" is an exact name: without it NCCL takes any interface
+        # whose name starts with "thunderbolt0".
+        "NCCL_SOCKET_IFNAME": f"={interface}",
+        # Gloo takes one concrete name, not NCCL's prefix or exclusion lists.
+        "GLOO_SOCKET_IFNAME": interface,
+        "NCCL_IB_DISABLE": "1",
+        "NCCL_NET": "Socket",
+    }
+
+
+def replica_service(sglang: Sglang) -> Service:
+    """Production's single-GPU server on one workstation."""
+    return Service(
+        name=REPLICA,
+        description=f"SGLang replica serving {sglang.served_model_name} (twinbolt production)",
+        command=server_command(sglang),
+        user=sglang.user,
+        working_directory=sglang.working_directory,
+    )
+
+
+def tp_rank_service(sglang: Sglang, speculative: Speculative | None) -> Service:
+    """This workstation's rank of the two-node TP server."""
+    return Service(
+        name=sglang.tp_rank_name,
+        description=(
+            f"SGLang TP2 rank {sglang.rank} serving {sglang.served_model_name} "
+            f"(speculative {speculative.algorithm if speculative else 'off'})"
+        ),
+        command=[
+            *server_command(sglang),
+            "--tp-size", "2",
+            "--nnodes", "2",
+            "--node-rank", str(sglang.rank),
+            "--dist-init-addr", f"{sglang.rank0_link_address}:{sglang.dist_init_port}",
+            *speculative_args(speculative, sglang.draft_model_path),
+        ],
+        environment=tp_environment(sglang.interface),
+        user=sglang.user,
+        working_directory=sglang.working_directory,
+    )
+
+
+def router_service(router: Router) -> Service:
+    """sglang-router in front of the replicas; only replicas are ever its workers."""
+    return Service(
+        name=ROUTER,
+        description="sglang-router in front of the SGLang replicas (twinbolt production)",
+        command=[
+            f"{router.venv}/bin/python", "-m", "sglang_router.launch_router",
+            "--worker-urls", *router.workers,
+            "--policy", "cache_aware",
+            "--host", router.address,
+            "--port", str(router.port),
+        ],
+        user=router.user,
+    )
+
+
+# Facts
+
+
+class SglangVersion(FactBase):
+    """
+    The version of the SGLang that ``python -m module`` would run, or the error.
+
+    .. code:: python
+
+        {"version": "0.5.9"}
+        {"error": "ModuleNotFoundError: No module named 'sglang'"}
+    """
+
+    SCRIPT = (
+        "import importlib, importlib.util, sys\n"
+        "name = sys.argv[1]\n"
+        "spec = importlib.util.find_spec(name)\n"
+        "if spec is None:\n"
+        "    sys.exit(f'No module named {name!r}')\n"
+        "package = name if spec.submodule_search_locations is not None "
+        "else name.rpartition('.')[0]\n"
+        "print('version', importlib.import_module(package).__version__)\n"
+    )
+
+    def command(self, python: str, module: str, working_directory: str = "/") -> StringCommand:
+        return StringCommand(
+            "cd", QuoteString(working_directory), "&&", QuoteString(python), "-c",
+            QuoteString(self.SCRIPT), QuoteString(module), "2>&1", "||", "true",
+        )
+
+    def process(self, output: list[str]) -> dict:
+        for line in output:
+            if line.startswith("version "):
+                return {"version": line.removeprefix("version ").strip()}
+        return {"error": output[-1].strip() if output else "no output"}
+
+
+# Evidence
+
+
+def version_problems(found: dict, minimum: str) -> list[str]:
+    """Why the SGLang found is not at least ``minimum``; empty when it is."""
+    if "version" not in found:
+        return [f"cannot read the SGLang version: {found.get('error')}"]
+    try:
+        too_old = Version(found["version"]) < Version(minimum)
+    except InvalidVersion:
+        return [f"SGLang reports an unreadable version {found['version']!r}"]
+    if too_old:
+        return [
+            f"SGLang {found['version']} is older than the minimum {minimum} "
+            "(serving.min_sglang_version): NEXTN with TP2 needs the release that merges "
+            "FlashInfer autotune caches across the target and draft workers"
+        ]
+    return []
+
+
+def process_problems(process: dict, service: Service, argv: bool = True) -> list[str]:
+    """
+    Whether the running process is the rendered service, by argv and environment.
+
+    ``argv=False`` for a program that overwrites its own command line (sglang-router
+    shows ``sglang::router``): then only the environment can be compared.
+    """
+    if not process.get("running"):
+        return [f"{service.name} is not running ({process.get('status') or 'no status'})"]
+    found = []
+    if argv and process["argv"] != service.command:
+        found.append(
+            f"{service.name} (pid {process['pid']}) runs {' '.join(process['argv'])!r}, "
+            f"not the rendered {' '.join(service.command)!r}"
+        )
+    for key, value in service.environment.items():
+        if process["environment"].get(key) != value:
+            found.append(
+                f"{service.name} (pid {process['pid']}) has {key}="
+                f"{process['environment'].get(key, '(unset)')}, not {value}"
+            )
+    return found
+
+
+def server_info_problems(info: object, tp_size: int, speculative: Speculative | None,
+                         served_model_name: str) -> list[str]:
+    """Whether ``/server_info`` reports the declared parallelism and speculative settings."""
+    if not isinstance(info, dict):
+        return [f"/server_info is not a JSON object: {info!r:.200}"]
+    wanted = {
+        "tp_size": tp_size,
+        "served_model_name": served_model_name,
+        "speculative_algorithm": (
+            REPORTED_ALGORITHM.get(speculative.algorithm, speculative.algorithm)
+            if speculative else None
+        ),
+    }
+    if speculative:
+        wanted.update(
+            speculative_num_steps=speculative.num_steps,
+            speculative_eagle_topk=speculative.eagle_topk,
+            speculative_num_draft_tokens=speculative.num_draft_tokens,
+        )
+    return [
+        f"/server_info reports {key}={info.get(key)!r}, expected {value!r}"
+        for key, value in wanted.items()
+        if info.get(key) != value
+    ]
+
+
+def server_info(url: str) -> probes.Answer:
+    """``/server_info``, or ``/get_server_info`` on releases that only have the old name."""
+    answer = probes.get(f"{url}/server_info")
+    if answer.status == 404:
+        answer = probes.get(f"{url}/get_server_info")
+    return answer
+
+
+def log_tails(workstations: list[tuple[Host, str, InitSystem]]) -> str:
+    """
+    The last lines of each named service's log, host by host, for an error message.
+
+    HTTP access lines are left out: the acceptance probes' own requests would
+    push out what the server said about loading, joining and crashing.
+    """
+    sections = []
+    for other, name, init_system in workstations:
+        lines = other.get_fact(ServiceLog, service=name, init_system=init_system,
+                               lines=LOG_LINES * 20)
+        lines = [line for line in lines if not ACCESS_LOG_LINE.search(line)][-LOG_LINES:]
+        where = (services.log_path(name) if init_system == "runit"
+                 else f"journalctl -u {name}.service")
+        body = "\n".join(f"    | {line}" for line in lines) or "    (empty)"
+        sections.append(f"  {other.name} {name}, last lines of {where} (requests left out):"
+                        f"\n{body}")
+    return "\n".join(sections)
+
+
+def tp_log_tails() -> str:
+    """Both ranks' logs: a TP failure is often visible only on the other rank."""
+    return log_tails([
+        (workstation, TP_RANKS[workstation.data.rank], workstation.data.serving_init_system)
+        for workstation in inventory.get_group("workstations")
+    ])
+
+
+def refuse(found: list[str], tails: str = "") -> None:
+    """Stop this host with the evidence, named by host and layer."""
+    message = f"{host.name}: {LAYER} layer: " + "; ".join(found)
+    raise OperationError(f"{message}\n{tails}" if tails else message)
+
+
+def server_check(sglang: Sglang, service: Service, tp_size: int,
+                 speculative: Speculative | None, tokens: int) -> Check:
+    """
+    The acceptance of one SGLang server this host runs, as a check for
+    :func:`probes.wait_until`: the process is the rendered service and stays the
+    same process, it serves a real completion, and ``/server_info`` agrees.
+    """
+    first_pid: list[int] = []
+
+    def check(seconds_left: float = REQUEST_TIMEOUT_SECONDS) -> tuple[list[str], bool]:
+        process = host.get_fact(ServiceProcess, service=service.name,
+                                init_system=sglang.init_system)
+        found = process_problems(process, service)
+        if process.get("running") and not first_pid:
+            first_pid.append(process["pid"])
+        if found:
+            # Seen running and now gone or replaced: it crashed; waiting will
+            # only watch the supervisor restart it into the same crash.
+            return found, not first_pid
+        if process["pid"] != first_pid[0]:
+            return [f"{service.name} exited and was restarted (pid {first_pid[0]} -> "
+                    f"{process['pid']})"], False
+        answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
+                                        timeout=min(REQUEST_TIMEOUT_SECONDS, seconds_left))
+        found = probes.completion_problems(answer, tokens)
+        if found:
+            health = probes.get(f"{sglang.url}/health")
+            if health.ok:
+                found.append("its /health answers 200, which proves nothing")
+            return found, True
+        return server_info_problems(server_info(sglang.url).body, tp_size, speculative,
+                                    sglang.served_model_name), False
+
+    return check
+
+
+def router_check(router: Router, tokens: int) -> Check:
+    """The router's acceptance: running, ready with a healthy worker, and serving."""
+
+    def check(seconds_left: float = REQUEST_TIMEOUT_SECONDS) -> tuple[list[str], bool]:
+        process = host.get_fact(ServiceProcess, service=ROUTER, init_system=router.init_system)
+        found = process_problems(process, router_service(router), argv=False)
+        if found:
+            return found, False
+        # Its /health always says OK; /readiness needs a healthy worker.
+        readiness = probes.get(f"{router.url}/readiness")
+        if not readiness.ok:
+            return [f"the router is not ready: {readiness.describe()}"], True
+        answer = probes.chat_completion(router.url, router.served_model_name, tokens,
+                                        timeout=min(REQUEST_TIMEOUT_SECONDS, seconds_left))
+        return probes.completion_problems(answer, tokens), True
+
+    return check
+
+
+def accept(what: str, check: Check, timeout: float,
+           tails: Callable[[], str]) -> Iterator[PyinfraCommand]:
+    """
+    Accept at once what already holds; otherwise wait for it with progress and a
+    bound, and fail with the evidence and ``tails()`` (the logs) when it never holds.
+    """
+    found, _ = check()
+    if not found:
+        host.noop(f"{what}: already")
+        return
+    outcome: dict = {}
+    yield FunctionCommand(probes.wait_until, (what, check, timeout, outcome), {})
+    if outcome.get("found"):
+        refuse([f"{what}: no", *outcome["found"]], tails())
+
+
+def elsewhere(settings: Sglang | Router | None, role: str) -> bool:
+    """
+    Whether this host has no part in an operation (its settings are ``None``).
+
+    deploy.py calls the serving operations on every host, a workstation passing
+    its :class:`Sglang` and the gateway its :class:`Router`: pyinfra orders
+    operations across hosts only through the operations they share, so a
+    gateway-only step could otherwise run before the workstations' steps above it.
+    """
+    if settings is None:
+        host.noop(f"this host is not a {role}")
+        return True
+    return False
+
+
+def executing() -> bool:
+    """
+    Whether pyinfra is running operations rather than previewing them.
+
+    Without ``-y`` pyinfra calls every operation once before any change to show
+    what would change; a verification then would judge the state before the run.
+    """
+    return pyinfra_state.is_executing
+
+
+# Operations
+
+
+@operation(is_idempotent=True)
+def admissible(sglang: Sglang | None, target: State,
+               tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
+    """
+    Refuse, before anything changes, a serving target this workstation cannot reach.
+
+    The weights must be on the host. A NEXTN TP state needs SGLang at least
+    ``sglang.min_version``. Leaving production needs production working: a
+    running replica must serve a real completion before its GPU is borrowed.
+
+    + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
+    + target: the :class:`State` the run converges to
+    + tokens: the length of the completion asked of a running replica
+
+    **Example:**
+
+    .. code:: python
+
+        serving.admissible(
+            name="Preflight: SGLang can serve tp2_e2e here",
+            sglang=Sglang.from_host(host),
+            target=resolve_state("tp2_e2e"),
+        )
+    """
+    if elsewhere(sglang, "workstation"):
+        return
+    found = []
+    if not host.get_fact(Directory, path=sglang.model_path):
+        found.append(f"the weights {sglang.model_path} are not on this host")
+    if target.speculative and sglang.draft_model_path:
+        if not host.get_fact(Directory, path=sglang.draft_model_path):
+            found.append(f"the draft weights {sglang.draft_model_path} are not on this host")
+    if target.serving == "tp2" and target.speculative:
+        version = host.get_fact(SglangVersion, python=sglang.python, module=sglang.module,
+                                working_directory=sglang.working_directory)
+        found += version_problems(version, sglang.min_version)
+    if target.serving == "tp2":
+        running = host.get_fact(services.RunningServices, prefix=REPLICA,
+                                init_system=sglang.init_system)
+        if REPLICA in running:
+            answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
+                                            timeout=REQUEST_TIMEOUT_SECONDS)
+            found += [f"production's replica fails before the experiment: {problem}"
+                      for problem in probes.completion_problems(answer, tokens)]
+    if found:
+        refuse(found)
+    host.noop(f"SGLang can serve {target.name} on this workstation")
+    yield from ()
+
+
+@operation()
+def replica(sglang: Sglang | None, present: bool = True) -> Iterator[PyinfraCommand]:
+    """
+    Run, or stop, production's single-GPU SGLang replica on this workstation.
+
+    + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
+    + present: whether the replica should run
+
+    **Example:**
+
+    .. code:: python
+
+        serving.replica(name="Serving: the replica is stopped",
+                        sglang=Sglang.from_host(host), present=False)
+    """
+    if elsewhere(sglang, "workstation"):
+        return
+    if present:
+        yield from services.present._inner(service=replica_service(sglang),
+                                           init_system=sglang.init_system)
+    else:
+        yield from services.absent._inner(service=REPLICA, init_system=sglang.init_system)
+
+
+@operation()
+def tp_rank(sglang: Sglang | None, speculative: Speculative | None = None, present: bool = True,
+            restarted: bool = False) -> Iterator[PyinfraCommand]:
+    """
+    Run, or stop, this workstation's rank of the two-node TP server.
+
+    The rank is the host's ``rank``; rank 0 hosts the rendezvous on its link
+    address. A rank of the other number left on this host is stopped too.
+
+    + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
+    + speculative: the state's speculative decoder, or ``None``
+    + present: whether the rank should run; ``False`` stops either rank
+    + restarted: restart a running rank even if its service is unchanged
+
+    **Example:**
+
+    .. code:: python
+
+        serving.tp_rank(
+            name="Serving: the TP ranks run",
+            sglang=Sglang.from_host(host),
+            speculative=NEXTN_3_1_4,
+        )
+    """
+    if elsewhere(sglang, "workstation"):
+        return
+    for name in TP_RANKS:
+        if not present or name != sglang.tp_rank_name:
+            yield from services.absent._inner(service=name, init_system=sglang.init_system)
+    if present:
+        yield from services.present._inner(service=tp_rank_service(sglang, speculative),
+                                           init_system=sglang.init_system, restarted=restarted)
+
+
+@operation()
+def tp_rank_stopped_for_change(
+    sglang: Sglang | None, speculative: Speculative | None = None,
+    driver_changes: Callable[[], bool] = lambda: False,
+) -> Iterator[PyinfraCommand]:
+    """
+    Stop this workstation's TP rank before anything under it changes: its own
+    service (say, another speculative setting) or, as ``driver_changes()`` says
+    when the operation runs, the driver and so the link. A rank that runs as the
+    target declares, over a driver that stays, is left alone.
+
+    Both ranks stop in this step and start together later: restarting a running
+    group rank by rank races, each new rank losing the other's old one.
+
+    + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
+    + speculative: the target state's speculative decoder, or ``None``
+    + driver_changes: called when the operation runs; whether the driver will be swapped
+
+    **Example:**
+
+    .. code:: python
+
+        serving.tp_rank_stopped_for_change(
+            name="Serving: the TP ranks stop if what they run on is to change",
+            sglang=Sglang.from_host(host),
+            speculative=None,
+            driver_changes=lambda: False,
+        )
+    """
+    if elsewhere(sglang, "workstation"):
+        return
+    running = host.get_fact(services.RunningServices, prefix="sglang-tp2-",
+                            init_system=sglang.init_system)
+    wanted = tp_rank_service(sglang, speculative)
+    if not running:
+        host.noop("no TP rank runs")
+        return
+    if (running == [wanted.name] and not services.rendered_differs(wanted, sglang.init_system)
+            and not driver_changes()):
+        host.noop(f"{wanted.name} runs as declared over a driver that stays")
+        return
+    for name in running:
+        yield from services.absent._inner(service=name, init_system=sglang.init_system)
+
+
+@operation()
+def router(router: Router | None, present: bool = True) -> Iterator[PyinfraCommand]:
+    """
+    Install and run sglang-router on the gateway with the replicas as its workers,
+    or stop it.
+
+    + router: the gateway's :class:`Router` settings and workers; ``None`` elsewhere (a no-op)
+    + present: whether the router should run
+
+    **Example:**
+
+    .. code:: python
+
+        serving.router(
+            name="Serving: the router fronts the replicas",
+            router=Router.from_hosts(host, inventory.get_group("workstations")),
+        )
+    """
+    if elsewhere(router, "gateway"):
+        return
+    if not present:
+        yield from services.absent._inner(service=ROUTER, init_system=router.init_system)
+        return
+    yield from pip.virtualenv._inner(path=router.venv, python="python3", venv=True)
+    yield from pip.packages._inner(packages=[ROUTER_REQUIREMENT], virtualenv=router.venv)
+    yield from services.present._inner(service=router_service(router),
+                                       init_system=router.init_system)
+
+
+@operation(is_idempotent=True)
+def replica_accepted(sglang: Sglang | None,
+                     tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
+    """
+    Accept this workstation's replica only by a real completion of ``tokens`` tokens
+    from its port, waiting up to ``sglang.start_timeout`` seconds with progress.
+
+    + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
+    + tokens: the completion's length
+
+    **Example:**
+
+    .. code:: python
+
+        serving.replica_accepted(name="Serving: the replica answers",
+                                 sglang=Sglang.from_host(host))
+    """
+    if elsewhere(sglang, "workstation"):
+        return
+    service = replica_service(sglang)
+    yield from accept(
+        f"the replica at {sglang.url} serves a real completion",
+        server_check(sglang, service, tp_size=1, speculative=None, tokens=tokens),
+        sglang.start_timeout,
+        lambda: log_tails([(host, REPLICA, sglang.init_system)]),
+    )
+
+
+@operation(is_idempotent=True)
+def tp_accepted(sglang: Sglang | None, speculative: Speculative | None = None,
+                tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
+    """
+    Accept the TP server only by rank 0: a real completion of ``tokens`` tokens,
+    and ``/server_info`` reporting ``tp_size`` 2 and ``speculative``. Rank 1 is
+    never probed; its ``/health`` always answers 200.
+
+    + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
+    + speculative: the state's speculative decoder, or ``None``
+    + tokens: the completion's length
+
+    **Example:**
+
+    .. code:: python
+
+        serving.tp_accepted(name="Serving: rank 0 serves", sglang=Sglang.from_host(host),
+                            speculative=NEXTN_3_1_4)
+    """
+    if elsewhere(sglang, "workstation"):
+        return
+    if sglang.rank != 0:
+        host.noop("rank 1 is accepted through rank 0, never by its own dummy /health")
+        return
+    yield from accept(
+        f"TP rank 0 at {sglang.url} serves a real completion as tp_size 2",
+        server_check(sglang, tp_rank_service(sglang, speculative), tp_size=2,
+                     speculative=speculative, tokens=tokens),
+        sglang.start_timeout,
+        tp_log_tails,
+    )
+
+
+@operation(is_idempotent=True)
+def router_accepted(router: Router | None,
+                    tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
+    """
+    Accept the router only by ``/readiness`` (its ``/health`` always says OK) and a
+    real completion of ``tokens`` tokens through it.
+
+    + router: the gateway's :class:`Router` settings; ``None`` elsewhere (a no-op)
+    + tokens: the completion's length
+
+    **Example:**
+
+    .. code:: python
+
+        serving.router_accepted(name="Serving: the router serves", router=router)
+    """
+    if elsewhere(router, "gateway"):
+        return
+    yield from accept(
+        f"the router at {router.url} serves a real completion",
+        router_check(router, tokens),
+        router.start_timeout,
+        lambda: log_tails([(host, ROUTER, router.init_system)]),
+    )
+
+
+@operation(is_idempotent=True)
+def verified(sglang: Sglang | None, target: State,
+             tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
+    """
+    Prove this workstation serves as ``target`` says, with the evidence if not.
+
+    Replicas: the replica is the rendered service and serves a real completion;
+    no TP rank runs. TP: this rank is the rendered service, NCCL and Gloo pinned
+    to the link; no replica runs; rank 0 serves a real completion and reports
+    the declared settings.
+
+    + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
+    + target: the :class:`State` the hosts should be in
+    + tokens: the completion's length
+
+    **Example:**
+
+    .. code:: python
+
+        serving.verified(name="Verify: serving", sglang=Sglang.from_host(host),
+                         target=resolve_state("production"))
+    """
+    if elsewhere(sglang, "workstation"):
+        return
+    if not executing():
+        host.noop("verified when the run executes")
+        return
+    running = host.get_fact(services.RunningServices, prefix=SGLANG_SERVICES,
+                            init_system=sglang.init_system)
+    if target.serving == "replicas":
+        wanted = replica_service(sglang)
+        check = server_check(sglang, wanted, 1, None, tokens)
+    else:
+        wanted = tp_rank_service(sglang, target.speculative)
+        check = server_check(sglang, wanted, 2, target.speculative, tokens)
+    found = [f"{name} runs, but {target.name} does not run it"
+             for name in running if name != wanted.name]
+    if target.serving == "tp2" and sglang.rank != 0:
+        found += process_problems(
+            host.get_fact(ServiceProcess, service=wanted.name, init_system=sglang.init_system),
+            wanted,
+        )
+    else:
+        found += check()[0]
+    if found:
+        refuse(found, tp_log_tails() if target.serving == "tp2"
+               else log_tails([(host, wanted.name, sglang.init_system)]))
+    host.noop(f"this workstation serves as {target.name} declares")
+    yield from ()
+
+
+@operation(is_idempotent=True)
+def router_verified(router: Router | None, present: bool = True,
+                    tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
+    """
+    Prove the router runs and serves (production), or is stopped (TP states).
+
+    + router: the gateway's :class:`Router` settings; ``None`` elsewhere (a no-op)
+    + present: whether the router should run
+    + tokens: the completion's length
+
+    **Example:**
+
+    .. code:: python
+
+        serving.router_verified(name="Verify: the router", router=router, present=True)
+    """
+    if elsewhere(router, "gateway"):
+        return
+    if not executing():
+        host.noop("verified when the run executes")
+        return
+    if present:
+        found = router_check(router, tokens)()[0]
+    else:
+        process = host.get_fact(ServiceProcess, service=ROUTER, init_system=router.init_system)
+        found = [f"the router runs (pid {process['pid']}) while the replicas are down"
+                 ] if process["running"] else []
+    if found:
+        refuse(found, log_tails([(host, ROUTER, router.init_system)]))
+    host.noop("the router is " + ("serving" if present else "stopped"))
+    yield from ()

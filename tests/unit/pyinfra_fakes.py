@@ -1,0 +1,71 @@
+"""
+Running an operation's generator without a host, in the manner of pyinfra's own
+operation tests: facts come from a table, and the commands the operation would
+run are collected as text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
+
+from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringCommand
+from pyinfra.context import ctx_host, ctx_state
+
+
+class FakeHost:
+    """
+    A host whose facts are a table: ``{FactClass: value}`` or
+    ``{FactClass: callable(**fact_kwargs)}``; a fact not in the table is an error,
+    so a test lists exactly what the operation reads.
+    """
+
+    def __init__(self, facts: dict[type, Any], name: str = "wsa",
+                 data: dict[str, Any] | None = None) -> None:
+        self.name = name
+        self.facts = facts
+        self.noops: list[str] = []
+        self.data = SimpleNamespace(**(data or {}))
+        self.current_op_global_arguments: dict[str, Any] = {}
+
+    def get_fact(self, fact: type, *args: Any, **kwargs: Any) -> Any:
+        if fact not in self.facts:
+            raise AssertionError(f"unexpected fact {fact.__name__}({kwargs})")
+        value = self.facts[fact]
+        return value(**kwargs) if callable(value) else value
+
+    def noop(self, description: str) -> None:
+        self.noops.append(description)
+
+    def get_temp_filename(self, *args: Any, **kwargs: Any) -> str:
+        return "/tmp/pyinfra-upload"
+
+    def log(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def describe(command: object) -> str:
+    if isinstance(command, FileUploadCommand):
+        return f"upload {command.dest}"
+    if isinstance(command, FunctionCommand):
+        return f"call {command.function.__name__}"
+    if isinstance(command, StringCommand):
+        return command.get_raw_value()
+    return str(command).strip()
+
+
+@contextmanager
+def on(host: FakeHost) -> Iterator[FakeHost]:
+    state = SimpleNamespace(cwd=None, inventory=None, config=SimpleNamespace(DIFF=False),
+                            is_executing=True)
+    with ctx_state.use(state), ctx_host.use(host):
+        yield host
+
+
+def commands(operation: Callable[..., Iterator[object]], host: FakeHost,
+             **arguments: Any) -> list[str]:
+    """The commands ``operation`` yields on ``host``, as text."""
+    with on(host):
+        return [describe(command) for command in operation._inner(**arguments)]

@@ -1,0 +1,233 @@
+"""Services described once, rendered for systemd or runit, restarted only on change."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from pyinfra.facts.files import Directory, File, Link, Sha1File
+from pyinfra.facts.runit import RunitManaged, RunitStatus
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+from pyinfra_fakes import FakeHost, commands
+
+from operations import services, serving
+from operations.services import (
+    RunningServices,
+    Service,
+    ServiceLog,
+    ServiceProcess,
+    render,
+    unit_quote,
+)
+from operations.states import STATES
+
+TRICKY = Service(
+    name="echo",
+    description="An echo server at 100%",
+    command=["/opt/my tools/bin/echo", "--greeting", "it's $HOME", "50%", 'say "hi"', "a\\b"],
+    environment={"NCCL_SOCKET_IFNAME": "=thunderbolt0", "SPACED": "a b"},
+    user="echo",
+    working_directory="/var/lib/echo",
+)
+
+
+def host_with(facts: dict[type, object], files: dict[str, str] | None = None,
+              links: dict[str, str] | None = None,
+              directories: tuple[str, ...] = ()) -> FakeHost:
+    """A fake host whose filesystem facts answer from ``files`` (path: sha1) and ``links``."""
+    files = files or {}
+    links = links or {}
+    table = {
+        File: lambda path: {"mode": 755, "size": 1} if path in files else None,
+        Sha1File: lambda path: files.get(path),
+        Directory: lambda path: {"mode": 755} if path in directories else None,
+        Link: lambda path: {"link_target": links[path]} if path in links else None,
+    }
+    table.update(facts)
+    return FakeHost(table)
+
+
+def sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+# The description
+
+
+def test_a_service_name_or_variable_a_shell_would_mangle_is_refused() -> None:
+    with pytest.raises(ValidationError, match="name"):
+        Service(name="my service", description="x", command=["/bin/true"])
+    with pytest.raises(ValidationError, match="environment"):
+        Service(name="x", description="x", command=["/bin/true"], environment={"A-B": "1"})
+    with pytest.raises(ValidationError, match="command"):
+        Service(name="x", description="x", command=[])
+
+
+# Rendering
+
+
+def test_the_runit_run_script_logs_to_its_file_and_execs_the_exact_argv() -> None:
+    script = render(TRICKY, "runit")
+    assert script.startswith("#!/bin/sh\n")
+    assert "exec >>/var/log/twinbolt/echo.log 2>&1\n" in script
+    assert "cd /var/lib/echo || exit 1\n" in script
+    exports = {line.split("=", 1)[0].removeprefix("export "): shlex.split(line.split("=", 1)[1])
+               for line in script.splitlines() if line.startswith("export ") and "=" in line}
+    assert exports == {"NCCL_SOCKET_IFNAME": ["=thunderbolt0"], "SPACED": ["a b"]}
+    last = shlex.split(script.splitlines()[-1])
+    assert last == ["exec", "chpst", "-u", "echo", *TRICKY.command]
+
+
+def test_the_runit_run_script_is_valid_sh() -> None:
+    checked = subprocess.run(["sh", "-n"], input=render(TRICKY, "runit"), text=True,
+                             capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_the_systemd_unit_escapes_specifiers_and_variables() -> None:
+    unit = render(TRICKY, "systemd")
+    assert "Description=An echo server at 100%%\n" in unit
+    assert "User=echo\n" in unit and "WorkingDirectory=/var/lib/echo\n" in unit
+    assert "Environment=NCCL_SOCKET_IFNAME==thunderbolt0\n" in unit
+    assert 'Environment="SPACED=a b"\n' in unit
+    assert ('ExecStart="/opt/my tools/bin/echo" --greeting "it\'s $$HOME" 50%% '
+            '"say \\"hi\\"" "a\\\\b"\n') in unit
+
+
+@pytest.mark.parametrize("word, quoted", [
+    ("plain", "plain"), ("100%", "100%%"), ("$X", "$$X"), ("a b", '"a b"'), ("", '""'),
+])
+def test_unit_quote(word: str, quoted: str) -> None:
+    assert unit_quote(word) == quoted
+
+
+def analyzable_services() -> list[Service]:
+    """The services twinbolt really renders, with an interpreter this machine has."""
+    workstation = serving.Sglang(
+        address="10.66.0.11", rank=0, rank0_link_address="169.254.77.1",
+        interface="thunderbolt0", python=sys.executable, module="sglang.launch_server",
+        model_path="/srv/models/qwen", served_model_name="qwen", quantization="modelopt_fp4",
+        context_length=32768, mem_fraction_static=0.85, draft_model_path=None, port=30000,
+        dist_init_port=5757, min_version="0.5.9", user="root", init_system="systemd",
+        working_directory="/", start_timeout=900,
+    )
+    router = serving.Router(
+        address="10.66.0.13", port=30080, venv=str(Path(sys.executable).parents[1]),
+        user="root", init_system="systemd", workers=("http://10.66.0.11:30000",),
+        served_model_name="qwen", start_timeout=900,
+    )
+    return [
+        serving.replica_service(workstation),
+        serving.tp_rank_service(workstation, STATES["tp2_e2e"].speculative),
+        serving.router_service(router),
+        TRICKY.model_copy(update={"command": [sys.executable, *TRICKY.command[1:]],
+                                  "user": "root", "working_directory": "/"}),
+    ]
+
+
+@pytest.mark.parametrize("service", analyzable_services(), ids=lambda service: service.name)
+def test_a_rendered_systemd_unit_passes_systemd_analyze_verify(service: Service,
+                                                                 tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed here: the rendered unit was not verified")
+    unit = tmp_path / f"{service.name}.service"
+    unit.write_text(render(service, "systemd"))
+    result = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
+    complaints = [line for line in result.stderr.splitlines() if unit.name in line]
+    assert result.returncode == 0 and complaints == [], result.stderr
+
+
+# Facts
+
+
+def test_service_process_reads_argv_and_environment() -> None:
+    process = ServiceProcess().process([
+        "status run: sglang-replica: (pid 42) 7s", "pid 42", "arg /usr/bin/python",
+        "arg -m", "arg lab.sglang_sim", "env NCCL_SOCKET_IFNAME==thunderbolt0", "env HOME=/root",
+    ])
+    assert process == {
+        "running": True, "status": "run: sglang-replica: (pid 42) 7s", "pid": 42,
+        "argv": ["/usr/bin/python", "-m", "lab.sglang_sim"],
+        "environment": {"NCCL_SOCKET_IFNAME": "=thunderbolt0", "HOME": "/root"},
+    }
+    stopped = ServiceProcess().process(["status down: sglang-replica: 3s, normally up"])
+    assert stopped["running"] is False and stopped["pid"] is None
+
+
+def test_running_services_and_log_facts() -> None:
+    assert RunningServices().process(["sglang-tp2-rank0", "", "sglang-replica"]) == [
+        "sglang-replica", "sglang-tp2-rank0"]
+    assert ServiceLog().process(["\x1b[2m2026\x1b[0m \x1b[32m INFO\x1b[0m ready"]) == [
+        "2026  INFO ready"]
+
+
+# Operations
+
+
+RUN = "/etc/sv/echo/run"
+
+
+def test_a_new_runit_service_is_rendered_linked_and_started() -> None:
+    host = host_with({RunitManaged: set(), RunitStatus: {}}, directories=("/etc/sv/echo",))
+    done = commands(services.present, host, service=TRICKY, init_system="runit")
+    assert done[0] == f"upload {RUN}"
+    assert "ln -s /etc/sv/echo /etc/service/echo" in done
+    assert done[-1] == "SVDIR=/etc/service sv start echo"
+    assert not any("restart" in command for command in done)
+
+
+RUNNING = {RunitManaged: {"echo"}, RunitStatus: {"echo": True}}
+LINKED = {"/etc/service/echo": "/etc/sv/echo"}
+
+
+def test_an_unchanged_running_runit_service_is_left_alone() -> None:
+    host = host_with(RUNNING, files={RUN: sha1(render(TRICKY, "runit"))},
+                     directories=("/etc/sv/echo",), links=LINKED)
+    assert commands(services.present, host, service=TRICKY, init_system="runit") == []
+    assert "service echo is running" in host.noops
+
+
+def test_a_changed_runit_service_is_uploaded_and_restarted() -> None:
+    host = host_with(RUNNING, files={RUN: "0" * 40}, directories=("/etc/sv/echo",),
+                     links=LINKED)
+    done = commands(services.present, host, service=TRICKY, init_system="runit")
+    assert done[0] == f"upload {RUN}"
+    assert done[-1] == "SVDIR=/etc/service sv restart echo"
+
+
+def test_the_state_can_ask_for_a_restart_of_an_unchanged_service() -> None:
+    host = host_with(RUNNING, files={RUN: sha1(render(TRICKY, "runit"))},
+                     directories=("/etc/sv/echo",), links=LINKED)
+    done = commands(services.present, host, service=TRICKY, init_system="runit",
+                    restarted=True)
+    assert done == ["SVDIR=/etc/service sv restart echo"]
+
+
+def test_a_changed_systemd_unit_is_reloaded_and_restarted() -> None:
+    host = host_with(
+        {SystemdStatus: {"echo.service": True}, SystemdEnabled: {"echo.service": True}},
+        files={"/etc/systemd/system/echo.service": "0" * 40},
+        directories=("/etc/systemd/system",),
+    )
+    done = commands(services.present, host, service=TRICKY, init_system="systemd")
+    assert done[0] == "upload /etc/systemd/system/echo.service"
+    assert "systemctl daemon-reload" in done
+    assert done[-1] == "systemctl restart echo.service"
+
+
+def test_an_absent_runit_service_is_stopped_before_its_link_goes() -> None:
+    host = host_with(RUNNING, files={"/etc/sv/echo/down": "x"}, links=LINKED)
+    done = commands(services.absent, host, service="echo", init_system="runit")
+    assert done.index("SVDIR=/etc/service sv stop echo") < done.index("rm -f /etc/service/echo")
+
+
+def test_absent_on_a_host_that_never_had_the_service_does_nothing() -> None:
+    host = host_with({RunitManaged: set()})
+    assert commands(services.absent, host, service="echo", init_system="runit") == []

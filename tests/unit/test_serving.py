@@ -1,0 +1,298 @@
+"""The serving layer's pure parts: argv and environment from a state, and the evidence."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from pyinfra.facts.files import Sha1File
+from pyinfra_fakes import FakeHost, commands
+from sglang_router.launch_router import parse_router_args
+
+from lab.sglang_sim.args import parse_server_args
+from operations import probes, services, serving
+from operations.serving import (
+    ROUTER_REQUIREMENT,
+    Router,
+    Sglang,
+    SglangVersion,
+    process_problems,
+    replica_service,
+    router_service,
+    server_info_problems,
+    tp_rank_service,
+    version_problems,
+)
+from operations.states import NEXTN_3_1_4, STATES
+
+REPO = Path(__file__).resolve().parents[2]
+
+RANK0 = Sglang(
+    address="10.66.0.11", rank=0, rank0_link_address="169.254.77.1", interface="thunderbolt0",
+    python="/opt/sglang/bin/python", module="sglang.launch_server",
+    model_path="/srv/models/qwen", served_model_name="qwen", quantization="modelopt_fp4",
+    context_length=32768, mem_fraction_static=0.85, draft_model_path=None, port=30000,
+    dist_init_port=5757, min_version="0.5.9", user="sglang", init_system="systemd",
+    working_directory="/", start_timeout=900,
+)
+RANK1 = replace(RANK0, address="10.66.0.12", rank=1)
+
+
+def flags(argv: list[str]) -> dict[str, str | None]:
+    """``--flag value`` pairs (value ``None`` for a bare switch), after the module."""
+    parsed: dict[str, str | None] = {}
+    words = argv[3:]
+    for index, word in enumerate(words):
+        if word.startswith("--"):
+            following = words[index + 1] if index + 1 < len(words) else "--"
+            parsed[word] = None if following.startswith("--") else following
+    return parsed
+
+
+def test_a_replica_is_one_gpu_with_metrics_and_cache_report() -> None:
+    service = replica_service(RANK0)
+    assert service.name == "sglang-replica"
+    assert service.command[:3] == ["/opt/sglang/bin/python", "-m", "sglang.launch_server"]
+    assert flags(service.command) == {
+        "--model-path": "/srv/models/qwen", "--served-model-name": "qwen",
+        "--host": "0.0.0.0", "--port": "30000", "--enable-metrics": None,
+        "--enable-cache-report": None, "--quantization": "modelopt_fp4",
+        "--context-length": "32768", "--mem-fraction-static": "0.85",
+    }
+    assert service.environment == {}
+
+
+@pytest.mark.parametrize("workstation", [RANK0, RANK1], ids=["rank0", "rank1"])
+def test_a_tp_rank_meets_at_rank_0s_link_address_with_nccl_pinned(workstation: Sglang) -> None:
+    service = tp_rank_service(workstation, NEXTN_3_1_4)
+    assert service.name == f"sglang-tp2-rank{workstation.rank}"
+    parsed = flags(service.command)
+    assert parsed["--tp-size"] == "2" and parsed["--nnodes"] == "2"
+    assert parsed["--node-rank"] == str(workstation.rank)
+    assert parsed["--dist-init-addr"] == "169.254.77.1:5757"
+    assert service.environment == {
+        "NCCL_SOCKET_IFNAME": "=thunderbolt0", "GLOO_SOCKET_IFNAME": "thunderbolt0",
+        "NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket",
+    }
+
+
+def test_nextn_3_1_4_flags_and_none_without_speculation() -> None:
+    nextn = flags(tp_rank_service(RANK0, NEXTN_3_1_4).command)
+    assert {key: value for key, value in nextn.items() if key.startswith("--speculative")} == {
+        "--speculative-algorithm": "NEXTN", "--speculative-num-steps": "3",
+        "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "4",
+    }
+    plain = tp_rank_service(RANK0, None).command
+    assert not any(word.startswith("--speculative") for word in plain)
+
+
+def test_the_draft_weights_path_is_passed_only_where_the_site_sets_one() -> None:
+    drafted = tp_rank_service(replace(RANK0, draft_model_path="/srv/models/mtp"), NEXTN_3_1_4)
+    assert flags(drafted.command)["--speculative-draft-model-path"] == "/srv/models/mtp"
+    assert "--speculative-draft-model-path" not in tp_rank_service(
+        replace(RANK0, draft_model_path="/srv/models/mtp"), None).command
+
+
+def test_unset_site_values_leave_sglang_its_defaults() -> None:
+    bare = replace(RANK0, context_length=None, mem_fraction_static=None, quantization=None)
+    parsed = flags(replica_service(bare).command)
+    assert not {"--context-length", "--mem-fraction-static", "--quantization"} & set(parsed)
+
+
+@pytest.mark.parametrize("state", list(STATES.values()), ids=lambda state: state.name)
+def test_every_rendered_command_passes_sglangs_strict_parser(state) -> None:
+    # The simulator's parser has SGLang's flag names and exits 2 on anything else,
+    # so a typo in a flag fails here before it fails on a workstation.
+    for workstation in (RANK0, RANK1):
+        service = (tp_rank_service(workstation, state.speculative) if state.serving == "tp2"
+                   else replica_service(workstation))
+        args = parse_server_args(service.command[3:])
+        assert args.tp_size == (2 if state.serving == "tp2" else 1)
+        assert args.speculative_algorithm == ("EAGLE" if state.speculative else None)
+
+
+def test_the_router_fronts_only_the_replicas_with_cache_aware_policy() -> None:
+    router = Router(address="10.66.0.13", port=30080, venv="/opt/twinbolt/sglang-router",
+                    user="nobody", init_system="systemd",
+                    workers=("http://10.66.0.11:30000", "http://10.66.0.12:30000"),
+                    served_model_name="qwen", start_timeout=900)
+    service = router_service(router)
+    assert service.command[:3] == ["/opt/twinbolt/sglang-router/bin/python", "-m",
+                                   "sglang_router.launch_router"]
+    parsed = parse_router_args(service.command[3:])
+    assert parsed.worker_urls == list(router.workers)
+    assert (parsed.policy, parsed.host, parsed.port) == ("cache_aware", "10.66.0.13", 30080)
+
+
+def test_the_router_pin_is_the_projects_pin() -> None:
+    pins = (REPO / "requirements.txt").read_text().splitlines()
+    assert ROUTER_REQUIREMENT in pins
+
+
+def test_settings_come_from_host_data_rank_1_meets_at_its_peers_address() -> None:
+    data = {
+        "ssh_hostname": "10.66.0.12", "rank": 1, "thunderbolt_address": "169.254.77.2",
+        "peer_thunderbolt_address": "169.254.77.1", "link_interface": "thunderbolt0",
+        "serving_python": "/p", "serving_sglang_module": "sglang.launch_server",
+        "serving_model_path": "/m", "serving_served_model_name": "qwen",
+        "serving_quantization": None, "serving_context_length": None,
+        "serving_mem_fraction_static": None, "serving_draft_model_path": None,
+        "serving_port": 30000, "serving_dist_init_port": 5757,
+        "serving_min_sglang_version": "0.5.9", "serving_user": "sglang",
+        "serving_init_system": "runit", "serving_working_directory": "/",
+        "serving_start_timeout_seconds": 60,
+    }
+    host = SimpleNamespace(name="wsb", data=SimpleNamespace(**data, get=data.get))
+    workstation = Sglang.from_host(host)
+    assert workstation.rank0_link_address == "169.254.77.1"
+    assert workstation.url == "http://10.66.0.12:30000"
+    assert workstation.tp_rank_name == "sglang-tp2-rank1"
+
+
+# The SGLang version
+
+
+@pytest.mark.parametrize("found, problem", [
+    ({"version": "0.5.9"}, None),
+    ({"version": "0.5.10"}, None),
+    ({"version": "0.5.9.post1"}, None),
+    ({"version": "0.5.8"}, "SGLang 0.5.8 is older than the minimum 0.5.9"),
+    ({"version": "0.5.9rc0"}, "SGLang 0.5.9rc0 is older than the minimum 0.5.9"),
+    ({"version": "banana"}, "unreadable version 'banana'"),
+    ({"error": "No module named 'sglang'"}, "cannot read the SGLang version: No module"),
+])
+def test_version_problems_name_both_versions(found: dict, problem: str | None) -> None:
+    found_problems = version_problems(found, "0.5.9")
+    if problem is None:
+        assert found_problems == []
+    else:
+        assert len(found_problems) == 1 and problem in found_problems[0]
+
+
+@pytest.mark.parametrize("module, package_version", [
+    ("lab.sglang_sim", "0.5.9"),  # a package run with -m: its own __version__
+    ("httpx._api", None),          # a module inside a package: the package's
+])
+def test_the_version_probe_imports_the_package_that_provides_the_server(
+        module: str, package_version: str | None) -> None:
+    import httpx
+    run = subprocess.run([sys.executable, "-c", SglangVersion.SCRIPT, module], cwd=REPO,
+                         capture_output=True, text=True)
+    found = SglangVersion().process(run.stdout.splitlines())
+    assert found == {"version": package_version or httpx.__version__}
+
+
+def test_a_missing_server_module_is_reported_not_raised() -> None:
+    run = subprocess.run([sys.executable, "-c", SglangVersion.SCRIPT, "sglang_nowhere.server"],
+                         cwd=REPO, capture_output=True, text=True)
+    found = SglangVersion().process((run.stdout + run.stderr).splitlines())
+    assert "sglang_nowhere" in found["error"]
+
+
+# Evidence
+
+
+def test_server_info_must_report_tp2_and_nextn_as_eagle() -> None:
+    info = {"tp_size": 2, "served_model_name": "qwen", "speculative_algorithm": "EAGLE",
+            "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": 4}
+    assert server_info_problems(info, 2, NEXTN_3_1_4, "qwen") == []
+    assert server_info_problems({**info, "tp_size": 1}, 2, NEXTN_3_1_4, "qwen") == [
+        "/server_info reports tp_size=1, expected 2"]
+    assert server_info_problems(info, 2, None, "qwen") == [
+        "/server_info reports speculative_algorithm='EAGLE', expected None"]
+    assert server_info_problems("<html>", 2, None, "qwen")[0].startswith("/server_info is not")
+
+
+def test_process_problems_compare_what_runs_with_what_is_rendered() -> None:
+    service = tp_rank_service(RANK0, None)
+    running = {"running": True, "pid": 7, "status": "run", "argv": list(service.command),
+               "environment": {**service.environment, "HOME": "/root"}}
+    assert process_problems(running, service) == []
+    stale = {**running, "argv": [*service.command, "--speculative-algorithm", "NEXTN"]}
+    assert "not the rendered" in process_problems(stale, service)[0]
+    unpinned = {**running, "environment": {"NCCL_SOCKET_IFNAME": "eth0"}}
+    found = process_problems(unpinned, service)
+    assert "NCCL_SOCKET_IFNAME=eth0, not =thunderbolt0" in found[0]
+    assert "GLOO_SOCKET_IFNAME=(unset)" in found[1]
+    assert process_problems({"running": False, "status": "down: 3s"}, service) == [
+        "sglang-tp2-rank0 is not running (down: 3s)"]
+    renamed = {**running, "argv": ["sglang::router"]}
+    assert process_problems(renamed, service, argv=False) == []
+
+
+def answer(body: object, status: int = 200) -> probes.Answer:
+    return probes.Answer("http://wsa:30000/v1/chat/completions", status, body)
+
+
+def test_only_a_real_completion_of_the_requested_length_counts() -> None:
+    real = {"choices": [{"message": {"content": "the link"}}],
+            "usage": {"completion_tokens": 32}}
+    assert probes.completion_problems(answer(real), 32) == []
+    assert probes.completion_problems(answer(real), 16) == [
+        "the completion has 32 tokens, 16 were asked for"]
+    assert "HTTP 503" in probes.completion_problems(answer({"message": "loading"}, 503), 32)[0]
+    refused = probes.Answer("http://wsa:30000/v1/chat/completions", error="ConnectError: refused")
+    assert "ConnectError" in probes.completion_problems(refused, 32)[0]
+    empty = {"choices": [{"message": {"content": " "}}], "usage": {"completion_tokens": 32}}
+    assert probes.completion_problems(answer(empty), 32) == ["the completion is empty"]
+
+
+def test_access_log_lines_are_left_out_of_the_evidence() -> None:
+    assert serving.ACCESS_LOG_LINE.search(
+        '[2026-11-29 13:40:37 TP0] 10.66.0.1:45686 - "POST /v1/chat/completions HTTP/1.1" 503')
+    assert not serving.ACCESS_LOG_LINE.search("[TP0] Waiting for rank 1 to join (55 s)")
+
+
+# Operations, given facts
+
+
+def test_a_tp_rank_running_as_declared_over_a_staying_driver_is_left_alone() -> None:
+    wanted = tp_rank_service(RANK0, NEXTN_3_1_4)
+    rendered = services.rendered_path(wanted.name, "systemd")
+    sha = hashlib.sha1(services.render(wanted, "systemd").encode()).hexdigest()
+    host = FakeHost({services.RunningServices: ["sglang-tp2-rank0"],
+                     Sha1File: lambda path: sha if path == rendered else None})
+    done = commands(serving.tp_rank_stopped_for_change, host, sglang=RANK0,
+                    speculative=NEXTN_3_1_4, driver_changes=lambda: False)
+    assert done == [] and re.search("runs as declared", host.noops[0])
+
+
+@pytest.mark.parametrize("speculative, driver_changes", [
+    (None, False),          # the speculative setting changes
+    (NEXTN_3_1_4, True),    # the driver under it changes
+])
+def test_a_tp_rank_that_is_to_change_is_stopped_first(speculative, driver_changes,
+                                                      monkeypatch) -> None:
+    wanted = tp_rank_service(RANK0, NEXTN_3_1_4)
+    sha = hashlib.sha1(services.render(wanted, "systemd").encode()).hexdigest()
+    stopped: list[str] = []
+
+    def absent(service: str, init_system: str):
+        stopped.append(service)
+        yield f"stop {service}"
+
+    host = FakeHost({services.RunningServices: ["sglang-tp2-rank0"], Sha1File: sha})
+    monkeypatch.setattr(services.absent, "_inner", absent)
+    done = commands(serving.tp_rank_stopped_for_change, host, sglang=RANK0,
+                    speculative=speculative, driver_changes=lambda: driver_changes)
+    assert stopped == ["sglang-tp2-rank0"] and done == ["stop sglang-tp2-rank0"]
+
+
+def test_serving_operations_do_nothing_on_a_host_without_the_role() -> None:
+    host = FakeHost({}, name="gw")
+    for operation, arguments in (
+        (serving.replica, {"sglang": None}),
+        (serving.tp_rank, {"sglang": None}),
+        (serving.tp_accepted, {"sglang": None}),
+        (serving.router, {"router": None}),
+        (serving.router_accepted, {"router": None}),
+    ):
+        assert commands(operation, host, **arguments) == []
+    assert host.noops.count("this host is not a workstation") == 3
