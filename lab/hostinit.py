@@ -46,6 +46,9 @@ def boot(host: LabHost) -> None:
     for directory in ("/run/sshd", "/run/lab-gpu"):
         os.makedirs(directory, exist_ok=True)
     for source, target in private_mounts(host):
+        if not target.startswith("/sys/"):
+            # A fresh machine may lack a mount point (this kernel has no /lib/modules).
+            os.makedirs(target, exist_ok=True)
         mount("--bind", str(source), target)
     subprocess.run(
         ["/usr/sbin/sshd", "-f", str(sshd_config_path(host)), "-E", "/var/log/sshd.log"],
