@@ -8,9 +8,14 @@ some controllers, so it must never leave the hosts worse off than it found them:
   raised by a preflight operation body: nothing has changed, nothing to undo);
 - after the first change, a failure is a command that fails with the evidence
   (:func:`failing`), recorded here for the whole run; the attempt's remaining
-  steps are skipped on every host, production is converged and proven, and
-  :func:`concluded` ends the run non-zero with one message naming the host, the
-  layer, the evidence and what was restored.
+  steps are skipped on every host, production is converged and proven by a new
+  run (:func:`rolled_back`), and :func:`concluded` ends the run non-zero with one
+  message naming the host, the layer, the evidence and what was restored.
+
+The rollback is a new run, ``deploy.py --data state=production``, rather than
+operations declared here: it is exactly the run an operator would type, it is
+the path the interruption sweep proves converges from any point, and a
+``--dry`` of the attempt predicts only the attempt.
 
 pyinfra runs each operation on every host before the next, and runs
 ``deploy.py`` once per host in one process, so this module-level record is
@@ -20,10 +25,13 @@ others at the same step.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import click
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, OperationError, operation
 from pyinfra.api.command import PyinfraCommand
@@ -37,7 +45,7 @@ class Attempt:
     """The failures of this run, in order, each once per host and operation."""
 
     failures: dict[tuple[str, str | None], str] = field(default_factory=dict)
-    restoring_from: int | None = None
+    rollback_exit: int | None = None
     registered: bool = False
 
     def healthy(self) -> bool:
@@ -100,22 +108,46 @@ def refuse(layer: str, found: list[str]) -> None:
     raise OperationError(failure_message(host.name, layer, found))
 
 
-@operation(is_idempotent=True)
-def restoring() -> Iterator[PyinfraCommand]:
+def rollback_command(target: str = "production") -> list[str]:
+    """This very command line, aimed at ``target`` and unable to roll back in turn."""
+    cli = click.get_current_context()
+    data = [item for item in cli.params["data"]
+            if not item.startswith(("state=", "on_failure="))]
+    return [
+        sys.argv[0], "-y", cli.params["inventory"], *cli.params["operations"],
+        *(argument for item in data for argument in ("--data", item)),
+        "--data", f"state={target}", "--data", "on_failure=stop",
+    ]
+
+
+def run_rollback(state: Any, host: Any, command: list[str]) -> bool:
+    host.log_styled(f"rollback: converging production: {' '.join(command)}", fg="yellow",
+                    log_func=logger.warning)
+    ATTEMPT.rollback_exit = subprocess.run(command, stdin=subprocess.DEVNULL).returncode
+    return ATTEMPT.rollback_exit == 0
+
+
+@operation()
+def rolled_back(on_failure: str, runner: str) -> Iterator[PyinfraCommand]:
     """
-    Mark where the rollback to production starts, so that the conclusion can
-    tell a failure of the attempt from a failure of its rollback.
+    If the attempt failed, converge production with a new run, once for all hosts.
+
+    + on_failure: ``rollback`` or ``stop`` (leave the hosts as they are)
+    + runner: the host whose step starts the run (the others only wait for it)
 
     **Example:**
 
     .. code:: python
 
-        attempt.restoring(name="Rollback: production is restored")
+        attempt.rolled_back(name="Rollback: production is restored if the attempt failed",
+                            on_failure="rollback", runner="wsa")
     """
-    if executing() and ATTEMPT.restoring_from is None:
-        ATTEMPT.restoring_from = len(ATTEMPT.failures)
-    host.noop("restoring production after a failed attempt")
-    yield from ()
+    if not executing() or ATTEMPT.healthy() or on_failure == "stop":
+        host.noop("nothing to roll back")
+    elif host.name != runner:
+        host.noop(f"the rollback runs in {runner}'s step")
+    else:
+        yield FunctionCommand(run_rollback, (rollback_command(),), {})
 
 
 @operation(is_idempotent=True)
@@ -137,10 +169,11 @@ def concluded(on_failure: str = "rollback") -> Iterator[PyinfraCommand]:
         if on_failure == "stop":
             after = ("on_failure=stop: THE HOSTS WERE LEFT AS THEY ARE for debugging; "
                      "restore with: pyinfra inventory.py deploy.py --data state=production")
-        elif ATTEMPT.restoring_from is not None and len(messages) > ATTEMPT.restoring_from:
-            after = "the rollback to production failed too: the hosts need an operator"
-        else:
+        elif ATTEMPT.rollback_exit == 0:
             after = "production was restored and verified"
+        else:
+            after = (f"the rollback to production failed too (exit {ATTEMPT.rollback_exit}): "
+                     "the hosts need an operator")
         raise OperationError(" | ".join([*messages, after]))
     host.noop("the attempt succeeded")
     yield from ()

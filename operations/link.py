@@ -156,7 +156,10 @@ def link_problems(interface: str, address: str, peer_address: str,
                      f"(has {', '.join(interface_state['addresses']) or 'none'})")
         return found, False
     if not host.get_fact(PeerAnswers, address=peer_address, interface=interface):
-        found.append(f"the peer {peer_address} does not answer across {interface}")
+        # Carrier and rate are fine, yet nothing crosses: what a controller that never
+        # returns TX credits does under tx_e2e=1.
+        found.append(f"the peer {peer_address} does not answer across {interface} although "
+                     "it has carrier: no traffic moves (a TX credit stall under tx_e2e=1?)")
     return found, True
 
 

@@ -85,13 +85,11 @@ def test_route_fact_command_names_the_interface_on_this_machine() -> None:
 
 @pytest.fixture
 def fresh_attempt():
-    saved = dict(attempt.ATTEMPT.failures), attempt.ATTEMPT.restoring_from
     attempt.ATTEMPT.failures.clear()
-    attempt.ATTEMPT.restoring_from = None
+    attempt.ATTEMPT.rollback_exit = None
     yield attempt.ATTEMPT
     attempt.ATTEMPT.failures.clear()
-    attempt.ATTEMPT.failures.update(saved[0])
-    attempt.ATTEMPT.restoring_from = saved[1]
+    attempt.ATTEMPT.rollback_exit = None
 
 
 def no_facts(cls, kwargs):
@@ -104,13 +102,24 @@ def test_conclusion_is_silent_after_success(fresh_attempt) -> None:
 
 def test_conclusion_names_the_failure_and_the_restoration(fresh_attempt) -> None:
     fresh_attempt.record("wsa", "op1", "wsa: link layer: the link to wsb trained at 10 Gb/s")
+    fresh_attempt.rollback_exit = 0
     with pytest.raises(OperationError) as error:
         run_operation(attempt.concluded, no_facts)
     assert str(error.value) == ("wsa: link layer: the link to wsb trained at 10 Gb/s | "
                                 "production was restored and verified")
     with pytest.raises(OperationError, match="LEFT AS THEY ARE"):
         run_operation(attempt.concluded, no_facts, on_failure="stop")
-    run_operation(attempt.restoring, no_facts)
-    fresh_attempt.record("wsb", "op9", "wsb: serving layer: the replica did not answer")
-    with pytest.raises(OperationError, match="the rollback to production failed too"):
+    fresh_attempt.rollback_exit = 1
+    with pytest.raises(OperationError, match=r"the rollback to production failed too \(exit 1"):
         run_operation(attempt.concluded, no_facts)
+
+
+def test_the_rollback_runs_once_and_only_after_a_failure(fresh_attempt) -> None:
+    assert run_operation(attempt.rolled_back, no_facts, on_failure="rollback",
+                         runner="wsa") == []
+    fresh_attempt.record("wsb", "op1", "wsb: link layer: no carrier")
+    assert run_operation(attempt.rolled_back, no_facts, on_failure="stop", runner="wsa") == []
+    assert run_operation(attempt.rolled_back, no_facts, on_failure="rollback",
+                         runner="gw") == []
+    assert run_operation(attempt.rolled_back, no_facts, executing=False,
+                         on_failure="rollback", runner="wsa") == []
