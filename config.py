@@ -15,8 +15,13 @@ own parsed arguments from click's context.
 from pathlib import Path
 
 import click
+from pyinfra.api.exceptions import PyinfraError
 
 from operations.states import resolve_state
+
+# What a run does when it fails after changing something: converge production
+# and prove it (the default), or leave the hosts as they are for debugging.
+ON_FAILURE = ("rollback", "stop")
 
 # None when pyinfra is driven through its Python API, which takes no --data.
 _cli = click.get_current_context(silent=True)
@@ -26,3 +31,7 @@ if _cli is not None:
     # given to any of them must still be a real one.
     if "state" in _data or any(Path(op).name == "deploy.py" for op in _cli.params["operations"]):
         resolve_state(_data.get("state"))
+    if _data.get("on_failure", "rollback") not in ON_FAILURE:
+        raise PyinfraError(
+            f"unknown on_failure {_data['on_failure']!r}; it is one of: {', '.join(ON_FAILURE)}"
+        )

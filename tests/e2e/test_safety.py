@@ -1,0 +1,129 @@
+"""
+Safe transitions on the lab: a failure after the GPUs are borrowed ends in a
+verified production, ``on_failure=stop`` leaves the hosts for debugging, the
+host lock keeps runs apart, and bad input changes nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from conftest import deploy, fault, snapshot, ssh, verify
+
+LOCK = "/run/twinbolt/lock"
+
+
+def assert_production_verified() -> None:
+    checks = verify("production")
+    assert checks.returncode == 0, checks.stdout[-3000:]
+
+
+def test_a_candidate_that_stalls_the_link_is_rolled_back_to_verified_production() -> None:
+    started = time.monotonic()
+    with fault("tx_credit_stall"):
+        run = deploy("tp2_e2e")
+    print(f"failure to verified production: {time.monotonic() - started:.1f}s")
+    assert run.returncode != 0
+    assert "link layer" in run.output and "no traffic moves" in run.output
+    assert "production was restored and verified" in run.output
+    for host in ("wsa", "wsb"):
+        assert "tx_e2e" not in ssh(host, "ls /sys/module/thunderbolt_net/parameters")
+    assert_production_verified()
+
+
+def test_a_rank_that_never_serves_is_rolled_back_naming_the_serving_layer() -> None:
+    with fault("rank_hang"):
+        run = deploy("tp2_stock")
+    assert run.returncode != 0
+    assert "serving layer" in run.output
+    assert "production was restored and verified" in run.output
+    assert_production_verified()
+
+
+def test_on_failure_stop_leaves_the_hosts_as_they_are_and_says_so() -> None:
+    with fault("link_10g"):
+        run = deploy("tp2_e2e", "--data", "on_failure=stop")
+    assert run.returncode != 0
+    assert "THE HOSTS WERE LEFT AS THEY ARE" in run.output
+    assert "tx_e2e" in ssh("wsa", "ls /sys/module/thunderbolt_net/parameters")
+    restored = deploy("production")
+    assert restored.returncode == 0, restored.output[-3000:]
+    assert_production_verified()
+
+
+def test_a_run_refuses_while_another_live_run_holds_the_lock() -> None:
+    holder = "machine=operator-laptop user=ana pid=77 started=2026-11-29T12:00:00 state=tp2_stock"
+    ssh("wsb", f"mkdir -p /run/twinbolt && echo '{holder}' > {LOCK}")
+    try:
+        before = snapshot()
+        started = time.monotonic()
+        run = deploy("tp2_e2e")
+        assert run.returncode != 0
+        assert "another run holds /run/twinbolt/lock: ana@operator-laptop pid 77" in run.output
+        assert time.monotonic() - started < 60
+        assert snapshot() == before
+    finally:
+        ssh("wsb", f"rm -f {LOCK}")
+
+
+def test_a_stale_lock_is_taken_over_with_a_warning() -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    machine = subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
+    ssh("wsa", f"mkdir -p /run/twinbolt && echo 'machine={machine} user=root pid={gone.pid} "
+               f"started=earlier state=tp2_e2e' > {LOCK}")
+    run = deploy("production")
+    assert run.returncode == 0, run.output[-3000:]
+    assert "taking over the stale lock" in run.output
+    assert ssh("wsa", f"test -e {LOCK} && echo held").strip() == ""
+
+
+@contextmanager
+def unreachable(host: str) -> Iterator[None]:
+    """The host's sshd stops answering (its own namespace's firewall), then answers again."""
+    rule = ["INPUT", "-p", "tcp", "--dport", "22", "-j", "DROP"]
+    subprocess.run(["ip", "netns", "exec", host, "iptables", "-w", "-I", *rule], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "netns", "exec", host, "iptables", "-w", "-D", *rule], check=True)
+
+
+def test_bad_input_is_refused_with_the_reason_and_changes_nothing() -> None:
+    cases = [
+        (("--data", "candidate_path=/nonexistent/thunderbolt_net.ko"),
+         "candidate module file /nonexistent/thunderbolt_net.ko does not exist"),
+        (("--data", "serving_model_path=/var/lib/models/missing"), "/var/lib/models/missing"),
+        (("--data", "on_failure=shrug"), "on_failure"),
+    ]
+    before = snapshot()
+    for extra, reason in cases:
+        run = deploy("tp2_e2e", *extra)
+        assert run.returncode != 0, extra
+        assert reason in run.output, (extra, run.output[-2000:])
+        assert snapshot() == before, extra
+
+
+def test_gpu_memory_held_by_a_stranger_is_refused() -> None:
+    stranger = ssh("wsb", "sleep 120 >/dev/null 2>&1 & echo $!").strip()
+    ssh("wsb", f"echo 9000 > /run/lab-gpu/{stranger}")
+    try:
+        before = snapshot()
+        run = deploy("tp2_e2e")
+        assert run.returncode != 0
+        assert "wsb" in run.output and stranger in run.output
+        assert snapshot() == before
+    finally:
+        ssh("wsb", f"kill {stranger}; rm -f /run/lab-gpu/{stranger}")
+
+
+def test_an_unreachable_host_stops_the_run_before_any_change() -> None:
+    before = snapshot()
+    with unreachable("gw"):
+        run = deploy("tp2_e2e")
+    assert run.returncode != 0
+    assert "gw" in run.output
+    assert snapshot() == before
