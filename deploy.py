@@ -20,7 +20,7 @@ report's discipline, one layer at a time:
 
 from pyinfra import config, host, inventory
 
-from operations import driver, link, serving
+from operations import driver, gateway, link, serving
 from operations.driver import CandidateModule
 from operations.states import resolve_state
 
@@ -30,7 +30,7 @@ config.FAIL_PERCENT = 0
 
 state = resolve_state(host.data.get("state"))
 workstation = "workstations" in host.groups
-gateway = "gateway" in host.groups
+on_gateway = "gateway" in host.groups
 
 if workstation:
     candidate = CandidateModule(
@@ -49,7 +49,8 @@ if workstation:
 # part): pyinfra orders operations across hosts only through the ones they share.
 sglang = serving.Sglang.from_host(host) if workstation else None
 router = (serving.Router.from_hosts(host, inventory.get_group("workstations"))
-          if gateway else None)
+          if on_gateway else None)
+proxy = gateway.Proxy.from_host(host, router) if on_gateway else None
 
 # 1. Preflight: read-only; every refusal happens here, before any change.
 if workstation:
@@ -61,6 +62,15 @@ if workstation:
     link.trained(name="Preflight: the link is up at the expected rate", wait=False, **the_link)
     serving.admissible(name=f"Preflight: SGLang can serve {state.name} here", sglang=sglang,
                        target=state)
+gateway.admissible(name="Preflight: the large role answers, so small can fall back to it",
+                   proxy=proxy, target=state)
+
+# 2. Gateway: the temporary fallback exists, and is proven, before the GPUs are borrowed.
+if state.gateway_fallback:
+    gateway.proxy(name="Gateway: the temporary fallback small -> large is present",
+                  proxy=proxy, fallback=True)
+    gateway.fallback_proven(name="Gateway: a forced fallback through small is served by large",
+                            proxy=proxy)
 
 # 3. Serving: stop what the target does not run; a GPU holds a replica or a rank, never both.
 if state.serving == "tp2":
@@ -76,6 +86,9 @@ if state.serving == "tp2":
         driver_changes=lambda: bool(
             driver.driver_problems(state.driver, candidate, host.data.run_dir)),
     )
+    # The outage has begun: the user's route must survive it before the GPUs are borrowed.
+    gateway.roles_proven(name="Gateway: small answers through the fallback while the replicas "
+                              "are down", proxy=proxy, target=state)
 else:
     serving.tp_rank(name="Serving: the TP ranks are stopped", sglang=sglang, present=False)
 
@@ -105,6 +118,13 @@ else:
     serving.router(name="Serving: the router fronts the replicas", router=router)
     serving.router_accepted(name="Serving: the router serves a real completion", router=router)
 
+# 7. Gateway: the fallback goes only once production is proven, then both roles are proven.
+if not state.gateway_fallback:
+    gateway.proxy(name="Gateway: the temporary fallback is removed", proxy=proxy,
+                  fallback=False)
+    gateway.roles_proven(name="Gateway: small is served by the Qwen deployment, large by large",
+                         proxy=proxy, target=state)
+
 # 8. Verify: every layer holds.
 if workstation:
     driver.verified(
@@ -120,3 +140,5 @@ serving.router_verified(
     router=router,
     present=state.serving == "replicas",
 )
+gateway.verified(name=f"Verify: the gateway routes as {state.name} declares", proxy=proxy,
+                 target=state)

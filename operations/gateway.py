@@ -1,0 +1,651 @@
+"""
+The gateway layer: the public roles on a LiteLLM proxy, and the temporary fallback.
+
+Clients never call SGLang: they call the roles ``small`` (the Qwen model,
+through sglang-router in front of the replicas) and ``large`` (the alternate
+backend) on a LiteLLM proxy on the gateway. Production carries only a
+context-window fallback ``small -> large``, which never fires on an outage. An
+experiment adds a general fallback ``small -> large`` and proves it through the
+exact route a client uses (the field report's first lesson): a forced-fallback
+request (``mock_testing_fallbacks``) before anything stops, then a real request
+to ``small`` answered by the ``large`` deployment once the replicas are down.
+The fallback goes only after production is proven again. Which deployment
+served a request is read from its ``x-litellm-model-id`` header, each
+deployment having a stable ``model_info.id``.
+
+The master key is a mode-0600 file on the gateway: the site's, or generated
+there. It never leaves that host. The proxy's service reads it into its
+environment at start; every request that needs it is made on the gateway by
+curl, which gets the ``Authorization`` header on its stdin from the file, so the
+key is in no command line, no process list and no pyinfra output, and neither
+pyinfra nor pytest ever holds it.
+
+The proxy is judged by what it runs, not by what its file says: its own API
+(``/v1/model/info``, ``/fallback/<role>``) tells which deployments and fallbacks
+the running router has. A proxy whose routing differs from the rendered config
+is restarted, and a restart is waited out until the proxy is ready *with the
+new routing*, so a proof never reaches the process that is shutting down.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import yaml
+from pyinfra import host
+from pyinfra.api import FactBase, FunctionCommand, Host, QuoteString, StringCommand, operation
+from pyinfra.api.command import PyinfraCommand
+from pyinfra.api.util import get_template
+from pyinfra.facts.files import File
+from pyinfra.facts.server import Users
+from pyinfra.operations import files, pip, server
+
+from operations import probes, services
+from operations.attempt import failing, refuse
+from operations.phase import executing
+from operations.services import InitSystem, Service
+from operations.serving import Router, elsewhere, log_tails
+from operations.states import State
+
+LAYER = "gateway"
+SERVICE = "litellm"
+ROLES = ("small", "large")
+# Each role's own deployment, by the stable model_info.id that x-litellm-model-id reports.
+DEPLOYMENTS = {"small": "small-router", "large": "large-backend"}
+# The kinds of fallback, as the config names them and as /fallback/<role> asks for them.
+FALLBACK_KINDS = {"fallbacks": "general", "context_window_fallbacks": "context_window"}
+# The proxy twinbolt installs on the gateway; requirements.txt pins the same release.
+LITELLM_REQUIREMENT = "litellm[proxy]==1.108.5"
+TEMPLATE = services.TEMPLATES / "litellm_config.yaml.j2"
+# LiteLLM fetches these from GitHub or its documentation site unless told to use
+# the copies bundled with it; a gateway may have no route to the internet.
+OFFLINE_ENVIRONMENT = {
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True",
+    "LITELLM_LOCAL_BLOG_POSTS": "True",
+    "LITELLM_LOCAL_POLICY_TEMPLATES": "True",
+    "LITELLM_LOCAL_AUTOROUTER_PRESETS": "True",
+}
+MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
+LARGE_KEY_ENV = "TWINBOLT_LARGE_API_KEY"
+# For backends that ask for no key: the OpenAI client refuses to send none.
+NO_KEY = "unused"
+# Exports each NAME=FILE argument before ``--`` as NAME set to FILE's content,
+# then runs the rest: the secrets are read at start, never written into the
+# unit or the run script.
+SECRETS_LOADER = (
+    'while [ "$1" != -- ]; do value=$(cat "${1#*=}") || exit 1; '
+    'export "${1%%=*}=$value"; shift; done; shift; exec "$@"'
+)
+PROOF_TOKENS = 8
+# One proof request may take this long. During an outage LiteLLM first retries
+# small with back-off (about 5 s in the lab) before it falls back.
+REQUEST_TIMEOUT_SECONDS = 60.0
+START_TIMEOUT_SECONDS = 120.0
+
+
+# What runs: the site's settings and the service built from them
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One role's backend, as LiteLLM calls it; ``api_key`` may be ``os.environ/NAME``."""
+
+    id: str
+    served_model_name: str
+    api_base: str
+    api_key: str
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """
+    The LiteLLM proxy on the gateway (host data ``gateway_roles_*``) and its two roles.
+
+    ``address`` is where clients reach it: the host's ``ssh_hostname``.
+    ``secret_files`` are the environment variables the service reads from files
+    on the gateway when it starts, the master key first.
+    """
+
+    address: str
+    port: int
+    venv: str
+    user: str
+    init_system: InitSystem
+    config_file: str
+    master_key_file: str
+    small: Deployment
+    large: Deployment
+    secret_files: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def from_host(cls, gateway: Host, router: Router) -> Proxy:
+        """The gateway's settings; ``small`` is served through ``router``."""
+        data = gateway.data
+        secret_files = [(MASTER_KEY_ENV, data.gateway_roles_master_key_file)]
+        large_key = NO_KEY
+        if data.gateway_roles_large_api_key_file:
+            secret_files.append((LARGE_KEY_ENV, data.gateway_roles_large_api_key_file))
+            large_key = f"os.environ/{LARGE_KEY_ENV}"
+        elif data.gateway_roles_large_api_key_env:
+            # A variable the site puts in the proxy's environment itself.
+            large_key = f"os.environ/{data.gateway_roles_large_api_key_env}"
+        return cls(
+            address=data.get("ssh_hostname") or gateway.name,
+            port=data.gateway_roles_litellm_port,
+            venv=data.gateway_roles_litellm_venv,
+            user=data.gateway_roles_litellm_user,
+            init_system=data.gateway_roles_init_system,
+            config_file=data.gateway_roles_litellm_config_file,
+            master_key_file=data.gateway_roles_master_key_file,
+            small=Deployment(DEPLOYMENTS["small"], router.served_model_name,
+                             f"{router.url}/v1", NO_KEY),
+            large=Deployment(DEPLOYMENTS["large"], data.gateway_roles_large_served_model_name,
+                             str(data.gateway_roles_large_api_base).rstrip("/"), large_key),
+            secret_files=tuple(secret_files),
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+
+def proxy_service(proxy: Proxy) -> Service:
+    """The LiteLLM proxy, its secrets read from their files as it starts."""
+    return Service(
+        name=SERVICE,
+        description="LiteLLM proxy: the gateway's public roles small and large (twinbolt)",
+        command=[
+            "/bin/sh", "-c", SECRETS_LOADER, SERVICE,
+            *(f"{name}={path}" for name, path in proxy.secret_files), "--",
+            f"{proxy.venv}/bin/litellm", "--config", proxy.config_file,
+            "--host", proxy.address, "--port", str(proxy.port),
+        ],
+        environment=OFFLINE_ENVIRONMENT,
+        user=proxy.user,
+    )
+
+
+def template_context(proxy: Proxy, fallback: bool) -> dict[str, object]:
+    return {"small": proxy.small, "large": proxy.large, "fallback": fallback}
+
+
+def render_config(proxy: Proxy, fallback: bool) -> str:
+    """The config :func:`proxy` uploads, rendered locally (pyinfra's own jinja2 environment)."""
+    return get_template(str(TEMPLATE)).render(template_context(proxy, fallback))
+
+
+def routing(config: dict) -> dict:
+    """
+    What a LiteLLM config routes where: each role's deployment, and each kind of
+    fallback by role.
+
+    .. code:: python
+
+        {"deployments": {"small": {"id": "small-router", "model": "openai/qwen",
+                                   "api_base": "http://gw:30080/v1"}, "large": {…}},
+         "fallbacks": {"small": ["large"]}, "context_window_fallbacks": {"small": ["large"]}}
+    """
+    settings = config.get("router_settings") or {}
+    return {
+        "deployments": {
+            entry["model_name"]: deployment_of(entry) for entry in config.get("model_list") or []
+        },
+        **{
+            kind: {role: list(to) for rule in settings.get(kind) or [] for role, to in rule.items()}
+            for kind in FALLBACK_KINDS
+        },
+    }
+
+
+def deployment_of(entry: dict) -> dict:
+    """The part of a ``model_list`` entry (or of ``/v1/model/info``) that routing depends on."""
+    params = entry.get("litellm_params") or {}
+    return {"id": (entry.get("model_info") or {}).get("id"), "model": params.get("model"),
+            "api_base": params.get("api_base")}
+
+
+def wanted_routing(proxy: Proxy, fallback: bool) -> dict:
+    return routing(yaml.safe_load(render_config(proxy, fallback)))
+
+
+def serving_deployments(target: State) -> dict[str, str]:
+    """
+    The deployment that answers each role in ``target``: ``small`` is served by
+    the replicas behind the router, or by ``large`` through the fallback while
+    they are down.
+    """
+    small = "small" if target.serving == "replicas" else "large"
+    return {"small": DEPLOYMENTS[small], "large": DEPLOYMENTS["large"]}
+
+
+# Facts
+
+
+class ProxyConfig(FactBase):
+    """The :func:`routing` of the LiteLLM config file at ``path``; ``None`` without the file."""
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand("cat", QuoteString(path), "2>/dev/null", "||", "true")
+
+    def process(self, output: list[str]) -> dict:
+        return routing(yaml.safe_load("\n".join(output)) or {})
+
+
+class ProxyReady(FactBase):
+    """Whether the proxy at ``url`` answers ``/health/readiness`` with 200 (it needs no key)."""
+
+    default = bool
+
+    def requires_command(self, url: str) -> str:
+        return "curl"
+
+    def command(self, url: str) -> StringCommand:
+        return StringCommand(
+            "curl", "-s", "-o", "/dev/null", "-m", "5", "-w", "%{http_code}",
+            QuoteString(f"{url}/health/readiness"), "||", "true",
+        )
+
+    def process(self, output: list[str]) -> bool:
+        return output[0].strip() == "200"
+
+
+def authorized_curl(script: str) -> str:
+    """
+    A shell script that has ``$1`` name the master key file and defines ``ask
+    CURL_ARGS…``: curl with the key's ``Authorization`` header given on its stdin,
+    so it appears in no command line.
+    """
+    return (
+        'key=$(cat "$1" 2>/dev/null) || { echo "keyfile-unreadable $1"; exit 0; }; '
+        "ask() { printf 'Authorization: Bearer %s\\n' \"$key\" | curl -H @- \"$@\"; }; "
+        + script
+    )
+
+
+class LiveRouting(FactBase):
+    """
+    What the running proxy routes where, asked of its own API (``/v1/model/info``
+    and ``/fallback/<role>``), in the shape of :func:`routing`; ``None`` while it
+    does not answer.
+    """
+
+    def requires_command(self, url: str, master_key_file: str) -> str:
+        return "curl"
+
+    def command(self, url: str, master_key_file: str) -> StringCommand:
+        # One line each: a tag, the body on one line, the HTTP status.
+        script = authorized_curl(
+            'url=$2; shift 2; '
+            'echo "models $(ask -s -m 5 -w " %{http_code}" "$url/v1/model/info" | tr -d "\\n")"; '
+            'for role in "$@"; do for kind in ' + " ".join(FALLBACK_KINDS.values()) + "; do "
+            'echo "$kind $role $(ask -s -m 5 -w " %{http_code}" '
+            '"$url/fallback/$role?fallback_type=$kind" | tr -d "\\n")"; done; done'
+        )
+        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(master_key_file),
+                             QuoteString(url), *ROLES)
+
+    def process(self, output: list[str]) -> dict | None:
+        answers = {}
+        for line in output:
+            tag, _, rest = line.partition(" ")
+            role = None
+            if tag != "models":
+                role, _, rest = rest.partition(" ")
+            body, _, status = rest.rpartition(" ")
+            answers[tag, role] = (status, body)
+        status, body = answers.get(("models", None), ("", ""))
+        if status != "200":
+            return None
+        live: dict = {"deployments": {entry["model_name"]: deployment_of(entry)
+                                      for entry in json.loads(body)["data"]}}
+        for config_key, kind in FALLBACK_KINDS.items():
+            live[config_key] = {
+                role: json.loads(body)["fallback_models"]
+                for (tag, role), (status, body) in answers.items()
+                if tag == kind and status == "200"
+            }
+        return live
+
+
+class RoleAnswer(FactBase):
+    """
+    One real chat completion through a role of the proxy, asked on the gateway
+    with curl (``forced_fallback`` adds ``mock_testing_fallbacks``), as a
+    :class:`probes.Answer`; its ``headers`` are lower-case.
+
+    .. code:: python
+
+        Answer(url="http://gw:4000/v1/chat/completions", status=200,
+               headers={"x-litellm-model-id": "large-backend",
+                        "x-litellm-attempted-fallbacks": "1", …},
+               body={"choices": […], "usage": {"completion_tokens": 8, …}}, seconds=5.04)
+    """
+
+    def requires_command(self, url: str, master_key_file: str, role: str, tokens: int,
+                         forced_fallback: bool = False,
+                         timeout: float = REQUEST_TIMEOUT_SECONDS) -> str:
+        return "curl"
+
+    def command(self, url: str, master_key_file: str, role: str, tokens: int,
+                forced_fallback: bool = False,
+                timeout: float = REQUEST_TIMEOUT_SECONDS) -> StringCommand:
+        extra = {"mock_testing_fallbacks": True} if forced_fallback else {}
+        body = json.dumps(probes.chat_body(role, tokens, **extra))
+        # Headers, the body, then the status and time; curl's own error, if any.
+        script = authorized_curl(
+            'ask -sS -m "$2" -D - -H "Content-Type: application/json" --data-binary "$3" '
+            '-w "\\ncurl-result %{http_code} %{time_total} %{url_effective}\\n" "$4" 2>&1; true'
+        )
+        return StringCommand(
+            "sh", "-c", QuoteString(script), "-", QuoteString(master_key_file),
+            str(float(timeout)), QuoteString(body), QuoteString(f"{url}/v1/chat/completions"),
+        )
+
+    def process(self, output: list[str]) -> probes.Answer:
+        return parse_answer(output)
+
+
+def parse_answer(output: list[str]) -> probes.Answer:
+    """:class:`probes.Answer` from curl's ``-D -`` headers, body and ``curl-result`` line."""
+    url = "the proxy"
+    headers: dict[str, str] = {}
+    body_lines: list[str] = []
+    status: int | None = None
+    seconds = 0.0
+    errors = []
+    in_headers = False
+    for raw in output:
+        line = raw.rstrip("\r")
+        if line.startswith("keyfile-unreadable "):
+            errors.append(f"the master key file {line.split(' ', 1)[1]} cannot be read")
+        elif line.startswith("curl-result "):
+            _, code, elapsed, url = line.split(" ", 3)
+            status = int(code) or None
+            seconds = float(elapsed)
+        elif line.startswith("curl: "):
+            errors.append(line)
+        elif line.startswith("HTTP/") and not body_lines:
+            in_headers, headers = True, {}
+        elif in_headers and not line:
+            in_headers = False
+        elif in_headers:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        else:
+            body_lines.append(line)
+    text = "\n".join(body_lines).strip()
+    try:
+        body: object = json.loads(text)
+    except ValueError:
+        body = text
+    return probes.Answer(url, status, body, headers, "; ".join(errors) or None, seconds)
+
+
+def master_key_command(path: str) -> StringCommand:
+    """Generate a master key into ``path`` on the gateway itself: it never crosses the wire."""
+    script = (
+        '(umask 022; mkdir -p "$(dirname "$1")") && (umask 077; '
+        'printf "sk-%s\\n" "$(od -An -tx1 -N24 /dev/urandom | tr -d " \\n")" > "$1.new") && '
+        'mv "$1.new" "$1"'
+    )
+    return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(path))
+
+
+# Evidence
+
+
+def describe(value: object) -> str:
+    """Routing for a message: fallbacks as ``small -> large``, anything else as JSON."""
+    if isinstance(value, dict) and all(isinstance(to, list) for to in value.values()):
+        return ", ".join(f"{role} -> {', '.join(to)}" for role, to in value.items()) or "none"
+    return json.dumps(value, sort_keys=True)
+
+
+def routing_problems(what: str, observed: dict | None, wanted: dict, why: str) -> list[str]:
+    """How ``observed`` routing differs from ``wanted``, part by part."""
+    if observed is None:
+        return [f"{what}: nothing to read"]
+    return [
+        f"{what} has {part} {describe(observed.get(part))}, but {why} {describe(wanted[part])}"
+        for part in wanted
+        if observed.get(part) != wanted[part]
+    ]
+
+
+def live_problems(proxy: Proxy, wanted: dict) -> list[str]:
+    """What keeps the running proxy from serving ``wanted``: not ready, or routing otherwise."""
+    if not host.get_fact(ProxyReady, url=proxy.url):
+        return [f"the proxy at {proxy.url} does not answer /health/readiness with 200"]
+    live = host.get_fact(LiveRouting, url=proxy.url, master_key_file=proxy.master_key_file)
+    if live is None:
+        return [f"the proxy at {proxy.url} does not answer /v1/model/info with the master key "
+                f"in {proxy.master_key_file}"]
+    return routing_problems("the running proxy", live, wanted, "its config has")
+
+
+def ask(proxy: Proxy, role: str, tokens: int, forced_fallback: bool = False) -> probes.Answer:
+    """A real completion through ``role``, asked on the gateway (:class:`RoleAnswer`)."""
+    return host.get_fact(RoleAnswer, url=proxy.url, master_key_file=proxy.master_key_file,
+                         role=role, tokens=tokens, forced_fallback=forced_fallback)
+
+
+def answer_problems(role: str, answer: probes.Answer, deployment: str,
+                    tokens: int) -> list[str]:
+    """Why ``answer`` is not a real completion through ``role`` served by ``deployment``."""
+    found = probes.completion_problems(answer, tokens)
+    served = answer.headers.get("x-litellm-model-id")
+    if not found and served != deployment:
+        fallbacks = answer.headers.get("x-litellm-attempted-fallbacks", "absent")
+        found.append(f"it was served by deployment {served!r}, not {deployment!r} "
+                     f"(x-litellm-attempted-fallbacks: {fallbacks})")
+    return [f"role {role}: {problem}" for problem in found]
+
+
+def roles_problems(proxy: Proxy, target: State, tokens: int) -> list[str]:
+    """A real request through each role, served by the deployment ``target`` implies."""
+    expected = serving_deployments(target)
+    return [problem for role in ROLES
+            for problem in answer_problems(role, ask(proxy, role, tokens), expected[role], tokens)]
+
+
+def proxy_log(proxy: Proxy) -> str:
+    return log_tails([(host, SERVICE, proxy.init_system)])
+
+
+# Operations
+
+
+@operation(is_idempotent=True)
+def admissible(proxy: Proxy | None, target: State,
+               tokens: int = PROOF_TOKENS) -> Iterator[PyinfraCommand]:
+    """
+    Refuse, before anything changes, a target that borrows the GPUs while the
+    ``large`` role does not answer: ``small`` would have nowhere to fall back to.
+
+    + proxy: the gateway's :class:`Proxy`; ``None`` elsewhere (a no-op)
+    + target: the :class:`State` the run moves to; only one with the fallback needs ``large``
+    + tokens: the length of the real completion asked of ``large``
+
+    **Example:**
+
+    .. code:: python
+
+        gateway.admissible(
+            name="Preflight: the large role answers",
+            proxy=Proxy.from_host(host, router),
+            target=resolve_state("tp2_e2e"),
+        )
+    """
+    if elsewhere(proxy, "gateway"):
+        return
+    if not target.gateway_fallback:
+        host.noop(f"{target.name} keeps the replicas: no fallback needed")
+        return
+    found = answer_problems("large", ask(proxy, "large", tokens), DEPLOYMENTS["large"], tokens)
+    if found:
+        refuse(LAYER, [*found, "small would have nowhere to fall back to while the "
+                               "replicas are down"])
+    host.noop("the large role answers: small has somewhere to fall back to")
+    yield from ()
+
+
+@operation()
+def proxy(proxy: Proxy | None, fallback: bool,
+          timeout: float = START_TIMEOUT_SECONDS) -> Iterator[PyinfraCommand]:
+    """
+    Run the LiteLLM proxy with the public roles and the temporary general
+    fallback ``small -> large`` present or absent, and wait until it is ready
+    with exactly that routing.
+
+    Installs ``litellm[proxy]`` into ``proxy.venv``, generates the master key on
+    the gateway if the site provides none, and renders the config. The proxy is
+    restarted unless it already routes as the config says (asked of its own API,
+    so a proxy left running an older config is caught too).
+
+    + proxy: the gateway's :class:`Proxy`; ``None`` elsewhere (a no-op)
+    + fallback: whether the general fallback ``small -> large`` is present
+    + timeout: seconds to wait for the proxy to be ready with the new routing
+
+    **Example:**
+
+    .. code:: python
+
+        gateway.proxy(
+            name="Gateway: the temporary fallback small -> large is present",
+            proxy=Proxy.from_host(host, router),
+            fallback=True,
+        )
+    """
+    if elsewhere(proxy, "gateway"):
+        return
+    wanted = wanted_routing(proxy, fallback)
+    live = host.get_fact(LiveRouting, url=proxy.url, master_key_file=proxy.master_key_file)
+    yield from pip.virtualenv._inner(path=proxy.venv, python="python3", venv=True)
+    yield from pip.packages._inner(packages=[LITELLM_REQUIREMENT], virtualenv=proxy.venv)
+    if proxy.user not in host.get_fact(Users):
+        yield from server.user._inner(user=proxy.user, system=True)
+    key = host.get_fact(File, path=proxy.master_key_file)
+    if not key or not key["size"]:
+        yield master_key_command(proxy.master_key_file)
+    yield from files.file._inner(path=proxy.master_key_file, user=proxy.user, mode="600")
+    yield from files.template._inner(src=str(TEMPLATE), dest=proxy.config_file, mode="644",
+                                     **template_context(proxy, fallback))
+    started = False
+    for command in services.present._inner(service=proxy_service(proxy),
+                                           init_system=proxy.init_system,
+                                           restarted=live != wanted):
+        started = True
+        yield command
+    if not started:
+        host.noop(f"the proxy routes as its config says, the fallback "
+                  f"{'present' if fallback else 'absent'}")
+        return
+    outcome: dict = {}
+    what = (f"the proxy at {proxy.url} ready with the fallback "
+            f"{'present' if fallback else 'absent'}")
+    yield FunctionCommand(probes.wait_until,
+                          (what, lambda seconds_left: (live_problems(proxy, wanted), True),
+                           timeout, outcome), {})
+    if outcome.get("found"):
+        yield failing(LAYER, [*outcome["found"], proxy_log(proxy)])
+
+
+@operation(is_idempotent=True)
+def fallback_proven(proxy: Proxy | None, tokens: int = PROOF_TOKENS) -> Iterator[PyinfraCommand]:
+    """
+    Prove the fallback before anything stops: a request to ``small`` that forces
+    the fallback path (``mock_testing_fallbacks``) must be answered by the
+    ``large`` deployment.
+
+    + proxy: the gateway's :class:`Proxy`; ``None`` elsewhere (a no-op)
+    + tokens: the length of the real completion asked for
+
+    **Example:**
+
+    .. code:: python
+
+        gateway.fallback_proven(name="Gateway: a forced fallback through small reaches large",
+                                proxy=proxy)
+    """
+    if elsewhere(proxy, "gateway"):
+        return
+    if not executing():
+        host.noop("proven when the run executes, once the fallback is in place")
+        return
+    answer = ask(proxy, "small", tokens, forced_fallback=True)
+    found = answer_problems("small", answer, DEPLOYMENTS["large"], tokens)
+    if found:
+        yield failing(LAYER, ["a forced fallback through small did not reach large", *found])
+        return
+    host.noop(f"a forced fallback through small was served by large ({answer.seconds:.2f}s)")
+
+
+@operation(is_idempotent=True)
+def roles_proven(proxy: Proxy | None, target: State,
+                 tokens: int = PROOF_TOKENS) -> Iterator[PyinfraCommand]:
+    """
+    Prove the user's route: a real request through each role answers, served by
+    the deployment ``target`` implies (``small`` by the replicas behind the
+    router, or by ``large`` through the fallback while they are down).
+
+    + proxy: the gateway's :class:`Proxy`; ``None`` elsewhere (a no-op)
+    + target: the :class:`State` whose serving decides who answers ``small``
+    + tokens: the length of each real completion
+
+    **Example:**
+
+    .. code:: python
+
+        gateway.roles_proven(name="Gateway: small answers through the fallback",
+                             proxy=proxy, target=resolve_state("tp2_e2e"))
+    """
+    if elsewhere(proxy, "gateway"):
+        return
+    if not executing():
+        host.noop("proven when the run executes")
+        return
+    found = roles_problems(proxy, target, tokens)
+    if found:
+        yield failing(LAYER, found)
+        return
+    expected = serving_deployments(target)
+    host.noop(", ".join(f"{role} is served by {expected[role]}" for role in ROLES))
+
+
+@operation(is_idempotent=True)
+def verified(proxy: Proxy | None, target: State,
+             tokens: int = PROOF_TOKENS) -> Iterator[PyinfraCommand]:
+    """
+    Prove the gateway is as ``target`` declares, with the evidence if not: the
+    config's fallbacks match the state (the general one only with
+    ``gateway_fallback``), the running proxy routes as its config says, and
+    each role is served by the deployment the state implies.
+
+    + proxy: the gateway's :class:`Proxy`; ``None`` elsewhere (a no-op)
+    + target: the :class:`State` the hosts should be in
+    + tokens: the length of each real completion
+
+    **Example:**
+
+    .. code:: python
+
+        gateway.verified(name="Verify: the gateway", proxy=proxy,
+                         target=resolve_state("production"))
+    """
+    if elsewhere(proxy, "gateway"):
+        return
+    if not executing():
+        host.noop("verified when the run executes")
+        return
+    wanted = wanted_routing(proxy, target.gateway_fallback)
+    found = routing_problems(f"the config {proxy.config_file}",
+                             host.get_fact(ProxyConfig, path=proxy.config_file), wanted,
+                             f"{target.name} declares")
+    found += live_problems(proxy, wanted) or roles_problems(proxy, target, tokens)
+    if found:
+        yield failing(LAYER, found)
+        return
+    host.noop(f"the gateway is as {target.name} declares")

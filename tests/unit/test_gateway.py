@@ -1,0 +1,345 @@
+"""The gateway layer: its config per state, its facts' parsing and its proofs' verdicts."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from operation_harness import run_operation
+from pyinfra.api import OperationError
+from pyinfra.facts.files import Directory, File, Link, Sha1File
+from pyinfra.facts.pip import PipPackages
+from pyinfra.facts.runit import RunitManaged, RunitStatus
+from pyinfra.facts.server import TmpDir, Users
+
+from operations import gateway, probes, services
+from operations.gateway import (
+    LITELLM_REQUIREMENT,
+    Deployment,
+    LiveRouting,
+    Proxy,
+    ProxyReady,
+    RoleAnswer,
+    parse_answer,
+    proxy_service,
+    render_config,
+    serving_deployments,
+    wanted_routing,
+)
+from operations.states import STATES
+
+REPO = Path(__file__).resolve().parents[2]
+KEY_FILE = "/etc/twinbolt/litellm_master_key"
+
+PROXY = Proxy(
+    address="10.66.0.13", port=4000, venv="/opt/twinbolt/litellm", user="litellm",
+    init_system="runit", config_file="/etc/twinbolt/litellm.yaml", master_key_file=KEY_FILE,
+    small=Deployment("small-router", "qwen", "http://10.66.0.13:30080/v1", "unused"),
+    large=Deployment("large-backend", "large", "http://10.66.0.13:31000/v1",
+                     "os.environ/TWINBOLT_LARGE_API_KEY"),
+    secret_files=(("LITELLM_MASTER_KEY", KEY_FILE),
+                  ("TWINBOLT_LARGE_API_KEY", "/etc/twinbolt/large_api_key")),
+)
+
+
+def config(state: str) -> dict:
+    return yaml.safe_load(render_config(PROXY, STATES[state].gateway_fallback))
+
+
+# The config, per state
+
+
+@pytest.mark.parametrize("state", list(STATES))
+def test_the_general_fallback_exists_exactly_in_the_states_that_declare_it(state: str) -> None:
+    settings = config(state)["router_settings"]
+    assert settings["context_window_fallbacks"] == [{"small": ["large"]}]
+    if STATES[state].gateway_fallback:
+        assert settings["fallbacks"] == [{"small": ["large"]}]
+    else:
+        assert "fallbacks" not in settings
+
+
+@pytest.mark.parametrize("state", list(STATES))
+def test_forced_fallback_requests_are_accepted_only_while_the_fallback_exists(state: str) -> None:
+    general = config(state)["general_settings"]
+    assert general["master_key"] == "os.environ/LITELLM_MASTER_KEY"
+    assert general.get("dangerously_allow_mock_testing_request_params", False) \
+        is STATES[state].gateway_fallback
+
+
+def test_each_role_has_its_backend_and_a_stable_deployment_id() -> None:
+    models = {entry["model_name"]: entry for entry in config("production")["model_list"]}
+    assert models["small"]["litellm_params"] == {
+        "model": "openai/qwen", "api_base": "http://10.66.0.13:30080/v1", "api_key": "unused"}
+    assert models["small"]["model_info"] == {"id": "small-router"}
+    assert models["large"]["litellm_params"]["api_key"] == "os.environ/TWINBOLT_LARGE_API_KEY"
+    assert models["large"]["model_info"] == {"id": "large-backend"}
+
+
+def test_site_values_are_quoted_not_pasted_into_the_yaml() -> None:
+    odd = Proxy(**{**PROXY.__dict__, "large": Deployment(
+        "large-backend", "large: {x: 1}", "http://h:1/v1#x", "unused")})
+    entry = yaml.safe_load(render_config(odd, False))["model_list"][1]
+    assert entry["litellm_params"]["model"] == "openai/large: {x: 1}"
+    assert entry["litellm_params"]["api_base"] == "http://h:1/v1#x"
+
+
+def test_the_routing_of_a_config_is_what_the_running_proxy_is_compared_with() -> None:
+    assert wanted_routing(PROXY, True) == {
+        "deployments": {
+            "small": {"id": "small-router", "model": "openai/qwen",
+                      "api_base": "http://10.66.0.13:30080/v1"},
+            "large": {"id": "large-backend", "model": "openai/large",
+                      "api_base": "http://10.66.0.13:31000/v1"},
+        },
+        "fallbacks": {"small": ["large"]},
+        "context_window_fallbacks": {"small": ["large"]},
+    }
+    assert wanted_routing(PROXY, False)["fallbacks"] == {}
+
+
+@pytest.mark.parametrize("state", list(STATES))
+def test_small_is_served_by_the_replicas_or_through_the_fallback(state: str) -> None:
+    small = "small-router" if STATES[state].serving == "replicas" else "large-backend"
+    assert serving_deployments(STATES[state]) == {"small": small, "large": "large-backend"}
+
+
+# The service: secrets read at start, no network
+
+
+def test_the_service_carries_no_secret_and_reads_its_keys_from_files() -> None:
+    service = proxy_service(PROXY)
+    rendered = services.render(service, "runit") + services.render(service, "systemd")
+    assert "sk-" not in rendered
+    assert f"LITELLM_MASTER_KEY={KEY_FILE}" in service.command
+    assert service.command[service.command.index("--") + 1:] == [
+        "/opt/twinbolt/litellm/bin/litellm", "--config", "/etc/twinbolt/litellm.yaml",
+        "--host", "10.66.0.13", "--port", "4000"]
+    assert service.environment["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+    assert service.user == "litellm"
+
+
+def test_the_secrets_loader_exports_each_file_and_runs_the_rest(tmp_path: Path) -> None:
+    (tmp_path / "key").write_text("sk-from-file\n")
+    (tmp_path / "large").write_text("large-key")
+    argv = [*proxy_service(PROXY).command[:4], f"LITELLM_MASTER_KEY={tmp_path / 'key'}",
+            f"TWINBOLT_LARGE_API_KEY={tmp_path / 'large'}", "--", "sh", "-c",
+            'echo "$LITELLM_MASTER_KEY|$TWINBOLT_LARGE_API_KEY|$0"', "argv0"]
+    result = subprocess.run(argv, capture_output=True, text=True, env={"PATH": os.defpath})
+    assert result.stdout == "sk-from-file|large-key|argv0\n"
+    missing = subprocess.run([*argv[:4], f"LITELLM_MASTER_KEY={tmp_path / 'none'}", "--",
+                              "true"], capture_output=True, text=True)
+    assert missing.returncode != 0
+
+
+def test_the_master_key_is_generated_on_the_host_into_a_private_file(tmp_path: Path) -> None:
+    path = tmp_path / "etc" / "twinbolt" / "litellm_master_key"
+    command = gateway.master_key_command(str(path)).get_raw_value()
+    subprocess.run(["sh", "-c", command], check=True)
+    key = path.read_text().strip()
+    assert key.startswith("sk-") and len(key) == 51
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.parent.stat().st_mode & 0o777 == 0o755
+    assert key not in command
+
+
+def test_the_pinned_litellm_is_the_one_requirements_txt_pins() -> None:
+    assert LITELLM_REQUIREMENT in (REPO / "requirements.txt").read_text().splitlines()
+
+
+# Facts
+
+
+def test_a_request_reads_the_key_on_the_host_and_passes_it_on_stdin_only() -> None:
+    command = RoleAnswer().command("http://gw:4000", KEY_FILE, "small", 8,
+                                   forced_fallback=True).get_raw_value()
+    assert 'cat "$1"' in command and "-H @-" in command
+    assert '"mock_testing_fallbacks": true' in command
+    assert LiveRouting().command("http://gw:4000", KEY_FILE).get_raw_value().count("-H @-") == 1
+
+
+def test_an_answer_is_parsed_from_curls_headers_body_and_result_line() -> None:
+    answer = parse_answer([
+        "HTTP/1.1 200 OK\r", "x-litellm-model-id: large-backend\r",
+        "X-LiteLLM-Attempted-Fallbacks: 1\r", "\r",
+        '{"choices": [{"message": {"content": "a b"}}], "usage": {"completion_tokens": 2}}',
+        "curl-result 200 5.046571 http://gw:4000/v1/chat/completions",
+    ])
+    assert answer.ok and answer.seconds == pytest.approx(5.046571)
+    assert answer.url == "http://gw:4000/v1/chat/completions"
+    assert answer.headers == {"x-litellm-model-id": "large-backend",
+                              "x-litellm-attempted-fallbacks": "1"}
+    assert answer.body["usage"]["completion_tokens"] == 2
+
+
+def test_a_refused_connection_and_an_unreadable_key_are_errors_not_answers() -> None:
+    refused = parse_answer([
+        "curl: (7) Failed to connect to gw port 4000 after 0 ms: Couldn't connect to server",
+        "curl-result 000 0.000213 http://gw:4000/v1/chat/completions",
+    ])
+    assert not refused.ok and refused.status is None and "Failed to connect" in refused.error
+    unreadable = parse_answer([f"keyfile-unreadable {KEY_FILE}"])
+    assert unreadable.error == f"the master key file {KEY_FILE} cannot be read"
+
+
+def test_the_live_routing_is_read_from_the_proxys_own_api() -> None:
+    models = ('{"data": [{"model_name": "small", "litellm_params": {"model": "openai/qwen", '
+              '"api_base": "http://10.66.0.13:30080/v1", "use_in_pass_through": false}, '
+              '"model_info": {"id": "small-router", "db_model": false}}, {"model_name": "large", '
+              '"litellm_params": {"model": "openai/large", "api_base": '
+              '"http://10.66.0.13:31000/v1"}, "model_info": {"id": "large-backend"}}]}')
+    fallback = '{"model": "small", "fallback_models": ["large"], "fallback_type": "%s"}'
+    missing = '{"detail": {"error": "No general fallbacks configured for model \'%s\'"}}'
+    output = [
+        f"models {models} 200",
+        f"general small {fallback % 'general'} 200",
+        f"context_window small {fallback % 'context_window'} 200",
+        f"general large {missing % 'large'} 404",
+        f"context_window large {missing % 'large'} 404",
+    ]
+    assert LiveRouting().process(output) == wanted_routing(PROXY, True)
+    output[1] = f"general small {missing % 'small'} 404"
+    assert LiveRouting().process(output) == wanted_routing(PROXY, False)
+    assert LiveRouting().process(["models  000", *output[1:]]) is None
+    assert ProxyReady().process(["200"]) is True and ProxyReady().process(["000"]) is False
+
+
+# Proofs, given what the proxy answers
+
+
+def completion(model_id: str, fallbacks: str = "0", tokens: int = 8) -> probes.Answer:
+    return probes.Answer(
+        "http://10.66.0.13:4000/v1/chat/completions", 200,
+        {"choices": [{"message": {"content": "one two"}}],
+         "usage": {"completion_tokens": tokens}},
+        {"x-litellm-model-id": model_id, "x-litellm-attempted-fallbacks": fallbacks},
+        seconds=0.1,
+    )
+
+
+def answering(by_role: dict[str, probes.Answer], forced: probes.Answer | None = None):
+    def facts(cls: type, kwargs: dict) -> object:
+        assert cls is RoleAnswer, cls
+        assert kwargs["master_key_file"] == KEY_FILE and kwargs["url"] == "http://10.66.0.13:4000"
+        return forced if kwargs.get("forced_fallback") else by_role[kwargs["role"]]
+    return facts
+
+
+def test_the_forced_fallback_is_proven_only_by_the_large_deployment() -> None:
+    served_by_large = completion("large-backend", fallbacks="1")
+    assert run_operation(gateway.fallback_proven, answering({}, served_by_large),
+                         proxy=PROXY) == []
+    failed = run_operation(gateway.fallback_proven, answering({}, completion("small-router")),
+                           proxy=PROXY)
+    assert failed == ["fail: gateway layer: a forced fallback through small did not reach large; "
+                      "role small: it was served by deployment 'small-router', not "
+                      "'large-backend' (x-litellm-attempted-fallbacks: 0)"]
+
+
+def test_proofs_judge_only_when_the_run_executes() -> None:
+    def no_facts(cls: type, kwargs: dict) -> object:
+        raise AssertionError("a prediction asks nothing of the proxy")
+    for operation in (gateway.fallback_proven, gateway.roles_proven, gateway.verified):
+        arguments = {} if operation is gateway.fallback_proven else {"target": STATES["tp2_e2e"]}
+        assert run_operation(operation, no_facts, executing=False, proxy=PROXY,
+                             **arguments) == []
+
+
+def test_during_the_outage_small_must_be_answered_by_large() -> None:
+    outage = {"small": completion("large-backend", "1"), "large": completion("large-backend")}
+    assert run_operation(gateway.roles_proven, answering(outage), proxy=PROXY,
+                         target=STATES["tp2_e2e"]) == []
+    # The same answers are wrong for production: small must be back on the Qwen deployment.
+    failed = run_operation(gateway.roles_proven, answering(outage), proxy=PROXY,
+                           target=STATES["production"])
+    assert failed == ["fail: gateway layer: role small: it was served by deployment "
+                      "'large-backend', not 'small-router' (x-litellm-attempted-fallbacks: 1)"]
+
+
+def test_a_route_that_does_not_answer_fails_with_the_proxys_own_words() -> None:
+    error = probes.Answer("http://10.66.0.13:4000/v1/chat/completions", 500, {
+        "error": {"message": "model group 'small' failed. No fallback was attempted."}})
+    failed = run_operation(gateway.roles_proven,
+                           answering({"small": error, "large": completion("large-backend")}),
+                           proxy=PROXY, target=STATES["tp2_e2e"])
+    assert len(failed) == 1 and "HTTP 500" in failed[0] and "No fallback was attempted" in failed[0]
+
+
+def test_leaving_production_is_refused_while_large_does_not_answer() -> None:
+    down = probes.Answer("http://10.66.0.13:4000/v1/chat/completions", error="curl: (7) refused")
+    with pytest.raises(OperationError) as refused:
+        run_operation(gateway.admissible, answering({"large": down}), proxy=PROXY,
+                      target=STATES["tp2_e2e"])
+    assert str(refused.value).startswith("wsa: gateway layer: role large: no completion")
+    assert "small would have nowhere to fall back to" in str(refused.value)
+    # Returning to production needs no fallback, so it asks nothing.
+    assert run_operation(gateway.admissible, answering({}), proxy=PROXY,
+                         target=STATES["production"]) == []
+
+
+def test_hosts_other_than_the_gateway_do_nothing() -> None:
+    for operation in (gateway.admissible, gateway.proxy, gateway.fallback_proven,
+                      gateway.roles_proven, gateway.verified):
+        arguments = {"fallback": True} if operation is gateway.proxy else {}
+        if operation in (gateway.admissible, gateway.roles_proven, gateway.verified):
+            arguments = {"target": STATES["tp2_e2e"]}
+        assert run_operation(operation, answering({}), proxy=None, **arguments) == []
+
+
+# The proxy operation: restarted unless it already routes as its config says
+
+
+def converged_gateway(fallback: bool, live: dict | None):
+    """Facts of a gateway where everything is in place and the proxy routes as ``live``."""
+    config = render_config(PROXY, fallback)
+    run_script = services.render(proxy_service(PROXY), "runit")
+    files = {
+        f"{PROXY.venv}/bin/activate": {"size": 1},
+        KEY_FILE: {"size": 52, "mode": 600, "user": "litellm", "group": "root"},
+        PROXY.config_file: {"size": len(config), "mode": 644},
+        services.run_script_path("litellm"): {"size": len(run_script), "mode": 755},
+    }
+    sha1 = {PROXY.config_file: hashlib.sha1(config.encode()).hexdigest(),
+            services.run_script_path("litellm"): hashlib.sha1(run_script.encode()).hexdigest()}
+    values = {
+        PipPackages: {"litellm": ["1.108.5"]},
+        Users: {"litellm": {}},
+        Directory: {"mode": 755},
+        Link: {"link_target": "/etc/sv/litellm"},
+        RunitManaged: {"litellm"},
+        RunitStatus: {"litellm": True},
+        LiveRouting: live,
+        ProxyReady: True,
+        TmpDir: "/tmp",
+    }
+
+    def facts(cls: type, kwargs: dict) -> object:
+        if cls is File:
+            return files.get(kwargs["path"])
+        if cls is Sha1File:
+            return sha1.get(kwargs["path"])
+        return values[cls]
+    return facts
+
+
+def test_a_proxy_that_routes_as_its_config_says_is_left_alone() -> None:
+    assert run_operation(gateway.proxy, converged_gateway(True, wanted_routing(PROXY, True)),
+                         proxy=PROXY, fallback=True) == []
+
+
+def test_adding_the_fallback_uploads_the_config_restarts_and_waits() -> None:
+    commands = run_operation(gateway.proxy, converged_gateway(False, wanted_routing(PROXY, False)),
+                             proxy=PROXY, fallback=True)
+    assert commands[-2:] == ["SVDIR=/etc/service sv restart litellm", "call wait_until"]
+    assert any(command.startswith("upload") and command.endswith(PROXY.config_file)
+               for command in commands)
+
+
+def test_a_proxy_left_on_an_older_config_is_restarted_though_its_file_is_current() -> None:
+    commands = run_operation(gateway.proxy, converged_gateway(True, wanted_routing(PROXY, False)),
+                             proxy=PROXY, fallback=True)
+    assert commands == ["SVDIR=/etc/service sv restart litellm", "call wait_until"]

@@ -1,0 +1,107 @@
+"""The gateway layer: the public roles on the LiteLLM proxy, and the temporary fallback.
+
+A fallback in a file is not a fallback the proxy has, and a proxy that has one
+has not proven it: the config's fallbacks must match the state, the running
+proxy must route as its config says (asked of its own API), and a real request
+through each role must be answered by the deployment the state implies, read
+from ``x-litellm-model-id``. Every request runs on the gateway, where curl reads
+the master key from its file: the key never reaches this process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pyinfra.api import FactBase
+
+from operations.gateway import (
+    DEPLOYMENTS,
+    ROLES,
+    LiveRouting,
+    Proxy,
+    ProxyConfig,
+    ProxyReady,
+    RoleAnswer,
+    answer_problems,
+    describe,
+    serving_deployments,
+    wanted_routing,
+)
+from operations.serving import Router
+from operations.states import State
+
+TOKENS = 16
+
+
+class HostData(dict):
+    """Inventory data read like pyinfra's: ``data.key`` and ``data.get(key)``."""
+
+    def __getattr__(self, key: str) -> Any:
+        return self[key]
+
+
+class InventoryView:
+    """What the layers' settings are built from: a name and its data."""
+
+    def __init__(self, inventory_host) -> None:
+        self.name = inventory_host.name
+        self.data = HostData(inventory_host.data)
+
+
+@pytest.fixture(scope="module")
+def proxy(gateway, workstations) -> Proxy:
+    router = Router.from_hosts(InventoryView(gateway), [InventoryView(w) for w in workstations])
+    return Proxy.from_host(InventoryView(gateway), router)
+
+
+def fact(inventory_host, cls: type[FactBase], **arguments: Any) -> Any:
+    """A gateway fact, its command run over testinfra's SSH and parsed by the fact itself."""
+    result = inventory_host.host.run(cls().command(**arguments).get_raw_value())
+    assert result.rc == 0, f"{inventory_host.name}: {cls.__name__}: {result.stderr}"
+    lines = result.stdout.splitlines()
+    return cls().process(lines) if lines else None
+
+
+def test_the_config_has_the_fallbacks_the_state_declares(gateway, proxy: Proxy,
+                                                         state: State) -> None:
+    config = fact(gateway, ProxyConfig, path=proxy.config_file)
+    assert config is not None, f"{gateway.name}: no LiteLLM config at {proxy.config_file}"
+    wanted = wanted_routing(proxy, state.gateway_fallback)
+    assert config["context_window_fallbacks"] == {"small": ["large"]}
+    assert config["fallbacks"] == wanted["fallbacks"], (
+        f"{proxy.config_file} has the general fallbacks {describe(config['fallbacks'])}; "
+        f"{state.name} declares {describe(wanted['fallbacks'])}")
+    assert config == wanted
+
+
+def test_the_running_proxy_routes_as_its_config_says(gateway, proxy: Proxy,
+                                                     state: State) -> None:
+    assert fact(gateway, ProxyReady, url=proxy.url), \
+        f"{proxy.url}/health/readiness does not answer 200"
+    live = fact(gateway, LiveRouting, url=proxy.url, master_key_file=proxy.master_key_file)
+    assert live is not None, f"{proxy.url} does not answer its API with the master key"
+    assert live == wanted_routing(proxy, state.gateway_fallback), (
+        f"the running proxy has the general fallbacks {describe(live['fallbacks'])} and the "
+        f"context-window fallbacks {describe(live['context_window_fallbacks'])}")
+
+
+def test_in_production_no_general_fallback_exists(gateway, proxy: Proxy, state: State) -> None:
+    if state.gateway_fallback:
+        pytest.skip(f"{state.name} declares the temporary fallback")
+    config = fact(gateway, ProxyConfig, path=proxy.config_file)
+    live = fact(gateway, LiveRouting, url=proxy.url, master_key_file=proxy.master_key_file)
+    assert config["fallbacks"] == {} and live["fallbacks"] == {}, (
+        f"general fallbacks remain: config {describe(config['fallbacks'])}, "
+        f"running proxy {describe(live['fallbacks'])}")
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_a_real_request_through_each_role_is_served_as_the_state_implies(
+        gateway, proxy: Proxy, state: State, role: str) -> None:
+    answer = fact(gateway, RoleAnswer, url=proxy.url, master_key_file=proxy.master_key_file,
+                  role=role, tokens=TOKENS)
+    expected = serving_deployments(state)[role]
+    assert answer_problems(role, answer, expected, TOKENS) == []
+    if role == "small" and expected == DEPLOYMENTS["large"]:
+        assert int(answer.headers.get("x-litellm-attempted-fallbacks", "0")) >= 1
