@@ -168,6 +168,16 @@ def proxy_service(proxy: Proxy) -> Service:
     )
 
 
+def master_key_command(path: str) -> StringCommand:
+    """Generate a master key into ``path`` on the gateway itself: it never crosses the wire."""
+    script = (
+        '(umask 022; mkdir -p "$(dirname "$1")") && (umask 077; '
+        'printf "sk-%s\\n" "$(od -An -tx1 -N24 /dev/urandom | tr -d " \\n")" > "$1.new") && '
+        'mv "$1.new" "$1"'
+    )
+    return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(path))
+
+
 def template_context(proxy: Proxy, fallback: bool) -> dict[str, object]:
     return {"small": proxy.small, "large": proxy.large, "fallback": fallback}
 
@@ -384,16 +394,6 @@ def parse_answer(output: list[str]) -> probes.Answer:
     return probes.Answer(url, status, body, headers, "; ".join(errors) or None, seconds)
 
 
-def master_key_command(path: str) -> StringCommand:
-    """Generate a master key into ``path`` on the gateway itself: it never crosses the wire."""
-    script = (
-        '(umask 022; mkdir -p "$(dirname "$1")") && (umask 077; '
-        'printf "sk-%s\\n" "$(od -An -tx1 -N24 /dev/urandom | tr -d " \\n")" > "$1.new") && '
-        'mv "$1.new" "$1"'
-    )
-    return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(path))
-
-
 # Evidence
 
 
@@ -407,7 +407,7 @@ def describe(value: object) -> str:
 def routing_problems(what: str, observed: dict | None, wanted: dict, why: str) -> list[str]:
     """How ``observed`` routing differs from ``wanted``, part by part."""
     if observed is None:
-        return [f"{what}: nothing to read"]
+        return [f"{what} does not exist"]
     return [
         f"{what} has {part} {describe(observed.get(part))}, but {why} {describe(wanted[part])}"
         for part in wanted

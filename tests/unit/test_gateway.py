@@ -282,12 +282,15 @@ def test_leaving_production_is_refused_while_large_does_not_answer() -> None:
 
 
 def test_hosts_other_than_the_gateway_do_nothing() -> None:
-    for operation in (gateway.admissible, gateway.proxy, gateway.fallback_proven,
-                      gateway.roles_proven, gateway.verified):
-        arguments = {"fallback": True} if operation is gateway.proxy else {}
-        if operation in (gateway.admissible, gateway.roles_proven, gateway.verified):
-            arguments = {"target": STATES["tp2_e2e"]}
-        assert run_operation(operation, answering({}), proxy=None, **arguments) == []
+    arguments = {
+        gateway.admissible: {"target": STATES["tp2_e2e"]},
+        gateway.proxy: {"fallback": True},
+        gateway.fallback_proven: {},
+        gateway.roles_proven: {"target": STATES["tp2_e2e"]},
+        gateway.verified: {"target": STATES["tp2_e2e"]},
+    }
+    for operation, extra in arguments.items():
+        assert run_operation(operation, answering({}), proxy=None, **extra) == []
 
 
 # The proxy operation: restarted unless it already routes as its config says
