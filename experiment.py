@@ -1,0 +1,155 @@
+"""
+The experiment, from the operator's chair:
+
+    python experiment.py status                  # which declared state the hosts are in
+    python experiment.py measure [--window NAME ...] [--out DIR]
+    python experiment.py campaign [--states A,B,...] [--out DIR]
+    python experiment.py compare A.json B.json ... [--baseline STATE]
+
+Window sizes default to the issue's (512 tokens single, 6 x 256 concurrent, a
+120K prefix, a 200K long input); ``--single-tokens`` and friends shorten them.
+The logic lives in ``harness/``; this file only reads the command line.
+Progress goes to stderr, results to stdout and the report files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from harness import campaign, compare, report
+from harness.measure import NotMeasurable, failures, measure_state
+from harness.status import observe
+from harness.topology import Topology
+from harness.windows import WINDOWS, EndpointDown, WindowSettings
+from operations.states import STATES
+
+REPORTS = Path(__file__).resolve().parent / "reports"
+
+
+def window_options(parser: argparse.ArgumentParser) -> None:
+    """``--window`` and one option per window setting (``--prefix-tokens`` ...)."""
+    parser.add_argument("--window", action="append", choices=WINDOWS, dest="windows",
+                        help="a window to run (repeatable; default: all, in this order: "
+                             f"{', '.join(WINDOWS)})")
+    for name, field in WindowSettings.model_fields.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(field.default),
+                            metavar="N", help=f"default {field.default}")
+
+
+def window_settings(arguments: argparse.Namespace) -> WindowSettings:
+    given = {name: getattr(arguments, name) for name in WindowSettings.model_fields
+             if getattr(arguments, name) is not None}
+    return WindowSettings(**given)
+
+
+def stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+async def status(arguments: argparse.Namespace, topology: Topology) -> int:
+    observed = await observe(topology)
+    print(json.dumps(observed.to_json(), indent=1) if arguments.json else observed.render())
+    return 0 if observed.match else 1
+
+
+async def measure(arguments: argparse.Namespace, topology: Topology) -> int:
+    try:
+        path, built = await measure_state(
+            topology, arguments.windows or list(WINDOWS), window_settings(arguments),
+            arguments.out, expected=arguments.state, allow_drift=arguments.allow_drift)
+    except (NotMeasurable, EndpointDown) as error:
+        print(f"experiment: {error}", file=sys.stderr)
+        return 1
+    print(path.with_suffix(".md").read_text())
+    return 1 if failures(built) else 0
+
+
+async def run_campaign(arguments: argparse.Namespace, topology: Topology) -> int:
+    directory = arguments.out / f"campaign-{stamp()}"
+    result = await campaign.Campaign(topology, arguments.plan, arguments.windows or list(WINDOWS),
+                                     window_settings(arguments), directory).run()
+    print((directory / "campaign.md").read_text())
+    print(f"campaign: {campaign.outcome(result)}; files in {directory}")
+    return 0 if result["failed_step"] is None else 1
+
+
+def run_compare(arguments: argparse.Namespace) -> int:
+    reports = [report.load(path) for path in arguments.reports]
+    print(compare.comparison(reports, arguments.baseline))
+    chart = arguments.chart or arguments.reports[-1].parent / f"comparison-{stamp()}.png"
+    print(f"chart: {compare.chart(reports, chart)}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="experiment.py", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = top.add_subparsers(dest="command", required=True)
+
+    status_parser = commands.add_parser("status", help="the state the hosts are observed in")
+    status_parser.add_argument("--json", action="store_true", help="print JSON")
+
+    measure_parser = commands.add_parser("measure", help="measure the current state")
+    measure_parser.add_argument("--state", choices=list(STATES),
+                                help="the state the hosts must be in")
+    measure_parser.add_argument("--allow-drift", action="store_true",
+                                help="with --state: measure even if the hosts have drifted "
+                                     "(the report records the observed verdict)")
+    measure_parser.add_argument("--out", type=Path, default=REPORTS)
+    window_options(measure_parser)
+
+    campaign_parser = commands.add_parser("campaign", help="production, then one layer at a time")
+    campaign_parser.add_argument("--states", help="the steps after production, comma-separated "
+                                                  f"(default {','.join(campaign.PLAN)})")
+    campaign_parser.add_argument("--out", type=Path, default=REPORTS)
+    window_options(campaign_parser)
+
+    compare_parser = commands.add_parser("compare", help="a table and a chart across reports")
+    compare_parser.add_argument("reports", nargs="+", type=Path, metavar="REPORT.json")
+    compare_parser.add_argument("--baseline", help="ratios against this state's report "
+                                                   "(default: the row above)")
+    compare_parser.add_argument("--chart", type=Path, help="where to write the PNG")
+    return top
+
+
+async def with_topology(arguments: argparse.Namespace) -> int:
+    command = {"status": status, "measure": measure, "campaign": run_campaign}[arguments.command]
+    with tempfile.TemporaryDirectory(prefix="twinbolt-") as directory:
+        return await command(arguments, Topology.load(Path(directory)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = parser().parse_args(argv)
+    try:
+        if arguments.command == "compare":
+            return run_compare(arguments)
+        if arguments.command != "status":
+            window_settings(arguments)
+        if arguments.command == "campaign":
+            # Refused before the inventory is read, let alone a host touched.
+            arguments.plan = campaign.check_plan(arguments.states.split(",") if arguments.states
+                                                 else campaign.PLAN)
+        return asyncio.run(with_topology(arguments))
+    except campaign.CampaignRefused as error:
+        print(f"experiment: campaign refused: {error}", file=sys.stderr)
+        return 2
+    except ValidationError as error:
+        for problem in error.errors():
+            option = "--" + str(problem["loc"][0]).replace("_", "-")
+            print(f"experiment: {option}: {problem['msg']}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as error:
+        print(f"experiment: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""
+The campaign: a known-good control, then one layer at a time, then production
+restored and proven, then the comparison.
+
+    preflight -> measure production -> (deploy X -> measure X) for each step
+              -> deploy production -> verify production -> compare
+
+Every transition is the operator's own command (``pyinfra -y inventory.py
+deploy.py --data state=X``), every proof of production the operator's own
+``pytest tests/verify --state production``. A plan whose step changes two
+layers is refused before anything runs (the field report's third lesson: a
+difference with two causes explains nothing). Once the preflight has passed,
+any failure, or an interruption, still ends with production restored and
+verified, and the campaign report names the step that failed and why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+import time
+from collections import deque
+from collections.abc import Awaitable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from harness import compare, report
+from harness.measure import NotMeasurable, failures, measure_state
+from harness.progress import reporting, say
+from harness.status import observe
+from harness.topology import Topology
+from harness.windows import EndpointDown, WindowSettings
+from operations.hosts import REPO
+from operations.states import State, UnknownState, layers_changed, resolve_state
+
+FORMAT = "twinbolt-campaign/1"
+BASELINE = "production"
+PLAN = ("tp2_stock_nospec", "tp2_stock", "tp2_e2e", "tp2_e2e_nospec")
+# The general fallback keeps the user's route answering whenever the replicas
+# are down: it comes and goes with the serving layer, by design, and is not a
+# variable of the experiment (nothing measured goes through it).
+SAFETY_NET = "gateway_fallback"
+TAIL_LINES = 40
+REASON_LINES = 12
+HEARTBEAT_SECONDS = 15.0
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class CampaignRefused(ValueError):
+    """A plan that cannot be run as asked; refused before any host is touched."""
+
+
+class StepFailed(RuntimeError):
+    """A step of the campaign failed; the message is the evidence."""
+
+
+def step_layers(before: State, after: State) -> list[str]:
+    """The layers a step changes, the safety net counted with the serving layer."""
+    layers = layers_changed(before, after)
+    if "serving" in layers and SAFETY_NET in layers:
+        layers.remove(SAFETY_NET)
+    return layers
+
+
+def check_plan(steps: Sequence[str]) -> list[State]:
+    """
+    The campaign's states, production first; :class:`CampaignRefused` if a step
+    changes more than one layer, or none.
+    """
+    try:
+        states = [resolve_state(name) for name in (BASELINE, *steps)]
+    except UnknownState as error:
+        raise CampaignRefused(str(error)) from None
+    for before, after in pairwise(states):
+        layers = step_layers(before, after)
+        if len(layers) > 1:
+            raise CampaignRefused(
+                f"the step {before.name} -> {after.name} changes {' and '.join(layers)}: a "
+                "campaign changes one layer per step, so that each difference has one cause")
+        if not layers:
+            raise CampaignRefused(f"the step {before.name} -> {after.name} changes nothing")
+    return states
+
+
+@dataclass
+class Step:
+    """One step as the campaign report records it."""
+
+    name: str
+    ok: bool
+    seconds: float
+    detail: str = ""
+
+
+async def run_command(label: str, argv: list[str]) -> tuple[int, list[str]]:
+    """
+    Run one of the operator's commands from the repository, its output shown as
+    it comes, with a heartbeat when it is quiet; returns its exit code and the
+    last lines of its output.
+    """
+    say(f"  $ {' '.join(argv)}")
+    process = await asyncio.create_subprocess_exec(
+        *argv, cwd=REPO, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT)
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
+    try:
+        async with reporting(lambda elapsed: f"  [{label}] running for {elapsed:.0f}s",
+                             HEARTBEAT_SECONDS):
+            async for raw in process.stdout:
+                line = ANSI_ESCAPE.sub("", raw.decode(errors="replace").rstrip())
+                say(f"    | {line}")
+                tail.append(line)
+            return await process.wait(), list(tail)
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            await process.wait()
+
+
+def reason(code: int, tail: list[str]) -> str:
+    """A failed command's evidence: its exit code and its last meaningful lines."""
+    lines = [line for line in tail if line.strip()][-REASON_LINES:]
+    return f"exit code {code}:\n" + "\n".join(lines)
+
+
+class Campaign:
+    """
+    One campaign over ``plan`` (production first). The steps are methods, so
+    that the order, the refusals and the restore can be tested without hosts.
+    """
+
+    def __init__(self, topology: Topology, plan: list[State], windows: list[str],
+                 settings: WindowSettings, directory: Path) -> None:
+        self.topology = topology
+        self.plan = plan
+        self.windows = windows
+        self.settings = settings
+        self.directory = directory
+        self.steps: list[Step] = []
+        self.reports: list[Path] = []
+        self.failure: Step | None = None
+
+    # The steps
+
+    async def preflight(self) -> str:
+        """Read-only: the hosts are in production and production passes its checks."""
+        status = await observe(self.topology)
+        if status.match != BASELINE:
+            raise StepFailed(f"the hosts are not in {BASELINE}: {status.verdict()}")
+        return (await self.verify(BASELINE)) + "; hosts observed in production"
+
+    async def deploy(self, state: str) -> str:
+        code, tail = await run_command(
+            f"deploy {state}",
+            [str(Path(sys.executable).with_name("pyinfra")), "-y", "inventory.py", "deploy.py",
+             "--data", f"state={state}"])
+        if code != 0:
+            raise StepFailed(reason(code, tail))
+        return f"pyinfra converged to {state}"
+
+    async def verify(self, state: str) -> str:
+        code, tail = await run_command(
+            f"verify {state}",
+            [sys.executable, "-m", "pytest", "tests/verify", "--state", state, "-q",
+             "-p", "no:cacheprovider"])
+        if code != 0:
+            raise StepFailed(reason(code, tail))
+        return next((line for line in reversed(tail) if "passed" in line), "passed")
+
+    async def measure(self, state: str) -> str:
+        try:
+            path, built = await measure_state(self.topology, self.windows, self.settings,
+                                              self.directory, expected=state)
+        except (NotMeasurable, EndpointDown) as error:
+            raise StepFailed(str(error)) from None
+        self.reports.append(path)
+        failed = failures(built)
+        if failed:
+            raise StepFailed(f"{len(failed)} request(s) failed: " + "; ".join(failed[:5]))
+        return path.name
+
+    # The order
+
+    async def step(self, name: str, action: Awaitable[str]) -> None:
+        index = len(self.steps) + 1
+        say(f"== step {index}: {name}")
+        started = time.monotonic()
+        try:
+            detail = await action
+        except StepFailed as error:
+            self.steps.append(Step(name, False, time.monotonic() - started, str(error)))
+            say(f"== step {index}: {name}: FAILED after {time.monotonic() - started:.0f}s\n"
+                f"{error}")
+            raise
+        self.steps.append(Step(name, True, time.monotonic() - started, detail))
+        say(f"== step {index}: {name}: ok ({time.monotonic() - started:.0f}s) {detail}")
+
+    async def run(self) -> dict[str, Any]:
+        """Run the campaign; returns its report (also written to ``directory``)."""
+        started_at = datetime.now(UTC).isoformat(timespec="seconds")
+        try:
+            await self.step("preflight", self.preflight())
+        except StepFailed:
+            self.failure = self.steps[-1]
+            # Nothing has changed yet: there is nothing to restore.
+            return self.finish(started_at, restored=None)
+        try:
+            await self.step(f"measure {BASELINE}", self.measure(BASELINE))
+            for previous, state in pairwise(self.plan):
+                layers = ", ".join(step_layers(previous, state))
+                await self.step(f"deploy {state.name} (changes {layers})",
+                                self.deploy(state.name))
+                await self.step(f"measure {state.name}", self.measure(state.name))
+        except StepFailed:
+            self.failure = self.steps[-1]
+        except asyncio.CancelledError:
+            # Interrupted (Ctrl-C): the hosts may be anywhere; restore them anyway.
+            asyncio.current_task().uncancel()
+            self.failure = Step("interrupted", False, 0.0, "the campaign was interrupted")
+            self.steps.append(self.failure)
+        restored = True
+        try:
+            await self.step(f"restore {BASELINE}", self.deploy(BASELINE))
+            await self.step(f"verify {BASELINE}", self.verify(BASELINE))
+        except StepFailed:
+            restored = False
+            self.failure = self.failure or self.steps[-1]
+        return self.finish(started_at, restored)
+
+    # The report
+
+    def finish(self, started_at: str, restored: bool | None) -> dict[str, Any]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        measured = [report.load(path) for path in self.reports]
+        table = compare.comparison(measured) if measured else ""
+        chart = compare.chart(measured, self.directory / "comparison.png") if measured else None
+        result = {
+            "format": FORMAT,
+            "started_at": started_at,
+            "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "plan": [state.name for state in self.plan],
+            "windows": self.windows,
+            "settings": self.settings.model_dump(),
+            "steps": [asdict(step) for step in self.steps],
+            "failed_step": self.failure.name if self.failure else None,
+            "failure": self.failure.detail if self.failure else None,
+            "restored": restored,
+            "reports": [path.name for path in self.reports],
+            "comparison": table,
+            "chart": chart.name if chart else None,
+        }
+        (self.directory / "campaign.json").write_text(json.dumps(result, indent=1) + "\n")
+        (self.directory / "campaign.md").write_text(markdown(result))
+        return result
+
+
+def outcome(result: dict[str, Any]) -> str:
+    if result["failed_step"] is None:
+        return "completed; production restored and verified"
+    restored = {None: "nothing was changed", True: "production restored and verified",
+                False: "PRODUCTION WAS NOT RESTORED"}[result["restored"]]
+    return f"failed at step '{result['failed_step']}'; {restored}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "# twinbolt campaign",
+        "",
+        f"- {result['started_at']} to {result['finished_at']}: {outcome(result)}",
+        f"- plan: {' -> '.join(result['plan'])}, windows {', '.join(result['windows'])}",
+    ]
+    if result["failure"]:
+        lines += ["", "## Why it failed", "", "```", result["failure"], "```"]
+    lines += ["", "## Steps", ""]
+    lines += report.table(
+        ["step", "result", "seconds", "detail"],
+        [[step["name"], "ok" if step["ok"] else "FAILED", f"{step['seconds']:.0f}",
+          step["detail"].splitlines()[0] if step["detail"] else ""]
+         for step in result["steps"]])
+    if result["comparison"]:
+        lines += ["", "## Comparison", "", result["comparison"]]
+    if result["chart"]:
+        lines += [f"![comparison]({result['chart']})"]
+    return "\n".join(lines) + "\n"

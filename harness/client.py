@@ -1,0 +1,173 @@
+"""
+The measurement client: streamed chat completions, timed on the client.
+
+Throughput has exactly one definition in twinbolt (:data:`THROUGHPUT`), so no
+figure in a report or a comparison mixes two. Tokens are the completion tokens
+the server reports in the stream's final ``usage``, never counted chunks: with
+speculative decoding one chunk carries every token a verify step accepted, so
+chunks per second would measure steps, not tokens. A stream without usage is a
+failed sample, not a guess. Chunks are still counted, because tokens per chunk
+is the request's own speculative accept length, a cross-check of the server's.
+
+The client must not be the bottleneck: one ``httpx.AsyncClient`` per window,
+lines parsed as they arrive, one ``json.loads`` per event (``bench/`` measures
+what that costs per streamed token).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+THROUGHPUT = (
+    "output tok/s = completion tokens reported in the stream's usage / seconds from "
+    "sending the request to receiving its last token; a window's aggregate tok/s = its "
+    "requests' completion tokens / seconds from the first request sent to the last token "
+    "received"
+)
+CONNECT_TIMEOUT_SECONDS = 10.0
+
+
+@dataclass
+class Sample:
+    """
+    One streamed request. It is filled in while it streams (the progress printer
+    reads it live); times are ``time.perf_counter()`` values.
+    """
+
+    label: str
+    max_tokens: int
+    sent_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    # Events that carried generated text: one per decode (verify) step.
+    chunks: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    error: str | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        """Seconds from sending the request to the first generated text."""
+        if self.sent_at is None or self.first_token_at is None:
+            return None
+        return self.first_token_at - self.sent_at
+
+    @property
+    def seconds(self) -> float | None:
+        """Seconds from sending the request to its last token."""
+        if self.sent_at is None or self.last_token_at is None:
+            return None
+        return self.last_token_at - self.sent_at
+
+    @property
+    def output_rate(self) -> float | None:
+        """Output tok/s, as :data:`THROUGHPUT` defines it."""
+        return rate(self.completion_tokens, self.seconds)
+
+    @property
+    def tokens_per_chunk(self) -> float | None:
+        if not self.completion_tokens or not self.chunks:
+            return None
+        return self.completion_tokens / self.chunks
+
+    def to_json(self, origin: float) -> dict[str, Any]:
+        """The raw sample for a report; ``origin`` is the window's start."""
+        return {
+            "label": self.label,
+            "max_tokens": self.max_tokens,
+            "sent_at": None if self.sent_at is None else self.sent_at - origin,
+            "ttft_seconds": self.ttft,
+            "seconds": self.seconds,
+            "chunks": self.chunks,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "output_tok_s": self.output_rate,
+            "tokens_per_chunk": self.tokens_per_chunk,
+            "error": self.error,
+        }
+
+
+def rate(tokens: int | None, seconds: float | None) -> float | None:
+    """Tokens per second, or ``None`` when either is unknown."""
+    if tokens is None or not seconds:
+        return None
+    return tokens / seconds
+
+
+def session(concurrency: int, timeout: float) -> httpx.AsyncClient:
+    """
+    An HTTP client for one window: a connection per concurrent request, and a
+    read bound of ``timeout`` seconds, the longest a cold prefill may take
+    before its first byte.
+    """
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_SECONDS),
+        limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+    )
+
+
+async def stream_chat(client: httpx.AsyncClient, url: str, model: str, prompt: str,
+                      sample: Sample) -> Sample:
+    """
+    Stream one chat completion of exactly ``sample.max_tokens`` tokens into ``sample``.
+
+    ``ignore_eos`` keeps the server from stopping early, so every request of a
+    window generates what it asked for; ``include_usage`` asks for the token
+    counts (and, with ``--enable-cache-report``, the cached prompt tokens).
+    """
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": sample.max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    sample.sent_at = time.perf_counter()
+    try:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                sample.error = f"HTTP {response.status_code}: {text[:300]}"
+                return sample
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and not _event(sample, line[6:]):
+                    break
+    except httpx.HTTPError as error:
+        sample.error = f"{type(error).__name__}: {error or 'no detail'}"
+        return sample
+    if sample.error is None and sample.completion_tokens is None:
+        sample.error = "the stream carried no usage (is stream_options.include_usage honoured?)"
+    return sample
+
+
+def _event(sample: Sample, data: str) -> bool:
+    """Record one server-sent event; false when the stream is over."""
+    if data == "[DONE]":
+        return False
+    event = json.loads(data)
+    if "error" in event:
+        sample.error = f"error in the stream: {json.dumps(event['error'])[:300]}"
+        return False
+    for choice in event.get("choices") or ():
+        if (choice.get("delta") or {}).get("content"):
+            now = time.perf_counter()
+            if sample.first_token_at is None:
+                sample.first_token_at = now
+            sample.last_token_at = now
+            sample.chunks += 1
+    usage = event.get("usage")
+    if usage:
+        sample.prompt_tokens = usage.get("prompt_tokens")
+        sample.completion_tokens = usage.get("completion_tokens")
+        # SGLang leaves the details out when nothing was cached.
+        sample.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return True

@@ -1,0 +1,160 @@
+"""
+Transport counters of the Thunderbolt link, read on both workstations at once.
+
+The field report's fourth lesson: application figures mean something only next
+to the transport counters of the same bounded window. A window is therefore
+bracketed by two snapshots, each one SSH round trip per workstation running the
+link and driver layers' own facts plus :class:`LinkCounters`, and reported as
+their difference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+from harness import remote
+from harness.topology import Topology
+from operations.driver import LoadedModule
+from operations.link import XDomainLink
+
+INTERFACE_COUNTERS = (
+    "rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_crc_errors", "rx_missed_errors",
+    "rx_length_errors", "rx_over_errors", "rx_errors",
+)
+# rx_errors is the sum of the others (plus allocation failures): the one to total.
+RECEIVER_ERRORS = "rx_errors"
+RETRANSMISSIONS = "retrans_segs"
+
+
+class LinkCounters(FactBase):
+    """
+    An interface's statistics and the TCP retransmissions of the host's network
+    stack (``/proc/net/snmp`` ``Tcp: RetransSegs``, per network namespace). The
+    interface counters are absent while the interface is (a driver reload).
+
+    .. code:: python
+
+        {"rx_bytes": 91234, "tx_bytes": 88123, ..., "rx_errors": 12, "retrans_segs": 40}
+    """
+
+    default = dict
+
+    def command(self, interface: str) -> StringCommand:
+        script = (
+            'cd "/sys/class/net/$1/statistics" 2>/dev/null && '
+            f'for c in {" ".join(INTERFACE_COUNTERS)}; do echo "$c $(cat "$c")"; done; '
+            "grep '^Tcp:' /proc/net/snmp"
+        )
+        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(interface))
+
+    def process(self, output: list[str]) -> dict[str, int]:
+        counters: dict[str, int] = {}
+        tcp: list[list[str]] = []
+        for line in output:
+            if line.startswith("Tcp:"):
+                tcp.append(line.split()[1:])
+            else:
+                name, _, value = line.partition(" ")
+                counters[name] = int(value)
+        # Two rows: the field names, then the values.
+        if len(tcp) == 2:
+            counters[RETRANSMISSIONS] = int(dict(zip(*tcp, strict=True))["RetransSegs"])
+        return counters
+
+
+@dataclass(frozen=True)
+class LinkSnapshot:
+    """One workstation's link at one instant (``at``: monotonic seconds on this machine)."""
+
+    host: str
+    at: float
+    counters: dict[str, int] = field(default_factory=dict)
+    rx_rate_gbps: float | None = None
+    driver_build_id: str | None = None
+    driver_parameters: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+
+
+def rx_rate_gbps(xdomain: dict[str, Any]) -> float:
+    """The rate the receiver trained at: ``rx_speed`` x ``rx_lanes`` (the link layer's fact)."""
+    return xdomain["rx_speed_gbps"] * xdomain["rx_lanes"]
+
+
+def queries(data: dict[str, Any]) -> list[remote.Query]:
+    return [
+        remote.Query("xdomain", XDomainLink()),
+        remote.Query("module", LoadedModule(), {"module": data["candidate_module_name"]}),
+        remote.Query("counters", LinkCounters(), {"interface": data["link_interface"]}),
+    ]
+
+
+def from_reading(reading: remote.Reading) -> LinkSnapshot:
+    if reading.error:
+        return LinkSnapshot(reading.host, reading.at, error=reading.error)
+    xdomain = reading.values["xdomain"]
+    module = reading.values["module"] or {}
+    return LinkSnapshot(
+        host=reading.host,
+        at=reading.at,
+        counters=reading.values["counters"],
+        rx_rate_gbps=rx_rate_gbps(xdomain) if xdomain else None,
+        driver_build_id=module.get("build_id"),
+        driver_parameters=module.get("parameters", {}),
+    )
+
+
+async def snapshot(topology: Topology) -> dict[str, LinkSnapshot]:
+    """Both workstations' links, read at once."""
+    readings = await remote.read_all(
+        {entry.name: queries(entry.data) for entry in topology.workstations},
+        topology.ssh_config,
+    )
+    return {host: from_reading(reading) for host, reading in readings.items()}
+
+
+def delta(before: LinkSnapshot, after: LinkSnapshot) -> dict[str, Any]:
+    """
+    What one workstation's link did between two snapshots.
+
+    Counters restart from zero when the driver reloads: a window in which any
+    counter went backwards, or the build changed, is flagged ``reset`` and its
+    deltas are not reported, rather than reported wrong.
+    """
+    problems = [snap.error for snap in (before, after) if snap.error]
+    if before.driver_build_id != after.driver_build_id:
+        problems.append(f"the driver changed ({before.driver_build_id} -> "
+                        f"{after.driver_build_id})")
+    names = [name for name in (*INTERFACE_COUNTERS, RETRANSMISSIONS)
+             if name in before.counters and name in after.counters]
+    counters = {name: after.counters[name] - before.counters[name] for name in names}
+    if any(value < 0 for value in counters.values()):
+        problems.append("a counter went backwards (the interface was re-created)")
+    return {
+        "seconds": after.at - before.at,
+        "counters": {} if problems else counters,
+        "rx_rate_gbps": [before.rx_rate_gbps, after.rx_rate_gbps],
+        "reset": bool(problems),
+        "problems": problems,
+    }
+
+
+def window_totals(deltas: dict[str, dict[str, Any]]) -> dict[str, int | None]:
+    """
+    Both workstations together: receiver errors, retransmissions, and the bytes
+    put on the link (each end's ``tx_bytes``; the other end's ``rx_bytes`` counts
+    the same bytes again). ``None`` where a host's counters could not be used.
+    """
+
+    def total(name: str) -> int | None:
+        values = [host["counters"].get(name) for host in deltas.values()]
+        return None if not values or None in values else sum(values)
+
+    return {
+        "receiver_errors": total(RECEIVER_ERRORS),
+        "retransmissions": total(RETRANSMISSIONS),
+        "bytes_moved": total("tx_bytes"),
+    }
+

@@ -1,0 +1,56 @@
+"""
+One measurement of the state the hosts are in, start to finish: observe the
+state, find its endpoint, run the windows, write the report.
+
+A report is labelled with the state the hosts were observed to be in, never
+with the state someone believed them to be in: a measurement of drifted hosts
+is refused, unless the operator names the state and accepts the drift, and
+then the report carries the observed verdict next to the name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness import counters, report, windows
+from harness.progress import say
+from harness.status import observe
+from harness.topology import Topology
+from operations.states import resolve_state
+
+
+class NotMeasurable(RuntimeError):
+    """The hosts are not in a state that can be named; the message says why."""
+
+
+async def measure_state(topology: Topology, names: list[str], settings: windows.WindowSettings,
+                        directory: Path, expected: str | None = None,
+                        allow_drift: bool = False) -> tuple[Path, dict]:
+    """
+    Measure the hosts' current state (``expected``, if given, must be it).
+
+    Returns the JSON report's path and the report.
+    """
+    status = await observe(topology)
+    observed = status.match
+    if expected is not None and observed != expected and not allow_drift:
+        raise NotMeasurable(f"the hosts are not in {expected}: {status.verdict()}")
+    if expected is None and observed is None:
+        raise NotMeasurable(f"the hosts are in no declared state: {status.verdict()}")
+    state = resolve_state(expected or observed)
+    endpoint = topology.endpoint(state)
+    say(f"measuring {state.name} at {endpoint.url} ({endpoint.route}); "
+        f"windows: {', '.join(names)}; hosts {status.verdict()}")
+    info, results = await windows.run(endpoint, names, settings,
+                                      lambda: counters.snapshot(topology))
+    built = report.build(state.name, status.to_json(), topology, endpoint, settings, info,
+                         results)
+    path = report.write(built, directory)
+    say(f"report: {path} and {path.with_suffix('.md').name}")
+    return path, built
+
+
+def failures(built: dict) -> list[str]:
+    """The failed requests of a report, window by window."""
+    return [f"{window['name']}: {error}" for window in built["windows"]
+            for error in window["errors"]]

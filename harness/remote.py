@@ -1,0 +1,109 @@
+"""
+Several pyinfra facts read from one host in one SSH round trip.
+
+The harness reads hosts outside a pyinfra run (a measurement window cannot wait
+for pyinfra to connect, and its counters must be read at one instant), but it
+must read them exactly as the layers do. So it runs the layers' own facts: each
+fact's ``command`` goes into one shell script, and each section of the output
+goes to that fact's ``process``, with pyinfra's rule that a failed or silent
+command yields the fact's ``default``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyinfra.api import FactBase, StringCommand
+
+MARKER = "@@twinbolt-fact"
+SSH_TIMEOUT_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Query:
+    """One fact to read: the name its value is filed under, the fact, its arguments."""
+
+    key: str
+    fact: FactBase
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    def command(self) -> str:
+        command = self.fact.command(**self.arguments)
+        return command.get_raw_value() if isinstance(command, StringCommand) else command
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The facts read from one host, and when (monotonic seconds, on this machine)."""
+
+    host: str
+    values: dict[str, Any]
+    at: float
+    error: str | None = None
+
+
+def script(queries: list[Query]) -> str:
+    """One shell script running every fact in a subshell, each section between markers."""
+    sections = [
+        f"echo '{MARKER} {query.key}'; ( {query.command()} ) 2>/dev/null; "
+        f"echo \"{MARKER}-status $?\""
+        for query in queries
+    ]
+    return "\n".join(sections)
+
+
+def parse(output: str, queries: list[Query]) -> dict[str, Any]:
+    """Each fact's value from the script's output, processed as pyinfra would."""
+    lines: dict[str, list[str]] = {}
+    status: dict[str, int] = {}
+    key = None
+    for line in output.splitlines():
+        if line.startswith(f"{MARKER} "):
+            key = line.removeprefix(f"{MARKER} ")
+            lines[key] = []
+        elif line.startswith(f"{MARKER}-status ") and key is not None:
+            status[key] = int(line.split()[-1])
+            key = None
+        elif key is not None:
+            lines[key].append(line)
+    values = {}
+    for query in queries:
+        found = lines.get(query.key)
+        if status.get(query.key) == 0 and found:
+            values[query.key] = query.fact.process(found)
+        else:
+            values[query.key] = query.fact.default()
+    return values
+
+
+async def read(host: str, queries: list[Query], ssh_config: Path,
+               timeout: float = SSH_TIMEOUT_SECONDS) -> Reading:
+    """Read ``queries`` on ``host`` (a name in ``ssh_config``) with one ``ssh`` command."""
+    process = await asyncio.create_subprocess_exec(
+        "ssh", "-F", str(ssh_config), host, script(queries),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        return Reading(host, {}, time.monotonic(), f"ssh {host}: no answer within {timeout:g}s")
+    at = time.monotonic()
+    if process.returncode != 0:
+        reason = stderr.decode(errors="replace").strip() or f"exit code {process.returncode}"
+        return Reading(host, {}, at, f"ssh {host}: {reason}")
+    return Reading(host, parse(stdout.decode(errors="replace"), queries), at)
+
+
+async def read_all(hosts: dict[str, list[Query]], ssh_config: Path) -> dict[str, Reading]:
+    """Read every host at once, so that their readings are taken at (nearly) one instant."""
+    readings = await asyncio.gather(
+        *(read(host, queries, ssh_config) for host, queries in hosts.items())
+    )
+    return {reading.host: reading for reading in readings}

@@ -1,0 +1,205 @@
+"""
+One measurement as a JSON file (everything, raw samples included) and a
+Markdown summary (the figures a reader compares), side by side.
+
+The JSON holds the state, the hosts with their driver build-ids, the
+configuration (window sizes, the throughput definition, the server's
+``/server_info`` with credentials redacted), every raw sample, and the link and
+server counters before, after and as deltas, per window. No secret is ever
+read by the harness, so none can be written.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from harness.client import THROUGHPUT
+from harness.counters import INTERFACE_COUNTERS, RETRANSMISSIONS
+from harness.topology import Endpoint, Topology
+from harness.windows import WindowSettings
+
+FORMAT = "twinbolt-measurement/1"
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def build(state: str, observed: dict[str, Any] | None, topology: Topology | None,
+          endpoint: Endpoint, settings: WindowSettings, server_info: dict[str, Any],
+          windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report of one measurement of ``state``."""
+    return {
+        "format": FORMAT,
+        "state": state,
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "observed": observed,
+        "endpoint": {"url": endpoint.url, "route": endpoint.route, "model": endpoint.model,
+                     "servers": list(endpoint.servers)},
+        "hosts": hosts(topology, windows),
+        "config": {
+            "windows": settings.model_dump(),
+            "throughput": THROUGHPUT,
+            "server_info": server_info,
+        },
+        "windows": windows,
+    }
+
+
+def hosts(topology: Topology | None, windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each workstation's rank, address, and driver and link as the first window found them."""
+    if topology is None:
+        return {}
+    first = windows[0]["link"]["before"] if windows else {}
+    return {
+        entry.name: {
+            "rank": entry.data.get("rank"),
+            "address": entry.data.get("ssh_hostname"),
+            "driver_build_id": first.get(entry.name, {}).get("driver_build_id"),
+            "driver_parameters": first.get(entry.name, {}).get("driver_parameters"),
+            "rx_rate_gbps": first.get(entry.name, {}).get("rx_rate_gbps"),
+        }
+        for entry in topology.workstations
+    }
+
+
+def _total(values: list[float | None]) -> float | None:
+    return None if not values or None in values else sum(values)
+
+
+def headline(report: dict[str, Any]) -> dict[str, Any]:
+    """
+    The figures a comparison puts side by side. Link figures total every window
+    of the measurement; "GiB per 1,000 output tokens" divides the bytes put on
+    the link by the completion tokens of the same windows.
+    """
+    windows = {window["name"]: window for window in report["windows"]}
+    summary = {name: window["summary"] for name, window in windows.items()}
+    totals = [window["link"]["totals"] for window in report["windows"]]
+    tokens = sum(sample["completion_tokens"] or 0
+                 for window in report["windows"] for sample in window["samples"])
+    moved = _total([total["bytes_moved"] for total in totals])
+    return {
+        "state": report["state"],
+        "single_tok_s": summary.get("single", {}).get("output_tok_s"),
+        "single_ttft_s": summary.get("single", {}).get("ttft_seconds"),
+        "accept_length": windows.get("single", {}).get("server", {}).get("accept_length"),
+        "aggregate_tok_s": summary.get("concurrent", {}).get("aggregate_output_tok_s"),
+        "per_request_tok_s": summary.get("concurrent", {}).get("per_request_output_tok_s",
+                                                                 {}).get("mean"),
+        "receiver_errors": _total([total["receiver_errors"] for total in totals]),
+        "retransmissions": _total([total["retransmissions"] for total in totals]),
+        "gib_per_1k_tokens": moved / GIB / tokens * 1000 if moved is not None and tokens
+        else None,
+        "output_tokens": tokens,
+        "prefix_warm_ttft_s": summary.get("prefix", {}).get("warm_ttft_seconds"),
+        "long_prefill": summary.get("long", {}).get("prefill"),
+        "long_ttft_s": summary.get("long", {}).get("ttft_seconds"),
+    }
+
+
+def number(value: float | int | None, digits: int = 1) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.{digits}f}"
+
+
+def window_row(window: dict[str, Any]) -> list[str]:
+    summary, totals = window["summary"], window["link"]["totals"]
+    name = window["name"]
+    rate = aggregate = ttft = tokens = "—"
+    if name in ("single", "long"):
+        rate = number(summary["output_tok_s"])
+        ttft = number(summary["ttft_seconds"], 3)
+    if name == "concurrent":
+        spread = summary["per_request_output_tok_s"]
+        rate = (f"{number(spread['mean'])} per request "
+                f"({number(spread['min'])}–{number(spread['max'])})")
+        aggregate = number(summary["aggregate_output_tok_s"])
+        ttft = number(summary["ttft_seconds"]["mean"], 3)
+    if name == "prefix":
+        first, second = summary["first"], summary["second"]
+        ttft = f"{number(first['ttft_seconds'], 3)} → {number(second['ttft_seconds'], 3)}"
+        tokens = (f"{number(first['prompt_tokens'])}: cached {number(first['cached_tokens'])} "
+                  f"({first['prefill']}) → {number(second['cached_tokens'])} "
+                  f"({second['prefill']})")
+    if name == "long":
+        tokens = (f"{number(summary['prompt_tokens'])}: cached "
+                  f"{number(summary['cached_tokens'])} ({summary['prefill']} prefill)")
+    moved = totals["bytes_moved"]
+    return [
+        name, str(len(window["samples"])), rate, aggregate, ttft,
+        number(window["server"]["accept_length"], 2), tokens,
+        number(totals["receiver_errors"]), number(totals["retransmissions"]),
+        number(moved / MIB if moved is not None else None), number(window["seconds"]),
+    ]
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The summary a reader compares: application figures next to the link's, per window."""
+    endpoint = report["endpoint"]
+    lines = [
+        f"# twinbolt measurement: {report['state']}",
+        "",
+        f"- measured {report['measured_at']} at {endpoint['url']} ({endpoint['route']}), "
+        f"model `{endpoint['model']}`",
+    ]
+    if report["observed"]:
+        lines.append(f"- hosts observed: {report['observed']['verdict']}")
+    lines += [f"- {report['config']['throughput']}", "", "## Windows", ""]
+    lines += table(
+        ["window", "requests", "output tok/s", "aggregate tok/s", "TTFT s", "accept length",
+         "prompt tokens: cached", "receiver errors", "retransmissions", "MiB on link",
+         "seconds"],
+        [window_row(window) for window in report["windows"]],
+    )
+    errors = [error for window in report["windows"] for error in window["errors"]]
+    if errors:
+        lines += ["", "Failed requests:", "", *(f"- {error}" for error in errors)]
+    names = [*INTERFACE_COUNTERS, RETRANSMISSIONS]
+    rows = []
+    for window in report["windows"]:
+        for host, delta in window["link"]["delta"].items():
+            if delta["reset"]:
+                rows.append([window["name"], host, "; ".join(delta["problems"]),
+                             *[""] * (len(names) - 1)])
+            else:
+                rows.append([window["name"], host,
+                             *(number(delta["counters"].get(name)) for name in names)])
+    if rows:
+        lines += ["", "## Link counters, per window and workstation (deltas)", ""]
+        lines += table(["window", "host", *names], rows)
+    if report["hosts"]:
+        lines += ["", "## Workstations", ""]
+        lines += table(
+            ["host", "rank", "address", "driver build-id", "parameters", "rx rate Gb/s"],
+            [[name, str(host["rank"]), str(host["address"]), str(host["driver_build_id"]),
+              " ".join(f"{k}={v}" for k, v in sorted((host["driver_parameters"] or {}).items())),
+              number(host["rx_rate_gbps"], 0)] for name, host in report["hosts"].items()],
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write(report: dict[str, Any], directory: Path) -> Path:
+    """Write ``<state>-<time>.json`` and its ``.md``; returns the JSON's path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = report["measured_at"].replace(":", "").replace("+0000", "Z")
+    path = directory / f"{report['state']}-{stamp}.json"
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    path.with_suffix(".md").write_text(markdown(report))
+    return path
+
+
+def load(path: Path) -> dict[str, Any]:
+    report = json.loads(path.read_text())
+    if report.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a twinbolt measurement ({FORMAT})")
+    return report

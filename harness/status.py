@@ -1,0 +1,348 @@
+"""
+Which declared state the hosts are observed to be in, layer by layer and host
+by host: the reconcile loop's "observed" and "diff", read-only.
+
+Each layer is read with its own facts (one SSH round trip per host, see
+:mod:`harness.remote`) and, for the speculative decoder, from rank 0's or the
+replicas' ``/server_info`` (what runs, not what a unit file says). The observed
+layers form a :class:`State` compared with every declared one by
+:func:`layers_changed`, the same function that keeps the campaign to one layer
+per step. A layer the hosts disagree on, or that cannot be read, is
+:class:`Unknown`: it matches no declared value, so the hosts are reported
+"drifted" with the evidence rather than rounded to the nearest state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from pyinfra.api import QuoteString, StringCommand
+
+from harness import remote
+from harness.counters import rx_rate_gbps
+from harness.topology import Topology, server_url
+from operations.driver import CandidateModule, LoadedModule, ModuleFileBuildId
+from operations.gateway import SERVICE as PROXY
+from operations.gateway import LiveRouting, ProxyConfig
+from operations.link import InterfaceState, XDomainLink
+from operations.services import RunningServices
+from operations.serving import REPLICA, REPORTED_ALGORITHM, ROUTER, SGLANG_SERVICES, TP_RANKS
+from operations.states import LAYERS, STATES, Speculative, State, layers_changed
+
+SERVER_INFO_TIMEOUT_SECONDS = 5.0
+ALGORITHM_OF_REPORTED = {reported: declared for declared, reported in REPORTED_ALGORITHM.items()}
+
+
+class ModprobeBuildId(ModuleFileBuildId):
+    """The GNU build-id of the file ``modprobe <module>`` would load, or ``None``."""
+
+    def requires_command(self, module: str) -> str:
+        return "readelf"
+
+    def command(self, module: str) -> StringCommand:
+        script = 'readelf -n "$(modinfo -n "$1" 2>/dev/null)" 2>/dev/null || true'
+        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(module))
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """A layer that cannot be given one value; equal to no declared value."""
+
+    reason: str
+
+    def __str__(self) -> str:
+        return f"unknown: {self.reason}"
+
+
+@dataclass
+class Status:
+    """
+    The observed state: ``layers`` (a value or :class:`Unknown` per layer),
+    ``rows`` (section, host, what was seen), and the declared state it matches,
+    or the closest one and its differences.
+    """
+
+    layers: dict[str, Any]
+    rows: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def differences(self, declared: State) -> list[str]:
+        observed = State.model_construct(name="observed", **self.layers)
+        return layers_changed(observed, declared)
+
+    @property
+    def match(self) -> str | None:
+        return next((name for name, state in STATES.items() if not self.differences(state)),
+                    None)
+
+    def closest(self) -> tuple[str, list[str]]:
+        name = min(STATES, key=lambda name: len(self.differences(STATES[name])))
+        return name, self.differences(STATES[name])
+
+    def verdict(self) -> str:
+        if self.match:
+            return f"matches: {self.match}"
+        name, layers = self.closest()
+        wanted = ", ".join(
+            f"{layer} is {describe(self.layers[layer])}, {name} has "
+            f"{describe(getattr(STATES[name], layer))}" for layer in layers
+        )
+        return f"drifted: closest is {name}; {wanted}"
+
+    def render(self) -> str:
+        lines = []
+        section = None
+        for name, host, text in self.rows:
+            if name != section:
+                lines.append(name)
+                section = name
+            lines.append(f"  {host:<6} {text}")
+        lines.append("")
+        lines.append("observed: " + "  ".join(f"{layer}={describe(self.layers[layer])}"
+                                               for layer in LAYERS))
+        lines.append(self.verdict())
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "layers": {layer: _json(value) for layer, value in self.layers.items()},
+            "hosts": [{"section": name, "host": host, "seen": text}
+                      for name, host, text in self.rows],
+            "match": self.match,
+            "verdict": self.verdict(),
+        }
+
+
+def describe(value: object) -> str:
+    if isinstance(value, Speculative):
+        return (f"{value.algorithm} {value.num_steps}/{value.eagle_topk}/"
+                f"{value.num_draft_tokens}")
+    if value is None:
+        return "off"
+    if isinstance(value, bool):
+        return "present" if value else "absent"
+    return str(value)
+
+
+def _json(value: object) -> object:
+    if isinstance(value, Speculative):
+        return value.model_dump()
+    if isinstance(value, Unknown):
+        return {"unknown": value.reason}
+    return value
+
+
+def agreed(values: dict[str, Any], what: str) -> Any:
+    """The one value every host shows, or :class:`Unknown` naming who shows what."""
+    distinct = {repr(value) for value in values.values()}
+    if len(distinct) == 1:
+        return next(iter(values.values()))
+    return Unknown(f"{what} differs: " + ", ".join(f"{host} {describe(value)}"
+                                                   for host, value in values.items()))
+
+
+# Reading the hosts
+
+
+def workstation_queries(data: dict[str, Any]) -> list[remote.Query]:
+    module = data["candidate_module_name"]
+    return [
+        remote.Query("module", LoadedModule(), {"module": module}),
+        remote.Query("stock_build", ModprobeBuildId(), {"module": module}),
+        remote.Query("xdomain", XDomainLink()),
+        remote.Query("interface", InterfaceState(), {"interface": data["link_interface"]}),
+        remote.Query("services", RunningServices(),
+                     {"prefix": SGLANG_SERVICES, "init_system": data["serving_init_system"]}),
+    ]
+
+
+def gateway_queries(data: dict[str, Any]) -> list[remote.Query]:
+    init_system = data["gateway_roles_init_system"]
+    return [
+        remote.Query("router", RunningServices(), {"prefix": ROUTER, "init_system": init_system}),
+        remote.Query("proxy", RunningServices(), {"prefix": PROXY, "init_system": init_system}),
+        # The running proxy's routing is the truth; the file is what it would load next.
+        remote.Query("live", LiveRouting(), {
+            "url": f"http://{data['ssh_hostname']}:{data['gateway_roles_litellm_port']}",
+            "master_key_file": data["gateway_roles_master_key_file"],
+        }),
+        remote.Query("config", ProxyConfig(), {"path": data["gateway_roles_litellm_config_file"]}),
+    ]
+
+
+async def server_infos(urls: list[str]) -> dict[str, dict | None]:
+    """Each server's ``/server_info``, or ``None`` where none answers (rank 1, a stopped one)."""
+    async with httpx.AsyncClient(timeout=SERVER_INFO_TIMEOUT_SECONDS) as client:
+
+        async def info(url: str) -> dict | None:
+            try:
+                response = await client.get(f"{url}/server_info")
+            except httpx.HTTPError:
+                return None
+            return response.json() if response.status_code == 200 else None
+
+        return dict(zip(urls, await asyncio.gather(*(info(url) for url in urls)), strict=True))
+
+
+async def observe(topology: Topology) -> Status:
+    """Read every host and every server once, and judge the layers."""
+    hosts = {entry.name: workstation_queries(entry.data) for entry in topology.workstations}
+    if topology.gateway:
+        hosts[topology.gateway.name] = gateway_queries(topology.gateway.data)
+    urls = [server_url(entry) for entry in topology.workstations]
+    readings, infos = await asyncio.gather(remote.read_all(hosts, topology.ssh_config),
+                                           server_infos(urls))
+    status = Status(layers={})
+    for reading in readings.values():
+        if reading.error:
+            status.rows.append(("unreachable", reading.host, reading.error))
+    status.layers["driver"] = driver_layer(topology, readings, status.rows)
+    link_rows(topology, readings, status.rows)
+    status.layers["serving"] = serving_layer(topology, readings, status.rows)
+    status.layers["speculative"] = speculative_layer(topology, infos, status.rows)
+    status.layers["gateway_fallback"] = gateway_layer(topology, readings, status.rows)
+    return status
+
+
+# Judging each layer
+
+
+def driver_layer(topology: Topology, readings: dict[str, remote.Reading],
+                 rows: list[tuple[str, str, str]]) -> Any:
+    seen = {}
+    for entry in topology.workstations:
+        reading = readings[entry.name]
+        if reading.error:
+            seen[entry.name] = Unknown("unreachable")
+            continue
+        candidate = CandidateModule(entry.data.get("candidate_path"),
+                                    entry.data.get("candidate_sha256"),
+                                    entry.data["candidate_module_name"])
+        try:
+            candidate_build = candidate.build_id
+        except (OSError, AttributeError, StopIteration):
+            candidate_build = None
+        module = reading.values["module"]
+        value, text = classify_driver(module, reading.values["stock_build"], candidate_build)
+        seen[entry.name] = value
+        rows.append(("driver", entry.name, text))
+    return agreed(seen, "the driver")
+
+
+def classify_driver(module: dict | None, stock_build: str | None,
+                    candidate_build: str | None) -> tuple[Any, str]:
+    """``stock``, ``candidate`` or :class:`Unknown`, and what was seen."""
+    if module is None:
+        return Unknown("not loaded"), "thunderbolt_net is not loaded"
+    parameters = " ".join(f"{key}={value}" for key, value in sorted(module["parameters"].items()))
+    seen = f"build {module['build_id']}  {parameters}"
+    build = module["build_id"]
+    if build and build == candidate_build and module["parameters"].get("tx_e2e") == "Y":
+        return "candidate", f"candidate  {seen}"
+    if build and build == stock_build and "tx_e2e" not in module["parameters"]:
+        return "stock", f"stock  {seen}"
+    return Unknown(f"build {build}"), f"neither the stock nor the candidate build  {seen}"
+
+
+def link_rows(topology: Topology, readings: dict[str, remote.Reading],
+              rows: list[tuple[str, str, str]]) -> None:
+    """The link is no layer of a state, but every state needs it: shown, not judged."""
+    for entry in topology.workstations:
+        reading = readings[entry.name]
+        if reading.error:
+            continue
+        xdomain, interface = reading.values["xdomain"], reading.values["interface"]
+        rate = (f"{rx_rate_gbps(xdomain):g} Gb/s "
+                f"({xdomain['rx_lanes']} lane(s)) to {xdomain['peer']}" if xdomain
+                else "no XDomain peer")
+        carrier = "carrier" if interface["carrier"] else "no carrier"
+        addresses = ", ".join(interface["addresses"]) or "no address"
+        rows.append(("link", entry.name, f"{rate}; {entry.data['link_interface']} {carrier}, "
+                                         f"{addresses}"))
+
+
+def serving_layer(topology: Topology, readings: dict[str, remote.Reading],
+                  rows: list[tuple[str, str, str]]) -> Any:
+    shape = {}
+    for rank, entry in enumerate(topology.workstations):
+        reading = readings[entry.name]
+        running = reading.values.get("services", [])
+        rows.append(("serving", entry.name, ", ".join(running) or "no SGLang service"))
+        if running == [REPLICA]:
+            shape[entry.name] = "replicas"
+        elif running == [TP_RANKS[rank]]:
+            shape[entry.name] = "tp2"
+        else:
+            shape[entry.name] = Unknown(", ".join(running) or "nothing")
+    router = False
+    if topology.gateway:
+        reading = readings[topology.gateway.name]
+        router = ROUTER in reading.values.get("router", [])
+        rows.append(("serving", topology.gateway.name,
+                     f"{ROUTER} {'running' if router else 'stopped'}"))
+    value = agreed(shape, "serving")
+    # The router belongs to the replicas: it runs with them and only with them.
+    if value == "replicas" and not router:
+        return Unknown(f"replicas without {ROUTER}")
+    if value == "tp2" and router:
+        return Unknown(f"TP ranks with {ROUTER} still running")
+    return value
+
+
+def speculative_layer(topology: Topology, infos: dict[str, dict | None],
+                      rows: list[tuple[str, str, str]]) -> Any:
+    seen = {}
+    for entry in topology.workstations:
+        url = server_url(entry)
+        info = infos[url]
+        if info is None:
+            rows.append(("speculative", entry.name, f"no /server_info at {url}"))
+            continue
+        value = speculative_of(info)
+        seen[entry.name] = value
+        rows.append(("speculative", entry.name,
+                     f"{describe(value)} (/server_info: speculative_algorithm="
+                     f"{info.get('speculative_algorithm')}, tp_size={info.get('tp_size')})"))
+    if not seen:
+        return Unknown("no server answers /server_info")
+    return agreed(seen, "the speculative decoder")
+
+
+def speculative_of(info: dict) -> Any:
+    """The declared form of what ``/server_info`` reports (NEXTN shows as EAGLE)."""
+    reported = info.get("speculative_algorithm")
+    if reported is None:
+        return None
+    algorithm = ALGORITHM_OF_REPORTED.get(reported, reported)
+    try:
+        return Speculative(algorithm=algorithm, num_steps=info.get("speculative_num_steps"),
+                           eagle_topk=info.get("speculative_eagle_topk"),
+                           num_draft_tokens=info.get("speculative_num_draft_tokens"))
+    except ValueError:
+        return Unknown(f"speculative algorithm {reported}")
+
+
+def gateway_layer(topology: Topology, readings: dict[str, remote.Reading],
+                  rows: list[tuple[str, str, str]]) -> Any:
+    if topology.gateway is None:
+        return Unknown("the inventory has no gateway")
+    name = topology.gateway.name
+    reading = readings[name]
+    if reading.error:
+        return Unknown("unreachable")
+    live, config = reading.values["live"], reading.values["config"]
+    in_file = "large" in (config or {}).get("fallbacks", {}).get("small", [])
+    file_text = f"config file: general fallback {'present' if in_file else 'absent'}"
+    if live is None:
+        running = PROXY in reading.values["proxy"]
+        rows.append(("gateway", name, f"{PROXY} {'running' if running else 'stopped'}, "
+                                      f"its API does not answer; {file_text}"))
+        return Unknown(f"{PROXY} does not answer")
+    general = live["fallbacks"].get("small", [])
+    context = live["context_window_fallbacks"].get("small", [])
+    rows.append(("gateway", name,
+                 f"{PROXY}: small -> {', '.join(general) or 'nothing'} on any error; "
+                 f"small -> {', '.join(context) or 'nothing'} on context overflow; {file_text}"))
+    return "large" in general

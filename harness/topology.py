@@ -1,0 +1,71 @@
+"""
+The inventory as the harness uses it: the workstations (rank 0 first), the
+gateway, an SSH config to reach them, and where each state is served.
+
+Everything comes from ``operations.hosts`` (pyinfra's own merge of the
+inventory, group data and site data), so the harness reaches the hosts pyinfra
+deploys to, with the same keys and host-key checking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from operations.hosts import InventoryEntry, in_group, inventory_entries, ssh_config
+from operations.states import State
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """
+    Where a state is served.
+
+    + url: where clients send requests: rank 0 in TP states, the router in production
+    + model: the served model name
+    + servers: the SGLang servers whose ``/server_info`` and ``/metrics`` count
+      (rank 0 only: rank 1 serves nothing but a dummy ``/health``)
+    + route: a human name for ``url``
+    """
+
+    url: str
+    model: str
+    servers: tuple[str, ...]
+    route: str
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The hosts of the inventory: workstations rank 0 first, the gateway, their SSH config."""
+
+    workstations: tuple[InventoryEntry, ...]
+    gateway: InventoryEntry | None
+    ssh_config: Path
+
+    @classmethod
+    def load(cls, directory: Path) -> Topology:
+        """Read the inventory and write its SSH config into ``directory``."""
+        entries = inventory_entries()
+        path = directory / "ssh_config"
+        path.write_text(ssh_config(entries))
+        gateways = in_group(entries, "gateway")
+        return cls(tuple(in_group(entries, "workstations")),
+                   gateways[0] if gateways else None, path)
+
+    def endpoint(self, state: State) -> Endpoint:
+        """The serving endpoint of ``state``, from the inventory's addresses and ports."""
+        servers = tuple(server_url(entry) for entry in self.workstations)
+        model = self.workstations[0].data["serving_served_model_name"]
+        if state.serving == "tp2":
+            rank0 = self.workstations[0]
+            return Endpoint(servers[0], model, servers[:1], f"TP rank 0 on {rank0.name}")
+        if self.gateway is None:
+            raise ValueError("the inventory has no gateway: production is served by its router")
+        data = self.gateway.data
+        router = f"http://{data['ssh_hostname']}:{data['gateway_roles_router_port']}"
+        return Endpoint(router, model, servers, f"sglang-router on {self.gateway.name}")
+
+
+def server_url(workstation: InventoryEntry) -> str:
+    """The SGLang server of a workstation, as the router and the probes reach it."""
+    return f"http://{workstation.data['ssh_hostname']}:{workstation.data['serving_port']}"

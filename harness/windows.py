@@ -1,0 +1,311 @@
+"""
+Measurement windows: bounded runs of real requests, each bracketed by the link
+counters of both workstations and the servers' own counters.
+
+- ``single``: one request of 512 output tokens: TTFT, total time, output tok/s.
+- ``concurrent``: 6 simultaneous requests of 256 tokens: the aggregate output
+  tok/s of the window and each request's own tok/s, kept apart (an aggregate is
+  not a per-request figure).
+- ``prefix``: one long prefix (120K tokens) sent twice: the cached tokens the
+  server reports for each request and the latency of the warm one.
+- ``long``: the longest input the state allows (about 200K tokens) plus 64
+  output tokens, labelled ``cold`` or ``warm`` by the cached tokens the server
+  reports: a warm result is never called a cold prefill.
+
+Every prompt starts with a word of its own, so nothing of one window (or an
+earlier run) is ever a cached prefix of another: "cold" is cold by construction
+and "warm" only where a window means it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from statistics import mean
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt
+
+from harness import counters, server_stats
+from harness.client import Sample, rate, session, stream_chat
+from harness.progress import reporting, say
+from harness.topology import Endpoint
+
+WINDOWS = ("single", "concurrent", "prefix", "long")
+# A chat template wraps the message in a few tokens of its own; the longest
+# input leaves room for them so that the server does not refuse it.
+CHAT_TEMPLATE_ALLOWANCE = 256
+PROMPT_TEXT = "describe the cable between the two workstations"
+
+LinkSnapshots = Callable[[], Awaitable[dict[str, counters.LinkSnapshot]]]
+
+
+class WindowSettings(BaseModel):
+    """
+    The sizes of the windows; the defaults are the issue's, the CLI may shorten them.
+
+    + single_tokens: output tokens of the single-stream request
+    + concurrent_requests, concurrent_tokens: the concurrent window's requests and their length
+    + prefix_tokens: the shared prefix sent twice
+    + prefix_output_tokens: output tokens of each prefix request
+    + long_tokens: the longest input wanted; capped by the state's context length
+    + long_output_tokens: output tokens of the long request
+    + request_timeout_seconds: the longest wait for the next byte of a response
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    single_tokens: PositiveInt = 512
+    concurrent_requests: PositiveInt = 6
+    concurrent_tokens: PositiveInt = 256
+    prefix_tokens: PositiveInt = 120_000
+    prefix_output_tokens: PositiveInt = 16
+    long_tokens: PositiveInt = 200_000
+    long_output_tokens: PositiveInt = 64
+    request_timeout_seconds: PositiveFloat = 600.0
+
+
+def prompt(tokens: int) -> str:
+    """A prompt of about ``tokens`` tokens that no earlier request shares a prefix with."""
+    words = [uuid.uuid4().hex, *PROMPT_TEXT.split()]
+    return " ".join(words + ["x"] * max(0, tokens - len(words)))
+
+
+@dataclass
+class Measurement:
+    """What every window needs: the endpoint, the HTTP client and the counter readers."""
+
+    endpoint: Endpoint
+    settings: WindowSettings
+    client: httpx.AsyncClient
+    link_snapshot: LinkSnapshots
+    server_info: dict[str, Any]
+
+    @property
+    def cache_report(self) -> bool:
+        # Without --enable-cache-report SGLang reports no cached tokens at all, and
+        # "none reported" would read as "cold".
+        return bool(self.server_info.get("enable_cache_report"))
+
+    async def stream(self, samples: list[tuple[Sample, str]]) -> list[Sample]:
+        """Stream every (sample, prompt) at once."""
+        return list(await asyncio.gather(
+            *(stream_chat(self.client, self.endpoint.url, self.endpoint.model, text, sample)
+              for sample, text in samples)))
+
+    async def context_length(self) -> int | None:
+        """
+        The state's context window: ``max_model_len`` of ``/v1/models`` (the
+        model's own length when ``--context-length`` is not set), else the flag.
+        """
+        response = await self.client.get(f"{self.endpoint.servers[0]}/v1/models")
+        if response.status_code == 200:
+            for model in response.json().get("data", []):
+                if model.get("max_model_len"):
+                    return int(model["max_model_len"])
+        return self.server_info.get("context_length")
+
+
+def progress_line(name: str, samples: list[Sample], waiting_for: str) -> Callable[[float], str]:
+    """The progress line of a window: how many requests stream, and what they have received."""
+
+    def line(elapsed: float) -> str:
+        done = sum(1 for s in samples if s.completion_tokens is not None or s.error)
+        streaming = sum(1 for s in samples if s.first_token_at is not None) - done
+        waiting = len(samples) - done - streaming
+        parts = [f"{done} done", f"{streaming} streaming ({sum(s.chunks for s in samples)} "
+                 "chunks)"]
+        if waiting:
+            parts.append(f"{waiting} waiting for {waiting_for}")
+        return f"  [{name}] {elapsed:5.1f}s  " + ", ".join(parts)
+
+    return line
+
+
+async def run_samples(measurement: Measurement, name: str, requests: list[tuple[Sample, str]],
+                      waiting_for: str = "the first token") -> list[Sample]:
+    samples = [sample for sample, _ in requests]
+    async with reporting(progress_line(name, samples, waiting_for)):
+        return await measurement.stream(requests)
+
+
+# The windows: each returns its samples and its summary.
+
+
+async def single(measurement: Measurement) -> tuple[list[Sample], dict[str, Any]]:
+    settings = measurement.settings
+    (sample,) = await run_samples(measurement, "single",
+                                  [(Sample("single", settings.single_tokens), prompt(16))])
+    return [sample], {
+        "ttft_seconds": sample.ttft,
+        "seconds": sample.seconds,
+        "completion_tokens": sample.completion_tokens,
+        "output_tok_s": sample.output_rate,
+        "tokens_per_chunk": sample.tokens_per_chunk,
+    }
+
+
+async def concurrent(measurement: Measurement) -> tuple[list[Sample], dict[str, Any]]:
+    settings = measurement.settings
+    requests = [(Sample(f"concurrent-{index}", settings.concurrent_tokens), prompt(16))
+                for index in range(settings.concurrent_requests)]
+    samples = await run_samples(measurement, "concurrent", requests)
+    finished = [s for s in samples if s.error is None]
+    per_request = [s.output_rate for s in finished]
+    span = (max(s.last_token_at for s in finished) - min(s.sent_at for s in finished)
+            if finished else None)
+    return samples, {
+        "requests": len(samples),
+        "completion_tokens": sum(s.completion_tokens for s in finished),
+        "seconds": span,
+        # One figure for the window; never averaged with the per-request ones.
+        "aggregate_output_tok_s": rate(sum(s.completion_tokens for s in finished), span)
+        if len(finished) == len(samples) else None,
+        "per_request_output_tok_s": _spread(per_request),
+        "ttft_seconds": _spread([s.ttft for s in finished]),
+    }
+
+
+async def prefix(measurement: Measurement) -> tuple[list[Sample], dict[str, Any]]:
+    settings = measurement.settings
+    shared = prompt(settings.prefix_tokens)
+    samples = []
+    for label in ("first", "second"):
+        # One after the other: the second may reuse only what the first left cached.
+        samples += await run_samples(
+            measurement, "prefix",
+            [(Sample(f"prefix-{label}", settings.prefix_output_tokens),
+              f"{shared} {label} question")],
+            waiting_for=f"the prefill of {settings.prefix_tokens:,} tokens")
+    first, second = samples
+    return samples, {
+        "prefix_tokens": settings.prefix_tokens,
+        "first": _prefill(first, measurement.cache_report),
+        "second": _prefill(second, measurement.cache_report),
+        "warm_ttft_seconds": second.ttft if second.cached_tokens else None,
+        "warm_seconds": second.seconds if second.cached_tokens else None,
+    }
+
+
+async def long(measurement: Measurement) -> tuple[list[Sample], dict[str, Any]]:
+    settings = measurement.settings
+    context = await measurement.context_length()
+    tokens = settings.long_tokens
+    if context is not None:
+        tokens = min(tokens, context - settings.long_output_tokens - CHAT_TEMPLATE_ALLOWANCE)
+    (sample,) = await run_samples(
+        measurement, "long",
+        [(Sample("long", settings.long_output_tokens), prompt(tokens))],
+        waiting_for=f"the prefill of {tokens:,} tokens")
+    return [sample], {
+        "context_length": context,
+        **_prefill(sample, measurement.cache_report),
+        "seconds": sample.seconds,
+        "output_tok_s": sample.output_rate,
+    }
+
+
+def _prefill(sample: Sample, cache_report: bool) -> dict[str, Any]:
+    """A long request's prefill, labelled by what the server says it had cached."""
+    if sample.error is not None or sample.cached_tokens is None:
+        label = None
+    elif not cache_report:
+        label = "unknown (the server runs without --enable-cache-report)"
+    elif sample.cached_tokens:
+        label = "warm"
+    else:
+        label = "cold"
+    return {
+        "prompt_tokens": sample.prompt_tokens,
+        "cached_tokens": sample.cached_tokens,
+        "prefill": label,
+        "ttft_seconds": sample.ttft,
+    }
+
+
+def _spread(values: list[float | None]) -> dict[str, float | None]:
+    known = [value for value in values if value is not None]
+    return {
+        "mean": mean(known) if known else None,
+        "min": min(known, default=None),
+        "max": max(known, default=None),
+    }
+
+
+RUNNERS = {"single": single, "concurrent": concurrent, "prefix": prefix, "long": long}
+
+
+async def run_window(measurement: Measurement, name: str) -> dict[str, Any]:
+    """
+    One window, bracketed by both workstations' link counters and the servers'
+    counters, read before the first request and after the last answer.
+    """
+    say(f"window {name}: reading counters")
+    servers = measurement.endpoint.servers
+    links_before, servers_before = await asyncio.gather(
+        measurement.link_snapshot(), server_stats.snapshot(measurement.client, servers))
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    origin = time.perf_counter()
+    samples, summary = await RUNNERS[name](measurement)
+    seconds = time.perf_counter() - origin
+    links_after, servers_after = await asyncio.gather(
+        measurement.link_snapshot(), server_stats.snapshot(measurement.client, servers))
+    deltas = {host: counters.delta(links_before[host], links_after[host])
+              for host in links_before}
+    errors = [f"{sample.label}: {sample.error}" for sample in samples if sample.error]
+    result = {
+        "name": name,
+        "started_at": started_at,
+        "seconds": seconds,
+        "summary": summary,
+        "errors": errors,
+        "samples": [sample.to_json(origin) for sample in samples],
+        "link": {
+            "before": {host: asdict(snap) for host, snap in links_before.items()},
+            "after": {host: asdict(snap) for host, snap in links_after.items()},
+            "delta": deltas,
+            "totals": counters.window_totals(deltas),
+        },
+        "server": {
+            "accept_length": server_stats.window_accept_length(servers_before, servers_after),
+            "generated_tokens": server_stats.window_generated(servers_before, servers_after),
+            "before": [_server_counters(snap) for snap in servers_before],
+            "after": [_server_counters(snap) for snap in servers_after],
+        },
+    }
+    say(f"window {name}: done in {seconds:.1f}s" + (f", {len(errors)} failed" if errors else ""))
+    return result
+
+
+def _server_counters(snap: server_stats.ServerSnapshot) -> dict[str, Any]:
+    return {"url": snap.url, "generation_tokens": snap.generation_tokens,
+            "avg_spec_accept_length": snap.avg_spec_accept_length, "error": snap.error}
+
+
+class EndpointDown(RuntimeError):
+    """The state's server does not answer ``/server_info``: nothing to measure."""
+
+
+async def run(endpoint: Endpoint, names: list[str], settings: WindowSettings,
+              link_snapshot: LinkSnapshots) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """
+    Run the named windows one after another, in the order given.
+
+    Returns the first server's ``/server_info`` (redacted, for the report's
+    configuration) and each window's result.
+    """
+    # Enough connections for the concurrent window, or for the snapshots'
+    # /server_info and /metrics of every server at once.
+    concurrency = max(settings.concurrent_requests, 2 * len(endpoint.servers))
+    async with session(concurrency, settings.request_timeout_seconds) as client:
+        first = await server_stats.read_server(client, endpoint.servers[0])
+        if first.error:
+            raise EndpointDown(f"{endpoint.servers[0]}/server_info: {first.error}")
+        measurement = Measurement(endpoint, settings, client, link_snapshot, first.info)
+        results = [await run_window(measurement, name) for name in names]
+    return first.info, results

@@ -1,0 +1,68 @@
+"""
+The experiment harness on the lab: the observed state, and one short window
+measured in tp2_e2e and in production, exactly as an operator runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from conftest import PYTHON, REPO, deploy
+
+# One short window keeps the whole file within a few minutes.
+SHORT = ("--window", "single", "--single-tokens", "64")
+
+
+def experiment(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(PYTHON), "experiment.py", *arguments], cwd=REPO,
+                          capture_output=True, text=True, timeout=180)
+
+
+def measured(directory: Path, state: str) -> dict:
+    (path,) = directory.glob(f"{state}-*.json")
+    assert path.with_suffix(".md").exists()
+    return json.loads(path.read_text())
+
+
+def test_tp2_e2e_is_observed_and_measured_with_a_clean_link(tmp_path: Path) -> None:
+    run = deploy("tp2_e2e")
+    assert run.returncode == 0, run.output[-3000:]
+    status = experiment("status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "matches: tp2_e2e" in status.stdout
+
+    result = experiment("measure", "--state", "tp2_e2e", *SHORT, "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "window single: done" in result.stderr
+    report = measured(tmp_path, "tp2_e2e")
+    (single,) = report["windows"]
+    assert single["summary"]["completion_tokens"] == 64
+    assert report["endpoint"]["route"] == "TP rank 0 on wsa"
+    # The TP all-reduces (one per verify step, each way) crossed the link, and the
+    # candidate lost none of it.
+    assert single["link"]["totals"]["bytes_moved"] > 8 * 2**20
+    assert single["link"]["totals"]["receiver_errors"] == 0
+    assert 1 < single["server"]["accept_length"] <= 4
+    for host in report["hosts"].values():
+        assert host["driver_parameters"]["tx_e2e"] == "Y" and host["rx_rate_gbps"] == 20.0
+
+
+def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
+        tmp_path: Path) -> None:
+    run = deploy("production")
+    assert run.returncode == 0, run.output[-3000:]
+    refused = experiment("measure", "--state", "tp2_stock", *SHORT, "--out", str(tmp_path))
+    assert refused.returncode == 1
+    assert "the hosts are not in tp2_stock" in refused.stderr
+    assert not list(tmp_path.glob("*.json"))
+
+    result = experiment("measure", *SHORT, "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    report = measured(tmp_path, "production")
+    (single,) = report["windows"]
+    assert report["endpoint"]["route"] == "sglang-router on gw"
+    assert single["summary"]["completion_tokens"] == 64
+    assert single["server"]["accept_length"] is None
+    assert "matches: production" in report["observed"]["verdict"]

@@ -1,0 +1,131 @@
+"""The campaign's plan and order, its refusals, and its restore, with steps stood in for."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import campaign
+from harness.campaign import Campaign, CampaignRefused, StepFailed
+from harness.windows import WindowSettings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_default_plan_changes_one_layer_per_step():
+    names = [state.name for state in campaign.check_plan(campaign.PLAN)]
+    assert names == ["production", "tp2_stock_nospec", "tp2_stock", "tp2_e2e", "tp2_e2e_nospec"]
+
+
+def test_a_step_changing_two_layers_is_refused():
+    with pytest.raises(CampaignRefused, match="tp2_stock -> tp2_e2e_nospec changes driver and "
+                                              "speculative"):
+        campaign.check_plan(["tp2_stock_nospec", "tp2_stock", "tp2_e2e_nospec"])
+    with pytest.raises(CampaignRefused, match="production -> tp2_stock changes serving and "
+                                              "speculative"):
+        campaign.check_plan(["tp2_stock"])
+    with pytest.raises(CampaignRefused, match="changes nothing"):
+        campaign.check_plan(["tp2_stock_nospec", "tp2_stock_nospec"])
+    with pytest.raises(CampaignRefused, match="unknown state 'tp3'"):
+        campaign.check_plan(["tp3"])
+
+
+def test_leaving_production_counts_the_fallback_with_the_serving_layer():
+    production, nospec = campaign.check_plan(["tp2_stock_nospec"])
+    assert campaign.step_layers(production, nospec) == ["serving"]
+
+
+def test_the_command_line_refuses_before_reading_the_inventory():
+    result = subprocess.run(
+        [sys.executable, "experiment.py", "campaign", "--states", "tp2_stock_nospec,tp2_e2e"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={"TWINBOLT_SITE": "/nonexistent/site.toml", "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2
+    assert "campaign refused: the step tp2_stock_nospec -> tp2_e2e changes driver and " \
+           "speculative" in result.stderr
+
+
+class Rehearsal(Campaign):
+    """A campaign whose steps only record that they ran, failing where told to."""
+
+    def __init__(self, directory: Path, fail: str | None = None) -> None:
+        super().__init__(None, campaign.check_plan(campaign.PLAN), ["single"],
+                         WindowSettings(), directory)
+        self.fail = fail
+        self.ran: list[str] = []
+
+    async def act(self, name: str) -> str:
+        self.ran.append(name)
+        if name == self.fail:
+            raise StepFailed(f"{name} broke: exit code 1")
+        return "done"
+
+    async def preflight(self) -> str:
+        return await self.act("preflight")
+
+    async def deploy(self, state: str) -> str:
+        return await self.act(f"deploy {state}")
+
+    async def verify(self, state: str) -> str:
+        return await self.act(f"verify {state}")
+
+    async def measure(self, state: str) -> str:
+        return await self.act(f"measure {state}")
+
+
+def test_a_campaign_measures_each_state_then_restores_and_verifies_production(tmp_path):
+    rehearsal = Rehearsal(tmp_path)
+    result = asyncio.run(rehearsal.run())
+    assert rehearsal.ran == [
+        "preflight", "measure production",
+        "deploy tp2_stock_nospec", "measure tp2_stock_nospec",
+        "deploy tp2_stock", "measure tp2_stock",
+        "deploy tp2_e2e", "measure tp2_e2e",
+        "deploy tp2_e2e_nospec", "measure tp2_e2e_nospec",
+        "deploy production", "verify production",
+    ]
+    assert result["failed_step"] is None and result["restored"] is True
+    steps = [step["name"] for step in result["steps"]]
+    assert "deploy tp2_e2e (changes driver)" in steps
+    assert "deploy tp2_stock_nospec (changes serving)" in steps
+    assert (tmp_path / "campaign.json").exists()
+    assert "completed; production restored and verified" in (tmp_path / "campaign.md").read_text()
+
+
+def test_a_failure_converges_back_to_production_and_names_the_step(tmp_path):
+    rehearsal = Rehearsal(tmp_path, fail="deploy tp2_e2e")
+    result = asyncio.run(rehearsal.run())
+    assert rehearsal.ran[-3:] == ["deploy tp2_e2e", "deploy production", "verify production"]
+    assert "measure tp2_e2e" not in rehearsal.ran
+    assert result["failed_step"] == "deploy tp2_e2e (changes driver)"
+    assert result["failure"] == "deploy tp2_e2e broke: exit code 1"
+    assert result["restored"] is True
+    text = (tmp_path / "campaign.md").read_text()
+    assert "failed at step 'deploy tp2_e2e (changes driver)'; production restored" in text
+    assert "deploy tp2_e2e broke" in text
+
+
+def test_a_failed_preflight_changes_nothing(tmp_path):
+    rehearsal = Rehearsal(tmp_path, fail="preflight")
+    result = asyncio.run(rehearsal.run())
+    assert rehearsal.ran == ["preflight"]
+    assert result["failed_step"] == "preflight" and result["restored"] is None
+    assert "nothing was changed" in campaign.outcome(result)
+
+
+def test_a_restore_that_fails_is_reported_as_such(tmp_path):
+    rehearsal = Rehearsal(tmp_path, fail="verify production")
+    result = asyncio.run(rehearsal.run())
+    assert result["failed_step"] == "verify production" and result["restored"] is False
+    assert "PRODUCTION WAS NOT RESTORED" in campaign.outcome(result)
+
+
+def test_a_failed_command_is_reported_with_its_exit_code_and_last_lines():
+    code, tail = asyncio.run(campaign.run_command(
+        "fail", [sys.executable, "-c", "print('one'); print('two'); raise SystemExit(3)"]))
+    assert code == 3 and tail == ["one", "two"]
+    assert campaign.reason(code, tail) == "exit code 3:\none\ntwo"

@@ -1,0 +1,182 @@
+"""Counters, server statistics, reports and comparisons, from given values."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from harness import compare, counters, remote, report, server_stats
+from harness.counters import LinkCounters, LinkSnapshot
+from harness.server_stats import ServerSnapshot
+from harness.topology import Endpoint
+from harness.windows import WindowSettings
+from operations.link import XDomainLink
+
+SNMP = [
+    "Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails "
+    "EstabResets CurrEstab InSegs OutSegs RetransSegs InErrs OutRsts InCsumErrors",
+    "Tcp: 1 200 120000 -1 10 5 0 0 3 9000 8000 417 0 2 0",
+]
+
+
+def test_link_counters_reads_interface_statistics_and_tcp_retransmissions():
+    values = LinkCounters().process(["rx_bytes 1000", "rx_errors 3", *SNMP])
+    assert values == {"rx_bytes": 1000, "rx_errors": 3, "retrans_segs": 417}
+    # Without the interface (a driver reload) the retransmissions are still read.
+    assert LinkCounters().process(SNMP) == {"retrans_segs": 417}
+
+
+def test_facts_are_read_in_one_script_and_parsed_by_their_own_process():
+    queries = [remote.Query("xdomain", XDomainLink()),
+               remote.Query("counters", LinkCounters(), {"interface": "thunderbolt0"})]
+    script = remote.script(queries)
+    assert script.count(remote.MARKER + " ") == 2 and "thunderbolt0" in script
+    output = "\n".join([
+        f"{remote.MARKER} xdomain", "0-1|wsb|20.0 Gb/s|20.0 Gb/s|1|1", f"{remote.MARKER}-status 0",
+        f"{remote.MARKER} counters", "rx_bytes 5", f"{remote.MARKER}-status 1",
+    ])
+    values = remote.parse(output, queries)
+    assert values["xdomain"]["peer"] == "wsb" and values["xdomain"]["rx_speed_gbps"] == 20.0
+    # A failed command yields the fact's default, as in pyinfra.
+    assert values["counters"] == {}
+
+
+def snap(at: float, build: str = "b1", **values: int) -> LinkSnapshot:
+    base = {name: 0 for name in (*counters.INTERFACE_COUNTERS, counters.RETRANSMISSIONS)}
+    return LinkSnapshot("wsa", at, {**base, **values}, 20.0, build, {"e2e": "Y"})
+
+
+def test_a_window_delta_is_after_minus_before():
+    delta = counters.delta(snap(1.0, tx_bytes=100, rx_errors=2, retrans_segs=10),
+                           snap(3.5, tx_bytes=900, rx_errors=5, retrans_segs=14))
+    assert delta["seconds"] == 2.5 and not delta["reset"]
+    assert delta["counters"]["tx_bytes"] == 800
+    assert delta["counters"]["rx_errors"] == 3 and delta["counters"]["retrans_segs"] == 4
+
+
+def test_a_reload_inside_a_window_is_flagged_instead_of_reported_wrong():
+    backwards = counters.delta(snap(1.0, tx_bytes=900), snap(2.0, tx_bytes=100))
+    assert backwards["reset"] and backwards["counters"] == {}
+    swapped = counters.delta(snap(1.0, "stock"), snap(2.0, "candidate"))
+    assert swapped["reset"] and "driver changed" in swapped["problems"][0]
+    assert counters.window_totals({"wsa": backwards})["receiver_errors"] is None
+
+
+def test_window_totals_count_each_byte_once_and_sum_both_workstations():
+    deltas = {
+        "wsa": counters.delta(snap(0, tx_bytes=0, rx_bytes=0), snap(1, tx_bytes=10, rx_bytes=7,
+                                                                     rx_errors=1, retrans_segs=2)),
+        "wsb": counters.delta(snap(0), snap(1, tx_bytes=7, rx_bytes=10, rx_errors=4,
+                                            retrans_segs=5)),
+    }
+    assert counters.window_totals(deltas) == {"receiver_errors": 5, "retransmissions": 7,
+                                              "bytes_moved": 17}
+
+
+def test_window_accept_length_from_two_cumulative_snapshots():
+    # Before: 1000 tokens at 2.0 per step (500 steps). The window adds 380 tokens in
+    # 100 steps (3.8 each), so the cumulative average is only 1380 / 600 = 2.3.
+    before = [ServerSnapshot("s", 1000.0, 2.0)]
+    after = [ServerSnapshot("s", 1380.0, 1380 / 600)]
+    assert server_stats.window_accept_length(before, after) == pytest.approx(3.8)
+    assert server_stats.window_generated(before, after) == 380
+    assert server_stats.window_accept_length([ServerSnapshot("s", 10.0)],
+                                             [ServerSnapshot("s", 20.0)]) is None
+
+
+def test_metrics_are_summed_over_label_sets_and_secrets_are_redacted():
+    text = ('# TYPE sglang:generation_tokens_total counter\n'
+            'sglang:generation_tokens_total{model_name="qwen"} 120.0\n'
+            'sglang:generation_tokens_total{model_name="other"} 30.0\n')
+    assert server_stats.metric(text, server_stats.GENERATION_TOKENS) == 150.0
+    assert server_stats.metric(text, "sglang:cached_tokens_total") is None
+    info = server_stats.redact({"api_key": "sk-1", "admin_api_key": None, "hf_token": "t",
+                                "speculative_num_draft_tokens": 4, "tp_size": 2})
+    assert info == {"api_key": "(redacted)", "admin_api_key": None, "hf_token": "(redacted)",
+                    "speculative_num_draft_tokens": 4, "tp_size": 2}
+
+
+def window(name: str, summary: dict, tokens: int, moved: int, errors: int, retrans: int,
+           accept: float | None = None) -> dict:
+    return {
+        "name": name, "started_at": "t", "seconds": 2.0, "summary": summary, "errors": [],
+        "samples": [{"completion_tokens": tokens}],
+        "link": {"before": {}, "after": {}, "delta": {},
+                 "totals": {"bytes_moved": moved, "receiver_errors": errors,
+                            "retransmissions": retrans}},
+        "server": {"accept_length": accept, "generated_tokens": tokens},
+    }
+
+
+def measurement(state: str, single: float, aggregate: float, errors: int, retrans: int,
+                accept: float | None) -> dict:
+    endpoint = Endpoint("http://wsa:30000", "qwen", ("http://wsa:30000",), "TP rank 0 on wsa")
+    windows = [
+        window("single", {"output_tok_s": single, "ttft_seconds": 0.05, "seconds": 5.0,
+                          "completion_tokens": 512, "tokens_per_chunk": accept}, 512,
+               512 << 20, errors, retrans, accept),
+        window("concurrent", {"aggregate_output_tok_s": aggregate, "seconds": 4.0,
+                              "completion_tokens": 1536, "requests": 6,
+                              "per_request_output_tok_s": {"mean": aggregate / 6, "min": 1,
+                                                           "max": 2},
+                              "ttft_seconds": {"mean": 0.1, "min": 0.1, "max": 0.1}}, 1536,
+               1536 << 20, 0, 0),
+    ]
+    return report.build(state, {"verdict": f"matches: {state}"}, None, endpoint,
+                        WindowSettings(), {"tp_size": 2}, windows)
+
+
+def test_headline_totals_the_link_over_every_window():
+    figures = report.headline(measurement("tp2_stock", 50.0, 200.0, 12, 30, 3.8))
+    assert figures["single_tok_s"] == 50.0 and figures["aggregate_tok_s"] == 200.0
+    assert figures["receiver_errors"] == 12 and figures["retransmissions"] == 30
+    # 2048 MiB moved for 2048 output tokens: 1 MiB per token, 1000/1024 GiB per 1k.
+    assert figures["gib_per_1k_tokens"] == pytest.approx(1000 / 1024)
+    assert figures["accept_length"] == 3.8
+
+
+def test_a_report_is_written_as_json_and_markdown_and_read_back(tmp_path):
+    built = measurement("tp2_e2e", 77.1, 300.0, 0, 1, 3.8)
+    path = report.write(built, tmp_path)
+    assert path.name.startswith("tp2_e2e-") and path.suffix == ".json"
+    assert report.load(path) == built
+    text = path.with_suffix(".md").read_text()
+    assert "# twinbolt measurement: tp2_e2e" in text and "matches: tp2_e2e" in text
+    assert "| single | 1 | 77.1 |" in text
+    other = tmp_path / "other.json"
+    other.write_text("{}")
+    with pytest.raises(ValueError, match="not a twinbolt measurement"):
+        report.load(other)
+
+
+def campaign_reports() -> list[dict]:
+    return [measurement("tp2_stock", 48.4, 200.0, 120, 300, 3.8),
+            measurement("tp2_e2e", 77.1, 310.0, 0, 20, 3.8),
+            measurement("tp2_e2e_nospec", 30.0, 150.0, 0, 10, None)]
+
+
+def test_comparison_ratios_are_to_the_row_above_and_name_the_layer_changed():
+    table = compare.comparison(campaign_reports())
+    stock, e2e, nospec = [line for line in table.splitlines() if line.startswith("| tp2_")]
+    assert "| tp2_e2e | driver | 77.1 | 1.59× | 310.0 | 1.55× |" in e2e
+    assert "| 0 | 0.00× |" in e2e  # receiver errors: 120 -> 0
+    assert "| tp2_e2e_nospec | speculative | 30.0 | 0.39× |" in nospec
+    assert "| tp2_stock | — | 48.4 | — |" in stock
+
+
+def test_comparison_against_a_baseline_and_its_chart(tmp_path):
+    table = compare.comparison(campaign_reports(), baseline="tp2_stock")
+    assert "| tp2_e2e_nospec | speculative | 30.0 | 0.62× |" in table
+    with pytest.raises(ValueError, match="baseline state 'production'"):
+        compare.comparison(campaign_reports(), baseline="production")
+    chart = compare.chart(campaign_reports(), tmp_path / "chart.png")
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_reset_window_shows_its_problem_in_the_summary():
+    built = measurement("tp2_stock", 48.4, 200.0, 1, 1, 3.8)
+    reset = copy.deepcopy(built)
+    reset["windows"][0]["link"]["delta"] = {"wsa": counters.delta(snap(0, tx_bytes=5),
+                                                                  snap(1, tx_bytes=1))}
+    assert "a counter went backwards" in report.markdown(reset)

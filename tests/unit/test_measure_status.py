@@ -1,0 +1,105 @@
+"""The observed state: each layer judged from given facts, then matched or called drifted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness import remote, status
+from harness.status import Status, Unknown
+from harness.topology import Topology
+from operations.hosts import InventoryEntry
+from operations.states import NEXTN_3_1_4, STATES
+
+STOCK, CANDIDATE = "aa" * 20, "cc" * 20
+
+
+def entry(name: str, rank: int) -> InventoryEntry:
+    return InventoryEntry(name, ("workstations",), {
+        "rank": rank, "ssh_hostname": f"10.0.0.{rank + 1}", "serving_port": 30000,
+        "serving_served_model_name": "qwen", "link_interface": "thunderbolt0",
+    })
+
+
+TOPOLOGY = Topology(
+    (entry("wsa", 0), entry("wsb", 1)),
+    InventoryEntry("gw", ("gateway",), {"ssh_hostname": "10.0.0.9",
+                                        "gateway_roles_router_port": 30080}),
+    Path("/nonexistent/ssh_config"),
+)
+
+
+def module(build: str, **parameters: str) -> dict:
+    return {"initstate": "live", "build_id": build, "parameters": {"e2e": "Y", **parameters}}
+
+
+def test_the_driver_is_named_by_build_id_and_parameters():
+    assert status.classify_driver(module(STOCK), STOCK, CANDIDATE)[0] == "stock"
+    assert status.classify_driver(module(CANDIDATE, tx_e2e="Y"), STOCK, CANDIDATE)[0] == \
+        "candidate"
+    # The candidate without tx_e2e=Y is neither state's driver.
+    value, seen = status.classify_driver(module(CANDIDATE, tx_e2e="N"), STOCK, CANDIDATE)
+    assert isinstance(value, Unknown) and "neither" in seen
+    assert isinstance(status.classify_driver(None, STOCK, CANDIDATE)[0], Unknown)
+
+
+def test_nextn_is_recognised_under_the_name_sglang_reports():
+    info = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
+            "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}
+    assert status.speculative_of(info) == NEXTN_3_1_4
+    assert status.speculative_of({"speculative_algorithm": None}) is None
+    assert isinstance(status.speculative_of({**info, "speculative_algorithm": "EAGLE3"}),
+                      Unknown)
+
+
+def reading(host: str, **values: object) -> remote.Reading:
+    return remote.Reading(host, values, 0.0)
+
+
+def test_serving_is_tp2_only_with_each_rank_on_its_workstation_and_no_router():
+    rows: list = []
+    readings = {"wsa": reading("wsa", services=["sglang-tp2-rank0"]),
+                "wsb": reading("wsb", services=["sglang-tp2-rank1"]),
+                "gw": reading("gw", router=[])}
+    assert status.serving_layer(TOPOLOGY, readings, rows) == "tp2"
+    readings["wsb"] = reading("wsb", services=["sglang-replica"])
+    value = status.serving_layer(TOPOLOGY, readings, rows)
+    assert isinstance(value, Unknown) and "wsa tp2, wsb replicas" in value.reason
+
+
+def test_replicas_without_their_router_are_not_production():
+    readings = {"wsa": reading("wsa", services=["sglang-replica"]),
+                "wsb": reading("wsb", services=["sglang-replica"]),
+                "gw": reading("gw", router=["sglang-router"])}
+    assert status.serving_layer(TOPOLOGY, readings, []) == "replicas"
+    readings["gw"] = reading("gw", router=[])
+    assert "without sglang-router" in status.serving_layer(TOPOLOGY, readings, []).reason
+
+
+def test_observed_layers_match_exactly_one_declared_state():
+    observed = Status({"driver": "candidate", "serving": "tp2", "speculative": NEXTN_3_1_4,
+                       "gateway_fallback": True})
+    assert observed.match == "tp2_e2e"
+    assert observed.verdict() == "matches: tp2_e2e"
+    production = Status({layer: getattr(STATES["production"], layer)
+                         for layer in ("driver", "serving", "speculative", "gateway_fallback")})
+    assert production.match == "production"
+
+
+def test_drift_names_the_closest_state_and_each_difference():
+    observed = Status({"driver": "stock", "serving": "tp2", "speculative": NEXTN_3_1_4,
+                       "gateway_fallback": Unknown("litellm does not answer")},
+                      rows=[("driver", "wsa", "stock  build aa"), ("driver", "wsb", "stock")])
+    assert observed.match is None
+    assert observed.closest() == ("tp2_stock", ["gateway_fallback"])
+    text = observed.render()
+    assert text.startswith("driver\n  wsa    stock  build aa\n  wsb    stock")
+    assert ("drifted: closest is tp2_stock; gateway_fallback is unknown: litellm does not "
+            "answer, tp2_stock has present") in text
+    assert observed.to_json()["layers"]["gateway_fallback"] == {
+        "unknown": "litellm does not answer"}
+
+
+def test_hosts_that_disagree_make_the_layer_unknown():
+    assert status.agreed({"wsa": "stock", "wsb": "stock"}, "the driver") == "stock"
+    mixed = status.agreed({"wsa": "stock", "wsb": "candidate"}, "the driver")
+    assert mixed == Unknown("the driver differs: wsa stock, wsb candidate")

@@ -1,0 +1,159 @@
+"""The measurement client and windows, against a local SGLang simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from simulator import NEXTN, simulator
+
+from harness import windows
+from harness.client import Sample, stream_chat
+from harness.topology import Endpoint
+from harness.windows import WindowSettings
+
+SHORT = WindowSettings(single_tokens=64, concurrent_requests=3, concurrent_tokens=32,
+                       prefix_tokens=3000, prefix_output_tokens=4, long_tokens=200_000,
+                       long_output_tokens=8, request_timeout_seconds=30)
+
+
+async def no_links() -> dict:
+    return {}
+
+
+def run(url: str, *names: str, settings: WindowSettings = SHORT) -> dict:
+    endpoint = Endpoint(url, "qwen", (url,), "local simulator")
+    info, results = asyncio.run(windows.run(endpoint, list(names), settings, no_links))
+    return {"info": info, **{result["name"]: result for result in results}}
+
+
+@pytest.fixture(scope="module")
+def nextn(tmp_path_factory):
+    # A context short enough that the long window is capped by it.
+    with simulator(tmp_path_factory.mktemp("nextn"), *NEXTN, "--context-length", "6000") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    with simulator(tmp_path_factory.mktemp("plain")) as url:
+        yield url
+
+
+def test_single_measures_ttft_total_and_tok_s_from_the_servers_usage(nextn):
+    single = run(nextn, "single")["single"]
+    summary, (sample,) = single["summary"], single["samples"]
+    assert single["errors"] == []
+    assert summary["completion_tokens"] == 64
+    assert 0 < summary["ttft_seconds"] < summary["seconds"]
+    # One definition: usage tokens over request-to-last-token seconds.
+    assert summary["output_tok_s"] == pytest.approx(64 / summary["seconds"])
+    # A speculative step streams several tokens in one chunk: chunks are not tokens.
+    assert sample["chunks"] < 64
+
+
+def test_window_accept_length_is_derived_from_cumulative_counters(nextn):
+    run(nextn, "single")  # history before the window: the window must not include it
+    single = run(nextn, "single")["single"]
+    server, summary = single["server"], single["summary"]
+    assert server["generated_tokens"] == 64
+    # The server's window value agrees with the request's own tokens per verify step,
+    # which the cumulative average (history included) need not.
+    assert server["accept_length"] == pytest.approx(summary["tokens_per_chunk"])
+    assert 1 < server["accept_length"] <= 4
+
+
+def test_without_speculation_there_is_no_accept_length(plain):
+    single = run(plain, "single")["single"]
+    assert single["server"]["accept_length"] is None
+    assert single["summary"]["tokens_per_chunk"] == 1
+
+
+def test_concurrent_keeps_aggregate_and_per_request_apart(plain):
+    concurrent = run(plain, "concurrent")["concurrent"]
+    summary, samples = concurrent["summary"], concurrent["samples"]
+    assert summary["requests"] == 3 and summary["completion_tokens"] == 96
+    assert summary["aggregate_output_tok_s"] == pytest.approx(96 / summary["seconds"])
+    rates = [sample["output_tok_s"] for sample in samples]
+    assert summary["per_request_output_tok_s"]["mean"] == pytest.approx(sum(rates) / 3)
+    # Batched together, the window moves more than any one of its requests.
+    assert summary["aggregate_output_tok_s"] > max(rates)
+
+
+def test_prefix_is_cold_then_warm_by_the_cached_tokens_the_server_reports(plain):
+    prefix = run(plain, "prefix")["prefix"]["summary"]
+    assert prefix["first"]["prefill"] == "cold" and prefix["first"]["cached_tokens"] == 0
+    assert prefix["second"]["prefill"] == "warm"
+    assert prefix["second"]["cached_tokens"] >= 3000 - 64
+    assert prefix["warm_ttft_seconds"] == prefix["second"]["ttft_seconds"]
+
+
+def test_long_is_capped_by_the_context_and_cold_even_after_the_prefix_window(nextn):
+    result = run(nextn, "prefix", "long")
+    long = result["long"]["summary"]
+    assert long["context_length"] == 6000
+    assert long["prompt_tokens"] <= 6000 - SHORT.long_output_tokens
+    assert long["prompt_tokens"] > 5000
+    # Every prompt starts with its own word: the prefix window left nothing to reuse.
+    assert long["cached_tokens"] == 0 and long["prefill"] == "cold"
+
+
+def test_a_warm_long_prompt_is_never_called_cold():
+    warm = Sample("long", 8, cached_tokens=4096, prompt_tokens=5000)
+    assert windows._prefill(warm, cache_report=True)["prefill"] == "warm"
+    unreported = Sample("long", 8, cached_tokens=0, prompt_tokens=5000)
+    assert windows._prefill(unreported, cache_report=False)["prefill"].startswith("unknown")
+
+
+def test_a_refused_request_is_a_failed_sample_not_a_figure(nextn):
+    settings = SHORT.model_copy(update={"single_tokens": 10_000})
+    single = run(nextn, "single", settings=settings)["single"]
+    assert single["errors"] and "HTTP 400" in single["errors"][0]
+    assert single["summary"]["output_tok_s"] is None
+
+
+def test_the_server_must_answer_before_a_window_starts():
+    endpoint = Endpoint("http://127.0.0.1:9", "qwen", ("http://127.0.0.1:9",), "nothing")
+    with pytest.raises(windows.EndpointDown, match="server_info"):
+        asyncio.run(windows.run(endpoint, ["single"], SHORT, no_links))
+
+
+def streamed(*events: object) -> httpx.MockTransport:
+    body = "".join(f"data: {json.dumps(event) if not isinstance(event, str) else event}\n\n"
+                   for event in events)
+    return httpx.MockTransport(lambda request: httpx.Response(
+        200, headers={"content-type": "text/event-stream"}, content=body.encode()))
+
+
+def chunk(text: str) -> dict:
+    return {"choices": [{"index": 0, "delta": {"content": text}}]}
+
+
+def stream(transport: httpx.MockTransport) -> Sample:
+    async def go() -> Sample:
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await stream_chat(client, "http://server", "qwen", "hi", Sample("t", 3))
+    return asyncio.run(go())
+
+
+def test_a_stream_without_usage_is_failed_rather_than_counted_by_chunks():
+    sample = stream(streamed(chunk("a"), chunk(" b c"), "[DONE]"))
+    assert sample.chunks == 2 and sample.completion_tokens is None
+    assert "no usage" in sample.error and sample.output_rate is None
+
+
+def test_usage_and_cached_tokens_come_from_the_final_event():
+    usage = {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12,
+             "prompt_tokens_details": {"cached_tokens": 8}}
+    sample = stream(streamed(chunk("a"), chunk(" b c"), {"choices": [], "usage": usage},
+                             "[DONE]"))
+    assert sample.error is None
+    assert (sample.completion_tokens, sample.cached_tokens, sample.chunks) == (3, 8, 2)
+    assert sample.tokens_per_chunk == 1.5
+
+
+def test_an_error_event_in_the_stream_fails_the_sample():
+    sample = stream(streamed(chunk("a"), {"error": {"message": "scheduler died"}}))
+    assert "scheduler died" in sample.error
