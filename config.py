@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 from pyinfra.api.exceptions import PyinfraError
 
+from operations.attempt import remember_command_line
 from operations.states import resolve_state
 
 # What a run does when it fails after changing something: converge production
@@ -31,6 +32,7 @@ if _cli is not None:
     # given to any of them must still be a real one.
     if "state" in _data or any(Path(op).name == "deploy.py" for op in _cli.params["operations"]):
         resolve_state(_data.get("state"))
+    remember_command_line(_cli.params)
     if _data.get("on_failure", "rollback") not in ON_FAILURE:
         raise PyinfraError(
             f"unknown on_failure {_data['on_failure']!r}; it is one of: {', '.join(ON_FAILURE)}"

@@ -16,11 +16,16 @@ report's discipline, one layer at a time:
 6. serving: start the target's servers, accepted only by a real completion;
 7. gateway: the user's route answers; the fallback goes once production is proven;
 8. verify: every layer holds, with the evidence if it does not.
+
+Around them: a host lock (one run at a time), and the rule that a failure after
+the first change ends in a verified production (``--data on_failure=stop``
+leaves the hosts as they are instead), then a non-zero exit naming the host,
+the layer and the evidence.
 """
 
 from pyinfra import config, host, inventory
 
-from operations import driver, gateway, link, serving
+from operations import attempt, driver, gateway, link, lock, serving
 from operations.driver import CandidateModule
 from operations.states import resolve_state
 
@@ -29,8 +34,11 @@ from operations.states import resolve_state
 config.FAIL_PERCENT = 0
 
 state = resolve_state(host.data.get("state"))
+on_failure = host.data.get("on_failure") or "rollback"
 workstation = "workstations" in host.groups
 on_gateway = "gateway" in host.groups
+this_run = lock.this_run(state.name)
+run = attempt.begin()
 
 if workstation:
     candidate = CandidateModule(
@@ -52,93 +60,117 @@ router = (serving.Router.from_hosts(host, inventory.get_group("workstations"))
           if on_gateway else None)
 proxy = gateway.Proxy.from_host(host, router) if on_gateway else None
 
+lock.held(name="Lock: one run at a time on these hosts", run_dir=host.data.run_dir,
+          owner=this_run)
+
 # 1. Preflight: read-only; every refusal happens here, before any change.
 if workstation:
+    link.management_path(
+        name="Preflight: management traffic does not cross the link",
+        interface=host.data.link_interface,
+        addresses={"operator": "ssh-client",
+                   "gateway": inventory.get_group("gateway")[0].data.ssh_hostname},
+    )
     driver.admissible(
         name=f"Preflight: the {state.driver} driver can be loaded",
         loaded=state.driver,
         candidate=candidate,
     )
-    link.trained(name="Preflight: the link is up at the expected rate", wait=False, **the_link)
+    if state.serving == "tp2":
+        # Production needs no link, and must stay reachable from a broken one.
+        link.trained(name="Preflight: the link is up at the expected rate", wait=False,
+                     **the_link)
     serving.admissible(name=f"Preflight: SGLang can serve {state.name} here", sglang=sglang,
                        target=state)
 gateway.admissible(name="Preflight: the large role answers, so small can fall back to it",
                    proxy=proxy, target=state)
 
-# 2. Gateway: the temporary fallback exists, and is proven, before the GPUs are borrowed.
-if state.gateway_fallback:
-    gateway.proxy(name="Gateway: the temporary fallback small -> large is present",
-                  proxy=proxy, fallback=True)
-    gateway.fallback_proven(name="Gateway: a forced fallback through small is served by large",
-                            proxy=proxy)
+# Steps 2-8 are the attempt: after a failure the remaining steps are skipped on
+# every host, and the failure is recorded rather than ending the run at once.
+with host.arguments(_ignore_errors=True, _if=[run.healthy]):
+    # 2. Gateway: the temporary fallback exists, and is proven, before the GPUs are borrowed.
+    if state.gateway_fallback:
+        gateway.proxy(name="Gateway: the temporary fallback small -> large is present",
+                      proxy=proxy, fallback=True)
+        gateway.fallback_proven(name="Gateway: a forced fallback through small is served by large",
+                                proxy=proxy)
 
-# 3. Serving: stop what the target does not run; a GPU holds a replica or a rank, never both.
-if state.serving == "tp2":
-    serving.router(name="Serving: the router stops with the replicas", router=router,
-                   present=False)
-    serving.replica(name="Serving: the replicas are stopped", sglang=sglang, present=False)
-    # A running TP group that is to change, or whose link a driver swap will take
-    # away, stops here as a whole; it starts again together in step 6.
-    serving.tp_rank_stopped_for_change(
-        name="Serving: the TP ranks stop if they or the driver under them are to change",
-        sglang=sglang,
-        speculative=state.speculative,
-        driver_changes=lambda: bool(
-            driver.driver_problems(state.driver, candidate, host.data.run_dir)),
+    # 3. Serving: stop what the target does not run; a GPU holds a replica or a rank, never both.
+    if state.serving == "tp2":
+        serving.router(name="Serving: the router stops with the replicas", router=router,
+                       present=False)
+        serving.replica(name="Serving: the replicas are stopped", sglang=sglang, present=False)
+        # A running TP group that is to change, or whose link a driver swap will take
+        # away, stops here as a whole; it starts again together in step 6.
+        serving.tp_rank_stopped_for_change(
+            name="Serving: the TP ranks stop if they or the driver under them are to change",
+            sglang=sglang,
+            speculative=state.speculative,
+            driver_changes=lambda: bool(
+                driver.driver_problems(state.driver, candidate, host.data.run_dir)),
+        )
+        # The outage has begun: the user's route must survive it before the GPUs are borrowed.
+        gateway.roles_proven(name="Gateway: small answers through the fallback while the replicas "
+                                  "are down", proxy=proxy, target=state)
+    else:
+        serving.tp_rank(name="Serving: the TP ranks are stopped", sglang=sglang, present=False)
+
+    # 4. Driver: both workstations in the same step.
+    if workstation:
+        driver.module(
+            name=f"Driver: thunderbolt_net is the {state.driver} build",
+            loaded=state.driver,
+            candidate=candidate,
+            run_dir=host.data.run_dir,
+        )
+
+    # 5. Link: retrained after any driver change, the peer answering across it.
+    if workstation:
+        link.trained(name="Link: trained at the expected rate, the peer answers", **the_link)
+
+    # 6. Serving: start the target's servers; only a real completion accepts them.
+    if state.serving == "tp2":
+        serving.tp_rank(name="Serving: the TP ranks run", sglang=sglang,
+                        speculative=state.speculative)
+        serving.tp_accepted(name="Serving: rank 0 serves a real completion as declared",
+                            sglang=sglang, speculative=state.speculative)
+    else:
+        serving.replica(name="Serving: the replicas run", sglang=sglang)
+        serving.replica_accepted(name="Serving: each replica serves a real completion",
+                                 sglang=sglang)
+        serving.router(name="Serving: the router fronts the replicas", router=router)
+        serving.router_accepted(name="Serving: the router serves a real completion", router=router)
+
+    # 7. Gateway: the fallback goes only once production is proven, then both roles are proven.
+    if not state.gateway_fallback:
+        gateway.proxy(name="Gateway: the temporary fallback is removed", proxy=proxy,
+                      fallback=False)
+        gateway.roles_proven(name="Gateway: small is served by the Qwen deployment, large by large",
+                             proxy=proxy, target=state)
+
+    # 8. Verify: every layer holds.
+    if workstation:
+        driver.verified(
+            name=f"Verify: the {state.driver} driver is loaded, nothing of the candidate persists",
+            loaded=state.driver,
+            candidate=candidate,
+            run_dir=host.data.run_dir,
+        )
+    serving.verified(name=f"Verify: the workstations serve as {state.name} declares",
+                     sglang=sglang, target=state)
+    serving.router_verified(
+        name="Verify: the router " + ("serves" if state.serving == "replicas" else "is stopped"),
+        router=router,
+        present=state.serving == "replicas",
     )
-    # The outage has begun: the user's route must survive it before the GPUs are borrowed.
-    gateway.roles_proven(name="Gateway: small answers through the fallback while the replicas "
-                              "are down", proxy=proxy, target=state)
-else:
-    serving.tp_rank(name="Serving: the TP ranks are stopped", sglang=sglang, present=False)
+    gateway.verified(name=f"Verify: the gateway routes as {state.name} declares", proxy=proxy,
+                     target=state)
 
-# 4. Driver: both workstations in the same step.
-if workstation:
-    driver.module(
-        name=f"Driver: thunderbolt_net is the {state.driver} build",
-        loaded=state.driver,
-        candidate=candidate,
-        run_dir=host.data.run_dir,
-    )
-
-# 5. Link: retrained after any driver change, the peer answering across it.
-if workstation:
-    link.trained(name="Link: trained at the expected rate, the peer answers", **the_link)
-
-# 6. Serving: start the target's servers; only a real completion accepts them.
-if state.serving == "tp2":
-    serving.tp_rank(name="Serving: the TP ranks run", sglang=sglang,
-                    speculative=state.speculative)
-    serving.tp_accepted(name="Serving: rank 0 serves a real completion as declared",
-                        sglang=sglang, speculative=state.speculative)
-else:
-    serving.replica(name="Serving: the replicas run", sglang=sglang)
-    serving.replica_accepted(name="Serving: each replica serves a real completion",
-                             sglang=sglang)
-    serving.router(name="Serving: the router fronts the replicas", router=router)
-    serving.router_accepted(name="Serving: the router serves a real completion", router=router)
-
-# 7. Gateway: the fallback goes only once production is proven, then both roles are proven.
-if not state.gateway_fallback:
-    gateway.proxy(name="Gateway: the temporary fallback is removed", proxy=proxy,
-                  fallback=False)
-    gateway.roles_proven(name="Gateway: small is served by the Qwen deployment, large by large",
-                         proxy=proxy, target=state)
-
-# 8. Verify: every layer holds.
-if workstation:
-    driver.verified(
-        name=f"Verify: the {state.driver} driver is loaded, nothing of the candidate persists",
-        loaded=state.driver,
-        candidate=candidate,
-        run_dir=host.data.run_dir,
-    )
-serving.verified(name=f"Verify: the workstations serve as {state.name} declares",
-                 sglang=sglang, target=state)
-serving.router_verified(
-    name="Verify: the router " + ("serves" if state.serving == "replicas" else "is stopped"),
-    router=router,
-    present=state.serving == "replicas",
-)
-gateway.verified(name=f"Verify: the gateway routes as {state.name} declares", proxy=proxy,
-                 target=state)
+# A failed attempt ends in a verified production: a new run converges it.
+lock.released(name="Lock: released", run_dir=host.data.run_dir, owner=this_run)
+# One host speaks for the run: the rollback is one run, the conclusion one message.
+spokesman = inventory.get_group("workstations")[0].name
+attempt.rolled_back(name="Rollback: production is converged and proven if the attempt failed",
+                    on_failure=on_failure, runner=spokesman)
+attempt.concluded(name="Conclusion: the attempt succeeded", on_failure=on_failure,
+                  runner=spokesman)

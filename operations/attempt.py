@@ -31,7 +31,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import click
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, OperationError, operation
 from pyinfra.api.command import PyinfraCommand
@@ -45,6 +44,7 @@ class Attempt:
     """The failures of this run, in order, each once per host and operation."""
 
     failures: dict[tuple[str, str | None], str] = field(default_factory=dict)
+    rollback_command: list[str] = field(default_factory=list)
     rollback_exit: int | None = None
     registered: bool = False
 
@@ -108,19 +108,23 @@ def refuse(layer: str, found: list[str]) -> None:
     raise OperationError(failure_message(host.name, layer, found))
 
 
-def rollback_command(target: str = "production") -> list[str]:
-    """This very command line, aimed at ``target`` and unable to roll back in turn."""
-    cli = click.get_current_context()
-    data = [item for item in cli.params["data"]
-            if not item.startswith(("state=", "on_failure="))]
-    return [
-        sys.argv[0], "-y", cli.params["inventory"], *cli.params["operations"],
+def remember_command_line(params: dict[str, Any], target: str = "production") -> None:
+    """
+    Keep this very command line, aimed at ``target`` and unable to roll back in
+    turn, for the rollback. ``config.py`` calls this: only there is pyinfra's
+    parsed command line at hand.
+    """
+    data = [item for item in params["data"] if not item.startswith(("state=", "on_failure="))]
+    ATTEMPT.rollback_command = [
+        sys.argv[0], "-y", params["inventory"], *params["operations"],
         *(argument for item in data for argument in ("--data", item)),
         "--data", f"state={target}", "--data", "on_failure=stop",
     ]
 
 
 def run_rollback(state: Any, host: Any, command: list[str]) -> bool:
+    if not command:
+        return record_failure(host, "rollback", ["no pyinfra command line to run again"])
     host.log_styled(f"rollback: converging production: {' '.join(command)}", fg="yellow",
                     log_func=logger.warning)
     ATTEMPT.rollback_exit = subprocess.run(command, stdin=subprocess.DEVNULL).returncode
@@ -147,24 +151,25 @@ def rolled_back(on_failure: str, runner: str) -> Iterator[PyinfraCommand]:
     elif host.name != runner:
         host.noop(f"the rollback runs in {runner}'s step")
     else:
-        yield FunctionCommand(run_rollback, (rollback_command(),), {})
+        yield FunctionCommand(run_rollback, (ATTEMPT.rollback_command,), {})
 
 
 @operation(is_idempotent=True)
-def concluded(on_failure: str = "rollback") -> Iterator[PyinfraCommand]:
+def concluded(on_failure: str, runner: str) -> Iterator[PyinfraCommand]:
     """
     End the run non-zero if the attempt failed, saying what happened after.
 
     + on_failure: ``rollback`` (production was converged and proven) or ``stop``
       (the hosts were left as they were, for debugging)
+    + runner: the host that says it, once for the whole run
 
     **Example:**
 
     .. code:: python
 
-        attempt.concluded(name="The attempt succeeded", on_failure="rollback")
+        attempt.concluded(name="The attempt succeeded", on_failure="rollback", runner="wsa")
     """
-    if executing() and ATTEMPT.failed():
+    if executing() and ATTEMPT.failed() and host.name == runner:
         messages = ATTEMPT.messages()
         if on_failure == "stop":
             after = ("on_failure=stop: THE HOSTS WERE LEFT AS THEY ARE for debugging; "

@@ -97,21 +97,22 @@ def no_facts(cls, kwargs):
 
 
 def test_conclusion_is_silent_after_success(fresh_attempt) -> None:
-    assert run_operation(attempt.concluded, no_facts) == []
+    assert run_operation(attempt.concluded, no_facts, on_failure="rollback", runner="wsa") == []
 
 
 def test_conclusion_names_the_failure_and_the_restoration(fresh_attempt) -> None:
     fresh_attempt.record("wsa", "op1", "wsa: link layer: the link to wsb trained at 10 Gb/s")
     fresh_attempt.rollback_exit = 0
     with pytest.raises(OperationError) as error:
-        run_operation(attempt.concluded, no_facts)
+        run_operation(attempt.concluded, no_facts, on_failure="rollback", runner="wsa")
     assert str(error.value) == ("wsa: link layer: the link to wsb trained at 10 Gb/s | "
                                 "production was restored and verified")
     with pytest.raises(OperationError, match="LEFT AS THEY ARE"):
-        run_operation(attempt.concluded, no_facts, on_failure="stop")
+        run_operation(attempt.concluded, no_facts, on_failure="stop", runner="wsa")
     fresh_attempt.rollback_exit = 1
     with pytest.raises(OperationError, match=r"the rollback to production failed too \(exit 1"):
-        run_operation(attempt.concluded, no_facts)
+        run_operation(attempt.concluded, no_facts, on_failure="rollback", runner="wsa")
+    assert run_operation(attempt.concluded, no_facts, on_failure="rollback", runner="gw") == []
 
 
 def test_the_rollback_runs_once_and_only_after_a_failure(fresh_attempt) -> None:
