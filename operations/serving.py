@@ -31,12 +31,10 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 from pyinfra import host, inventory
-from pyinfra import state as pyinfra_state
 from pyinfra.api import (
     FactBase,
     FunctionCommand,
     Host,
-    OperationError,
     QuoteString,
     StringCommand,
     operation,
@@ -46,6 +44,8 @@ from pyinfra.facts.files import Directory
 from pyinfra.operations import pip
 
 from operations import probes, services
+from operations.attempt import failing, refuse
+from operations.phase import executing
 from operations.services import InitSystem, Service, ServiceLog, ServiceProcess
 from operations.states import Speculative, State
 
@@ -125,7 +125,7 @@ class Sglang:
             draft_model_path=data.serving_draft_model_path,
             port=data.serving_port,
             dist_init_port=data.serving_dist_init_port,
-            min_version=data.serving_min_sglang_version,
+            min_version=str(data.serving_min_sglang_version),
             user=data.serving_user,
             init_system=data.serving_init_system,
             working_directory=data.serving_working_directory,
@@ -418,12 +418,6 @@ def tp_log_tails() -> str:
     ])
 
 
-def refuse(found: list[str], tails: str = "") -> None:
-    """Stop this host with the evidence, named by host and layer."""
-    message = f"{host.name}: {LAYER} layer: " + "; ".join(found)
-    raise OperationError(f"{message}\n{tails}" if tails else message)
-
-
 def server_check(sglang: Sglang, service: Service, tp_size: int,
                  speculative: Speculative | None, tokens: int) -> Check:
     """
@@ -492,7 +486,7 @@ def accept(what: str, check: Check, timeout: float,
     outcome: dict = {}
     yield FunctionCommand(probes.wait_until, (what, check, timeout, outcome), {})
     if outcome.get("found"):
-        refuse([f"{what}: no", *outcome["found"]], tails())
+        yield failing(LAYER, [f"{what}: no", *outcome["found"], tails()])
 
 
 def elsewhere(settings: Sglang | Router | None, role: str) -> bool:
@@ -508,16 +502,6 @@ def elsewhere(settings: Sglang | Router | None, role: str) -> bool:
         host.noop(f"this host is not a {role}")
         return True
     return False
-
-
-def executing() -> bool:
-    """
-    Whether pyinfra is running operations rather than previewing them.
-
-    Without ``-y`` pyinfra calls every operation once before any change to show
-    what would change; a verification then would judge the state before the run.
-    """
-    return pyinfra_state.is_executing
 
 
 # Operations
@@ -568,7 +552,7 @@ def admissible(sglang: Sglang | None, target: State,
             found += [f"production's replica fails before the experiment: {problem}"
                       for problem in probes.completion_problems(answer, tokens)]
     if found:
-        refuse(found)
+        refuse(LAYER, found)
     host.noop(f"SGLang can serve {target.name} on this workstation")
     yield from ()
 
@@ -837,10 +821,10 @@ def verified(sglang: Sglang | None, target: State,
     else:
         found += check()[0]
     if found:
-        refuse(found, tp_log_tails() if target.serving == "tp2"
-               else log_tails([(host, wanted.name, sglang.init_system)]))
+        yield failing(LAYER, [*found, tp_log_tails() if target.serving == "tp2"
+                              else log_tails([(host, wanted.name, sglang.init_system)])])
+        return
     host.noop(f"this workstation serves as {target.name} declares")
-    yield from ()
 
 
 @operation(is_idempotent=True)
@@ -871,6 +855,6 @@ def router_verified(router: Router | None, present: bool = True,
         found = [f"the router runs (pid {process['pid']}) while the replicas are down"
                  ] if process["running"] else []
     if found:
-        refuse(found, log_tails([(host, ROUTER, router.init_system)]))
+        yield failing(LAYER, [*found, log_tails([(host, ROUTER, router.init_system)])])
+        return
     host.noop("the router is " + ("serving" if present else "stopped"))
-    yield from ()
