@@ -9,7 +9,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from conftest import PYTHON, REPO, deploy
+from e2e_helpers import PYTHON, REPO, deploy
 
 # One short window keeps the whole file within a few minutes.
 SHORT = ("--window", "single", "--single-tokens", "64")

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from conftest import PYINFRA, REPO, lab, ssh, verify
+from e2e_helpers import PYINFRA, REPO, lab, ssh, verify
 
 CONFIG = "/var/lib/twinbolt/litellm.yaml"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from conftest import deploy, lab, snapshot, ssh, verify
+from e2e_helpers import deploy, lab, snapshot, ssh, verify
 
 from lab.topology import host_named
 from operations import probes

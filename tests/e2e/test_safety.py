@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from conftest import deploy, fault, snapshot, ssh, verify
+from e2e_helpers import deploy, fault, snapshot, ssh, verify
 
 LOCK = "/run/twinbolt/lock"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import deploy, fault, snapshot, ssh, verify
+from e2e_helpers import deploy, fault, snapshot, ssh, verify
 
 
 def test_production_to_tp2_e2e_and_back_each_verified() -> None:

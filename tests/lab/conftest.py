@@ -1,106 +1,20 @@
-"""Fixtures for the lab's own tests: a running lab, SSH into it, TCP across its link."""
+"""Fixtures for the lab's own tests: a running lab, and both workstations left on stock."""
 
 from __future__ import annotations
 
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
+from lab_helpers import carrier, ssh, wait_until
 
 from lab import faults
-from lab.modules import CANDIDATE
-from lab.ssh import CLIENT_CONFIG
 from lab.topology import PYTHON, REPO
-
-TRANSFER_SCRIPT = """
-import socket, sys
-mode, address, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
-if mode == "server":
-    listener = socket.socket()
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((address, 5201)); listener.listen(1); listener.settimeout(30)
-    peer, _ = listener.accept(); got = 0
-    while chunk := peer.recv(1 << 20):
-        got += len(chunk)
-    print(got)
-else:
-    sender = socket.create_connection((address, 5201), timeout=10)
-    block = b"x" * (1 << 20)
-    for _ in range(size >> 20):
-        sender.sendall(block)
-    sender.close()
-"""
 
 
 @pytest.fixture(scope="session", autouse=True)
 def lab_up() -> None:
     subprocess.run([str(PYTHON), "-m", "lab", "up"], cwd=REPO, check=True)
-
-
-def ssh(host: str, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(["ssh", "-F", str(CLIENT_CONFIG), host, command],
-                            capture_output=True, text=True, timeout=60)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{host}: {command!r} failed: {result.stderr}")
-    return result
-
-
-def read(host: str, path: str) -> str:
-    return ssh(host, f"cat {path}").stdout.strip()
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> float:
-    """Poll until true; return how long it took, fail the test after the bound."""
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(0.05)
-    return time.monotonic() - started
-
-
-def carrier(host: str) -> bool:
-    return "LOWER_UP" in ssh(host, "ip -br link show thunderbolt0").stdout
-
-
-def counters(host: str) -> dict[str, int]:
-    """Receiver errors and TCP retransmissions as the host itself shows them."""
-    out = ssh(host, "cd /sys/class/net/thunderbolt0/statistics && cat rx_errors rx_bytes; "
-                    "awk '/^Tcp:/ {v=$13} END {print v}' /proc/net/snmp").stdout.split()
-    return {"rx_errors": int(out[0]), "rx_bytes": int(out[1]), "retrans": int(out[2])}
-
-
-def transfer(size: int = 1 << 30, timeout: float = 30) -> int:
-    """Send ``size`` bytes from wsa to wsb over thunderbolt0; return bytes received."""
-    server = subprocess.Popen(
-        ["ip", "netns", "exec", "wsb", str(PYTHON), "-c", TRANSFER_SCRIPT, "server",
-         "169.254.77.2", str(size)], stdout=subprocess.PIPE, text=True)
-    try:
-        time.sleep(0.3)
-        try:
-            subprocess.run(["ip", "netns", "exec", "wsa", str(PYTHON), "-c", TRANSFER_SCRIPT,
-                            "client", "169.254.77.2", str(size)], timeout=timeout, check=False,
-                           capture_output=True)
-            out, _ = server.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return 0
-        return int(out.strip() or 0)
-    finally:
-        server.kill()
-        server.wait()
-
-
-def load(host: str, driver: str, *parameters: str) -> None:
-    """Swap the driver on one host the way an operator would by hand."""
-    if driver == "candidate":
-        ssh(host, "mkdir -p /run/twinbolt")
-        subprocess.run(["scp", "-q", "-F", str(CLIENT_CONFIG), str(CANDIDATE),
-                        f"{host}:/run/twinbolt/thunderbolt_net.ko"], check=True)
-        ssh(host, f"rmmod thunderbolt_net; insmod /run/twinbolt/thunderbolt_net.ko "
-                  f"{' '.join(parameters)}")
-    else:
-        ssh(host, f"rmmod thunderbolt_net; modprobe thunderbolt_net {' '.join(parameters)}")
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import carrier, load, read, ssh, wait_until
+from lab_helpers import carrier, load, read, ssh, wait_until
 
 from lab.modules import CANDIDATE, STOCK, build_id
 from lab.ssh import CLIENT_CONFIG

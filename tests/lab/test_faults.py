@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import carrier, load, read, ssh, transfer, wait_until
+from lab_helpers import carrier, load, read, ssh, transfer, wait_until
 
 from lab import faults
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from conftest import ssh, wait_until
+from lab_helpers import ssh, wait_until
 
 from lab.ssh import CLIENT_CONFIG
 from lab.topology import PYTHON

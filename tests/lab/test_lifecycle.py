@@ -7,7 +7,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from conftest import ssh
+from lab_helpers import ssh
 
 from lab import network
 from lab.control import PROCESSES

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import carrier, counters, load, transfer, wait_until
+from lab_helpers import carrier, counters, load, transfer, wait_until
 
 pytestmark = pytest.mark.usefixtures("restore_stock")
 GIB = 1 << 30
