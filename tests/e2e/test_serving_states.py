@@ -1,0 +1,121 @@
+"""The serving layer, end to end: every state from production and back, each
+verified, and a TP start that crashes or hangs failing in bounded time with the
+layer, the host and both ranks' logs named."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+from e2e_helpers import PYINFRA, REPO, deploy, fault, lab, ssh, verify
+
+# tp2_e2e's round trip is test_states_driver_link's; together they cover every state.
+OTHER_TP_STATES = ("tp2_stock", "tp2_stock_nospec", "tp2_e2e_nospec")
+# The lab's start bound is 60 s; a hang need not cost a whole minute to prove.
+SHORT_START = ("--data", "serving_start_timeout_seconds=20")
+# deploy.py's step 6: the TP ranks start, then rank 0 is asked for a completion.
+RANKS_START = "Starting operation: Serving: the TP ranks run"
+
+
+def services_and_driver() -> dict[str, str]:
+    """What the serving and driver layers would change: services, run scripts, module."""
+    listing = "ls /etc/service /etc/sv 2>&1; sha256sum /etc/sv/*/run 2>&1"
+    module = "; cat /sys/module/thunderbolt_net/notes/.note.gnu.build-id " \
+             "/sys/module/thunderbolt_net/parameters/* 2>&1 | od -An -tx1"
+    return {"wsa": ssh("wsa", listing + module), "wsb": ssh("wsb", listing + module),
+            "gw": ssh("gw", listing)}
+
+
+def reached(state: str) -> None:
+    """Deployed: the run's own last step proves every layer with real requests."""
+    run = deploy(state)
+    assert run.returncode == 0, run.output[-4000:]
+
+
+def converged(state: str) -> None:
+    """Deployed, then checked again from outside by ``pytest tests/verify``."""
+    reached(state)
+    checks = verify(state)
+    assert checks.returncode == 0, checks.stdout[-4000:]
+
+
+@pytest.mark.parametrize("state", OTHER_TP_STATES)
+def test_a_state_is_reached_from_production_and_production_restored(state: str) -> None:
+    converged(state)
+    converged("production")
+
+
+def test_an_old_sglang_is_refused_before_any_change_naming_host_and_versions() -> None:
+    before = services_and_driver()
+    run = deploy("tp2_e2e", "--data", "serving_min_sglang_version=9.9")
+    assert run.returncode != 0
+    assert "serving layer: SGLang 0.5.9 is older than the minimum 9.9" in run.output
+    assert "wsa: serving layer" in run.output or "wsb: serving layer" in run.output
+    assert services_and_driver() == before
+
+
+def test_a_rank_crashing_while_the_draft_loads_fails_the_deploy_at_once() -> None:
+    started = time.monotonic()
+    with fault("draft_init_crash"):
+        run = deploy("tp2_stock")
+    elapsed = time.monotonic() - started
+    try:
+        assert run.returncode != 0
+        assert "wsa: serving layer: TP rank 0" in run.output, run.output[-4000:]
+        assert "exited and was restarted" in run.output or "is not running" in run.output
+        # Both ranks' logs, with the crash in them: the evidence, not "it is down".
+        assert "wsa sglang-tp2-rank0, last lines" in run.output
+        assert "wsb sglang-tp2-rank1, last lines" in run.output
+        assert "draft" in run.output.split("wsa sglang-tp2-rank0, last lines")[-1]
+        # A crash is recognised when it happens, not when the start bound runs out.
+        assert "waiting cannot help" in run.output and "timed out" not in run.output
+        assert "production was restored and verified" in run.output
+        assert elapsed < 150, f"the deploy, its rollback included, took {elapsed:.0f}s"
+    finally:
+        reached("production")
+
+
+def deploy_with_fault_from(marker: str, fault_name: str, state: str,
+                           *extra: str) -> tuple[int, str]:
+    """
+    Deploy ``state``, switching ``fault_name`` on when the run prints ``marker``,
+    and off again when it ends; the exit code and everything it printed.
+    """
+    run = subprocess.Popen([str(PYINFRA), "-y", "inventory.py", "deploy.py", "--data",
+                            f"state={state}", *extra], cwd=REPO, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    output = []
+    switched = False
+    try:
+        for line in run.stdout:
+            output.append(line)
+            if marker in line and not switched:
+                lab("fault", fault_name, "on")
+                switched = True
+                output.append(f"(test: fault {fault_name} on)\n")
+        return run.wait(timeout=600), "".join(output)
+    finally:
+        lab("fault", fault_name, "off")
+        if run.poll() is None:
+            run.kill()
+
+
+def test_a_rank_that_hangs_behind_a_green_health_fails_the_deploy_in_bounded_time() -> None:
+    started = time.monotonic()
+    # rank_hang stalls every simulated server asked to generate, production's
+    # replicas and the gateway's large backend too, and for good; so it goes on
+    # only once the ranks start, after every other request this run makes.
+    returncode, output = deploy_with_fault_from(RANKS_START, "rank_hang", "tp2_stock",
+                                                *SHORT_START)
+    elapsed = time.monotonic() - started
+    try:
+        assert "(test: fault rank_hang on)" in output, output[-4000:]
+        assert returncode != 0
+        assert "wsa: serving layer: TP rank 0" in output, output[-4000:]
+        assert "its /health answers 200, which proves nothing" in output
+        assert "timed out after 20s" in output
+        assert "production was restored and verified" in output
+        assert elapsed < 150, f"the deploy, its rollback included, took {elapsed:.0f}s"
+    finally:
+        reached("production")
