@@ -15,10 +15,16 @@ own parsed arguments from click's context.
 from pathlib import Path
 
 import click
+from pyinfra import config
 from pyinfra.api.exceptions import PyinfraError
 
 from operations.attempt import remember_command_line
 from operations.states import resolve_state
+
+# A host that fails (cannot be reached, or refuses in preflight) stops the whole
+# run: the two sides of the link move together or not at all. Set here, before
+# pyinfra copies the config for the run; deploy.py would only change its copy.
+config.FAIL_PERCENT = 0
 
 # What a run does when it fails after changing something: converge production
 # and prove it (the default), or leave the hosts as they are for debugging.

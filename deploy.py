@@ -23,15 +23,11 @@ leaves the hosts as they are instead), then a non-zero exit naming the host,
 the layer and the evidence.
 """
 
-from pyinfra import config, host, inventory
+from pyinfra import host, inventory
 
 from operations import attempt, driver, gateway, link, lock, serving
 from operations.driver import CandidateModule
 from operations.states import resolve_state
-
-# A refusal on one workstation must stop the other before it changes anything:
-# the two sides of the link move together or not at all.
-config.FAIL_PERCENT = 0
 
 state = resolve_state(host.data.get("state"))
 on_failure = host.data.get("on_failure") or "rollback"
@@ -60,8 +56,8 @@ router = (serving.Router.from_hosts(host, inventory.get_group("workstations"))
           if on_gateway else None)
 proxy = gateway.Proxy.from_host(host, router) if on_gateway else None
 
-lock.held(name="Lock: one run at a time on these hosts", run_dir=host.data.run_dir,
-          owner=this_run)
+lock.available(name="Lock: no other run holds these hosts", run_dir=host.data.run_dir,
+               owner=this_run)
 
 # 1. Preflight: read-only; every refusal happens here, before any change.
 if workstation:
@@ -84,6 +80,9 @@ if workstation:
                        target=state)
 gateway.admissible(name="Preflight: the large role answers, so small can fall back to it",
                    proxy=proxy, target=state)
+
+# Taken only now, so that a run refused in preflight leaves nothing behind.
+lock.held(name="Lock: held by this run", run_dir=host.data.run_dir, owner=this_run)
 
 # Steps 2-8 are the attempt: after a failure the remaining steps are skipped on
 # every host, and the failure is recorded rather than ending the run at once.

@@ -87,11 +87,21 @@ def lock_path(run_dir: str) -> str:
     return f"{run_dir}/{LOCK_NAME}"
 
 
+def held_elsewhere(run_dir: str, owner: RunOwner) -> RunOwner | None:
+    """The run holding this host's lock if it is another, live one; refuse in that case."""
+    current = host.get_fact(HostLock, run_dir=run_dir)
+    if current is not None and current != owner and not current.gone():
+        path = lock_path(run_dir)
+        refuse("lock", [f"another run holds {path}: {current.describe()}; if no such run "
+                        f"exists any more, remove {path} on {host.name}"])
+    return current
+
+
 @operation(is_idempotent=True)
-def held(run_dir: str, owner: RunOwner) -> Iterator[PyinfraCommand]:
+def available(run_dir: str, owner: RunOwner) -> Iterator[PyinfraCommand]:
     """
-    Hold this host's lock for the run: refuse if another live run holds it, take
-    it over (with a warning) if its owner is gone.
+    Refuse at once when another live run holds this host's lock. Read-only: a run
+    refused later, in preflight, must leave no lock behind.
 
     + run_dir: the tmpfs directory holding the lock
     + owner: this run
@@ -100,20 +110,38 @@ def held(run_dir: str, owner: RunOwner) -> Iterator[PyinfraCommand]:
 
     .. code:: python
 
-        lock.held(name="Lock: one run at a time", run_dir="/run/twinbolt",
+        lock.available(name="Lock: no other run holds these hosts", run_dir="/run/twinbolt",
+                       owner=this_run("tp2_e2e"))
+    """
+    held_elsewhere(run_dir, owner)
+    host.noop("no other run holds this host")
+    yield from ()
+
+
+@operation(is_idempotent=True)
+def held(run_dir: str, owner: RunOwner) -> Iterator[PyinfraCommand]:
+    """
+    Hold this host's lock for the rest of the run: refuse if another live run
+    holds it, take it over (with a warning) if its owner is gone.
+
+    + run_dir: the tmpfs directory holding the lock
+    + owner: this run
+
+    **Example:**
+
+    .. code:: python
+
+        lock.held(name="Lock: held by this run", run_dir="/run/twinbolt",
                   owner=this_run("tp2_e2e"))
     """
     if not executing():
         host.noop("the host lock is taken when the run executes")
         return
-    current = host.get_fact(HostLock, run_dir=run_dir)
+    current = held_elsewhere(run_dir, owner)
     if current == owner:
         host.noop("this run holds the lock")
         return
     path = lock_path(run_dir)
-    if current is not None and not current.gone():
-        refuse("lock", [f"another run holds {path}: {current.describe()}; if no such run "
-                        f"exists any more, remove {path} on {host.name}"])
     if current is not None:
         logger.warning(f"{host.print_prefix}taking over the stale lock of {current.describe()}")
     # noclobber: two runs racing for a free lock cannot both create the file.

@@ -59,6 +59,16 @@ def test_the_lock_is_only_taken_when_executing_and_released_only_if_ours() -> No
     assert shell == ["rm -f /run/twinbolt/lock"]
 
 
+def test_availability_is_read_only_and_refuses_a_live_holder() -> None:
+    shell: list[str] = []
+    assert run_operation(lock.available, holding(None), shell=shell, run_dir="/run/twinbolt",
+                         owner=OWNER) == []
+    assert shell == []
+    other = RunOwner("operator-laptop", "ana", 77, "2026-11-29T12:00:00+0000", "tp2_stock")
+    with pytest.raises(OperationError, match="ana@operator-laptop pid 77"):
+        run_operation(lock.available, holding(other), run_dir="/run/twinbolt", owner=OWNER)
+
+
 def test_lock_line_round_trips_through_the_fact() -> None:
     assert HostLock().process([OWNER.line()]) == OWNER
     assert HostLock().process([]) is None
