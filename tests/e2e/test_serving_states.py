@@ -16,6 +16,8 @@ OTHER_TP_STATES = ("tp2_stock", "tp2_stock_nospec", "tp2_e2e_nospec")
 SHORT_START = ("--data", "serving_start_timeout_seconds=20")
 # deploy.py's step 6: the TP ranks start, then rank 0 is asked for a completion.
 RANKS_START = "Starting operation: Serving: the TP ranks run"
+# After a failure the run converges production itself.
+ROLLBACK = "Starting operation: Rollback"
 
 
 def services_and_driver() -> dict[str, str]:
@@ -76,24 +78,28 @@ def test_a_rank_crashing_while_the_draft_loads_fails_the_deploy_at_once() -> Non
         reached("production")
 
 
-def deploy_with_fault_from(marker: str, fault_name: str, state: str,
-                           *extra: str) -> tuple[int, str]:
+def deploy_with_fault_between(on: str, off: str, fault_name: str, state: str,
+                              *extra: str) -> tuple[int, str]:
     """
-    Deploy ``state``, switching ``fault_name`` on when the run prints ``marker``,
-    and off again when it ends; the exit code and everything it printed.
+    Deploy ``state`` with ``fault_name`` on from the line that says ``on`` to the
+    line that says ``off`` (and off whatever happens); the exit code and the output.
     """
     run = subprocess.Popen([str(PYINFRA), "-y", "inventory.py", "deploy.py", "--data",
                             f"state={state}", *extra], cwd=REPO, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
     output = []
-    switched = False
+    switched = "before"
     try:
         for line in run.stdout:
             output.append(line)
-            if marker in line and not switched:
+            if switched == "before" and on in line:
                 lab("fault", fault_name, "on")
-                switched = True
+                switched = "on"
                 output.append(f"(test: fault {fault_name} on)\n")
+            elif switched == "on" and off in line:
+                lab("fault", fault_name, "off")
+                switched = "after"
+                output.append(f"(test: fault {fault_name} off)\n")
         return run.wait(timeout=600), "".join(output)
     finally:
         lab("fault", fault_name, "off")
@@ -104,13 +110,13 @@ def deploy_with_fault_from(marker: str, fault_name: str, state: str,
 def test_a_rank_that_hangs_behind_a_green_health_fails_the_deploy_in_bounded_time() -> None:
     started = time.monotonic()
     # rank_hang stalls every simulated server asked to generate, production's
-    # replicas and the gateway's large backend too, and for good; so it goes on
-    # only once the ranks start, after every other request this run makes.
-    returncode, output = deploy_with_fault_from(RANKS_START, "rank_hang", "tp2_stock",
-                                                *SHORT_START)
+    # replicas and the gateway's large backend too, and for good; so it is on
+    # only from the ranks' start to the rollback that restores production.
+    returncode, output = deploy_with_fault_between(RANKS_START, ROLLBACK, "rank_hang",
+                                                   "tp2_stock", *SHORT_START)
     elapsed = time.monotonic() - started
     try:
-        assert "(test: fault rank_hang on)" in output, output[-4000:]
+        assert "(test: fault rank_hang off)" in output, output[-4000:]
         assert returncode != 0
         assert "wsa: serving layer: TP rank 0" in output, output[-4000:]
         assert "its /health answers 200, which proves nothing" in output
