@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from lab.topology import GPU_MEMORY_MIB, GPU_NAME
+from lab.topology import GPU_MEMORY_MIB, GPU_NAME, alive
 
 GPU_DIR = Path(os.environ.get("LAB_SGLANG_GPU_DIR", "/run/lab-gpu"))
 
@@ -25,7 +25,7 @@ def compute_apps() -> dict[int, int]:
             pid, used = int(entry.name), int(entry.read_text().strip())
         except ValueError:
             continue
-        if Path(f"/proc/{pid}").exists():
+        if alive(pid):
             apps[pid] = used
     return apps
 
