@@ -132,7 +132,7 @@ class ServiceProcess(FactBase):
     .. code:: python
 
         {"running": True, "status": "run: sglang-replica: (pid 4242) 73s", "pid": 4242,
-         "argv": ["/opt/sglang/bin/python", "-m", "sglang.launch_server", ...],
+         "seconds": 73.2, "argv": ["/opt/sglang/bin/python", "-m", "sglang.launch_server", ...],
          "environment": {"NCCL_IB_DISABLE": "1", ...}}
     """
 
@@ -151,6 +151,9 @@ class ServiceProcess(FactBase):
             'echo "status $status"; '
             '[ -n "$pid" ] && [ "$pid" != 0 ] && [ -r "/proc/$pid/cmdline" ] || exit 0; '
             'echo "pid $pid"; '
+            # Started this many clock ticks after boot (field 22 of stat, after the name).
+            "echo \"started $(sed 's/.*) //' /proc/$pid/stat | cut -d' ' -f20) "
+            "$(getconf CLK_TCK) $(cut -d' ' -f1 /proc/uptime)\"; "
             "tr '\\0' '\\n' < \"/proc/$pid/cmdline\" | sed 's/^/arg /'; "
             "tr '\\0' '\\n' < \"/proc/$pid/environ\" | sed 's/^/env /'"
         )
@@ -159,8 +162,8 @@ class ServiceProcess(FactBase):
         )
 
     def process(self, output: list[str]) -> dict:
-        process: dict = {"running": False, "status": "", "pid": None, "argv": [],
-                         "environment": {}}
+        process: dict = {"running": False, "status": "", "pid": None, "seconds": None,
+                         "argv": [], "environment": {}}
         for line in output:
             kind, _, value = line.partition(" ")
             if kind == "status":
@@ -168,6 +171,9 @@ class ServiceProcess(FactBase):
             elif kind == "pid":
                 process["pid"] = int(value)
                 process["running"] = True
+            elif kind == "started":
+                ticks, per_second, uptime = value.split()
+                process["seconds"] = float(uptime) - int(ticks) / int(per_second)
             elif kind == "arg":
                 process["argv"].append(value)
             elif kind == "env":

@@ -418,6 +418,24 @@ def tp_log_tails() -> str:
     ])
 
 
+def stuck(sglang: Sglang, service: Service, tokens: int = ACCEPTANCE_TOKENS) -> list[str]:
+    """
+    Why a server that runs as rendered, and has had its whole start bound, still
+    serves no real completion; empty when it serves, is younger, or is not running.
+
+    Such a server is not in the declared state, and only a restart can bring it
+    there: a hung scheduler does not recover by itself.
+    """
+    process = host.get_fact(ServiceProcess, service=service.name,
+                            init_system=sglang.init_system)
+    if (not process.get("running") or (process.get("seconds") or 0) < sglang.start_timeout
+            or process_problems(process, service)):
+        return []
+    answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
+                                    timeout=REQUEST_TIMEOUT_SECONDS)
+    return probes.completion_problems(answer, tokens)
+
+
 def server_check(sglang: Sglang, service: Service, tp_size: int,
                  speculative: Speculative | None, tokens: int) -> Check:
     """
@@ -549,7 +567,8 @@ def admissible(sglang: Sglang | None, target: State,
         if REPLICA in running:
             answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
                                             timeout=REQUEST_TIMEOUT_SECONDS)
-            found += [f"production's replica fails before the experiment: {problem}"
+            found += [f"production's replica fails before the experiment (converge "
+                      f"production first, which restarts a hung replica): {problem}"
                       for problem in probes.completion_problems(answer, tokens)]
     if found:
         refuse(LAYER, found)
@@ -561,6 +580,9 @@ def admissible(sglang: Sglang | None, target: State,
 def replica(sglang: Sglang | None, present: bool = True) -> Iterator[PyinfraCommand]:
     """
     Run, or stop, production's single-GPU SGLang replica on this workstation.
+
+    A replica that has been up longer than its start bound and serves no real
+    completion (hung) is restarted: converging production must be able to repair it.
 
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
     + present: whether the replica should run
@@ -575,8 +597,9 @@ def replica(sglang: Sglang | None, present: bool = True) -> Iterator[PyinfraComm
     if elsewhere(sglang, "workstation"):
         return
     if present:
-        yield from services.present._inner(service=replica_service(sglang),
-                                           init_system=sglang.init_system)
+        service = replica_service(sglang)
+        yield from services.present._inner(service=service, init_system=sglang.init_system,
+                                           restarted=bool(stuck(sglang, service)))
     else:
         yield from services.absent._inner(service=REPLICA, init_system=sglang.init_system)
 

@@ -149,12 +149,13 @@ def test_a_rendered_systemd_unit_passes_systemd_analyze_verify(service: Service,
 
 def test_service_process_reads_argv_and_environment() -> None:
     process = ServiceProcess().process([
-        "status run: sglang-replica: (pid 42) 7s", "pid 42", "arg /usr/bin/python",
-        "arg -m", "arg lab.sglang_sim", "env NCCL_SOCKET_IFNAME==thunderbolt0", "env HOME=/root",
+        "status run: sglang-replica: (pid 42) 7s", "pid 42", "started 1000 100 17.5",
+        "arg /usr/bin/python", "arg -m", "arg lab.sglang_sim",
+        "env NCCL_SOCKET_IFNAME==thunderbolt0", "env HOME=/root",
     ])
     assert process == {
         "running": True, "status": "run: sglang-replica: (pid 42) 7s", "pid": 42,
-        "argv": ["/usr/bin/python", "-m", "lab.sglang_sim"],
+        "seconds": 7.5, "argv": ["/usr/bin/python", "-m", "lab.sglang_sim"],
         "environment": {"NCCL_SOCKET_IFNAME": "=thunderbolt0", "HOME": "/root"},
     }
     stopped = ServiceProcess().process(["status down: sglang-replica: 3s, normally up"])

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 from pyinfra.facts.files import Sha1File
-from pyinfra_fakes import FakeHost, commands
+from pyinfra_fakes import FakeHost, commands, on
 from sglang_router.launch_router import parse_router_args
 
 from lab.sglang_sim.args import parse_server_args
@@ -296,3 +296,32 @@ def test_serving_operations_do_nothing_on_a_host_without_the_role() -> None:
     ):
         assert commands(operation, host, **arguments) == []
     assert host.noops.count("this host is not a workstation") == 3
+
+
+def replica_process(seconds: float) -> dict:
+    service = replica_service(RANK0)
+    return {"running": True, "status": "run", "pid": 7, "seconds": seconds,
+            "argv": list(service.command), "environment": {}}
+
+
+def test_a_young_or_serving_replica_is_not_stuck(monkeypatch) -> None:
+    asked: list[str] = []
+    monkeypatch.setattr(probes, "chat_completion",
+                        lambda url, *args, **kwargs: asked.append(url) or answer(
+                            {"choices": [{"message": {"content": "ok"}}],
+                             "usage": {"completion_tokens": 32}}))
+    young = FakeHost({services.ServiceProcess: replica_process(seconds=60)})
+    with on(young):
+        assert serving.stuck(RANK0, replica_service(RANK0)) == []
+    assert asked == []  # a server still inside its start bound is not asked
+    old = FakeHost({services.ServiceProcess: replica_process(seconds=3600)})
+    with on(old):
+        assert serving.stuck(RANK0, replica_service(RANK0)) == []
+    assert asked == ["http://10.66.0.11:30000"]
+
+
+def test_an_old_replica_that_serves_nothing_is_stuck(monkeypatch) -> None:
+    monkeypatch.setattr(probes, "chat_completion", lambda *args, **kwargs: probes.Answer(
+        "http://10.66.0.11:30000/v1/chat/completions", error="no answer within 30s"))
+    with on(FakeHost({services.ServiceProcess: replica_process(seconds=3600)})):
+        assert "no answer within 30s" in serving.stuck(RANK0, replica_service(RANK0))[0]
