@@ -62,7 +62,14 @@ class RunOwner:
     def gone(self) -> bool:
         """True only when the owner is provably gone: same machine, no such process.
         An owner on another machine cannot be checked from here, so it counts as alive."""
-        return self.machine == socket.gethostname() and not Path(f"/proc/{self.pid}").exists()
+        if self.machine != socket.gethostname():
+            return False
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except FileNotFoundError:
+            return True
+        # A killed run may linger as a zombie until reaped: it holds nothing.
+        return stat.rpartition(")")[2].split()[0] == "Z"
 
 
 @cache
