@@ -373,7 +373,9 @@ def module(
     unload = ["rmmod", QuoteString(candidate.name), "&&"] if current else []
     staged = staged_path(run_dir, candidate)
     if loaded == "candidate":
-        found = candidate_refusals(candidate)
+        # Only the file is checked again here: the peer's capabilities vanish while the
+        # other workstation reloads in this same step, and preflight proved them.
+        found = candidate.problems(host.get_fact(KernelVersion))
         if found:
             # Preflight checked this; something changed since: fail into the rollback.
             yield failing("driver", found)
