@@ -10,15 +10,14 @@ rate is an error, not something to wait out: it will not retrain by itself.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
-from typing import Any
 
 from pyinfra import host
 from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.api.command import PyinfraCommand
 
-from operations.attempt import failing, record_failure, refuse
+from operations import probes
+from operations.attempt import failing, refuse
 from operations.phase import executing
 
 SPEED = re.compile(r"([0-9.]+)\s*Gb/s")
@@ -163,28 +162,6 @@ def link_problems(interface: str, address: str, peer_address: str,
     return found, True
 
 
-def wait_for_link(state: Any, host: Any, interface: str, address: str, peer_address: str,
-                  expected_rate_gbps: float, expected_lanes: int, timeout: float) -> bool:
-    """Poll the link until it is usable, printing progress; fail with the evidence."""
-    started = time.monotonic()
-    next_report = started
-    while True:
-        found, worth_waiting = link_problems(interface, address, peer_address,
-                                             expected_rate_gbps, expected_lanes)
-        elapsed = time.monotonic() - started
-        if not found:
-            host.log(f"link: {interface} trained at {expected_rate_gbps:g} Gb/s, "
-                     f"peer {peer_address} answers ({elapsed:.1f}s)")
-            return True
-        if not worth_waiting or elapsed > timeout:
-            after = "" if not worth_waiting else f" (waited {timeout:g}s)"
-            return record_failure(host, "link", [*found[:-1], found[-1] + after])
-        if time.monotonic() >= next_report:
-            host.log(f"link: waiting: {'; '.join(found)} ({elapsed:.0f}s of {timeout:g}s)")
-            next_report += 2
-        time.sleep(0.2)
-
-
 # Operations
 
 
@@ -263,4 +240,12 @@ def trained(interface: str, address: str, peer_address: str, expected_rate_gbps:
     if not worth_waiting and executing():
         yield failing("link", found)
         return
-    yield FunctionCommand(wait_for_link, (*arguments, timeout), {})
+    outcome: dict = {}
+    yield FunctionCommand(
+        probes.wait_until,
+        (f"{interface} trained at {expected_rate_gbps:g} Gb/s with the peer answering",
+         lambda seconds_left: link_problems(*arguments), timeout, outcome),
+        {},
+    )
+    if outcome.get("found"):
+        yield failing("link", outcome["found"])

@@ -40,8 +40,8 @@ def test_a_trained_link_is_a_noop() -> None:
 
 
 def test_a_link_coming_back_is_waited_for() -> None:
-    assert run_operation(link.trained, facts(carrier=False), **LINK) == ["call wait_for_link"]
-    assert run_operation(link.trained, facts(answers=False), **LINK) == ["call wait_for_link"]
+    assert run_operation(link.trained, facts(carrier=False), **LINK) == ["call wait_until"]
+    assert run_operation(link.trained, facts(answers=False), **LINK) == ["call wait_until"]
 
 
 def test_preflight_does_not_wait() -> None:
@@ -59,4 +59,4 @@ def test_a_link_at_the_wrong_rate_names_the_rate_seen_and_expected() -> None:
 
 def test_while_predicting_a_wrong_rate_is_expected_to_retrain() -> None:
     assert run_operation(link.trained, facts(speed=10.0), executing=False, **LINK) == [
-        "call wait_for_link"]
+        "call wait_until"]
