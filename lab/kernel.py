@@ -5,6 +5,8 @@ module state asks for with what the network shows:
 
 - a loaded ``thunderbolt_net`` brings ``thunderbolt0`` up after a retrain delay,
   at 20 Gb/s (10 Gb/s under ``link_10g``), and an unloaded one leaves it down;
+  switching ``link_10g`` off is re-seating the cable: a link that trained at
+  10 Gb/s goes down and retrains;
 - each side's XDomain sysfs shows the peer and, while the peer's driver is
   loaded, its ``network`` service and capabilities (``prtcstns``);
 - the stock driver's receiver drops frames at a small rate (iptables
@@ -78,6 +80,7 @@ class HostLink:
     host: LabHost
     loaded_at: float | None = None
     up: bool | None = None
+    replugged_at: float = 0.0
     rules: tuple[float, bool] | None = None
     base: dict[str, int] = field(default_factory=dict)
     # Drops counted by rules already flushed, by the current rules, and at the last load.
@@ -212,7 +215,10 @@ def tick(links: dict[str, HostLink], speeds: dict[str, float]) -> None:
     for name, link in links.items():
         peer = host_named(link.host.peer or "")
         module, peer_module = modules[name], modules[peer.name]
-        trained = module.loaded and now - (module.loaded_at or now) >= RETRAIN_SECONDS
+        if link.up and speeds[name] < LINK_SPEED_GBPS and not faults.is_on("link_10g"):
+            link.replugged_at = now
+        trained_from = max(module.loaded_at or now, link.replugged_at)
+        trained = module.loaded and now - trained_from >= RETRAIN_SECONDS
         if trained and not link.up:
             # Training happens now, so a fault switched on before it bites here.
             speeds[name] = DEGRADED_SPEED_GBPS if faults.is_on("link_10g") else LINK_SPEED_GBPS

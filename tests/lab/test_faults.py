@@ -43,6 +43,17 @@ def test_link_10g_makes_the_next_retrain_slow() -> None:
     assert "rate 10Gbit" in ssh("wsa", "tc qdisc show dev thunderbolt0").stdout
 
 
+def test_switching_link_10g_off_reseats_the_cable_and_the_link_retrains_at_20g() -> None:
+    faults.switch("link_10g", True)
+    ssh("wsa", "rmmod thunderbolt_net; modprobe thunderbolt_net")
+    wait_until(lambda: read("wsa", "/sys/bus/thunderbolt/devices/0-1/rx_speed") == "10.0 Gb/s")
+    faults.switch("link_10g", False)
+    wait_until(lambda: not carrier("wsa"), timeout=2)
+    wait_until(lambda: read("wsa", "/sys/bus/thunderbolt/devices/0-1/rx_speed") == "20.0 Gb/s")
+    wait_until(lambda: carrier("wsa"))
+    assert "rate 20Gbit" in ssh("wsa", "tc qdisc show dev thunderbolt0").stdout
+
+
 def test_server_faults_are_visible_to_every_host() -> None:
     for name in ("draft_init_crash", "rank_hang"):
         faults.switch(name, True)
