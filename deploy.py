@@ -25,7 +25,7 @@ the layer and the evidence.
 
 from pyinfra import host, inventory
 
-from operations import attempt, driver, gateway, link, lock, serving
+from operations import attempt, driver, gateway, gpu, link, lock, serving
 from operations.driver import CandidateModule
 from operations.states import resolve_state
 
@@ -76,6 +76,9 @@ if workstation:
         # Production needs no link, and must stay reachable from a broken one.
         link.trained(name="Preflight: the link is up at the expected rate", wait=False,
                      **the_link)
+    gpu.free(name="Preflight: the GPU is present and holds nothing twinbolt did not start",
+             services=serving.GPU_SERVICES, init_system=host.data.serving_init_system,
+             foreign_memory_mib=host.data.serving_foreign_gpu_memory_mib)
     serving.admissible(name=f"Preflight: SGLang can serve {state.name} here", sglang=sglang,
                        target=state)
 gateway.admissible(name="Preflight: the large role answers, so small can fall back to it",

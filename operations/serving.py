@@ -53,6 +53,8 @@ LAYER = "serving"
 REPLICA = "sglang-replica"
 TP_RANKS = ("sglang-tp2-rank0", "sglang-tp2-rank1")
 ROUTER = "sglang-router"
+# Every service that puts SGLang on a workstation's GPU.
+GPU_SERVICES = (REPLICA, *TP_RANKS)
 SGLANG_SERVICES = "sglang-"
 # The router twinbolt installs on the gateway; requirements.txt pins the same release.
 ROUTER_REQUIREMENT = "sglang-router==0.3.2"

@@ -27,6 +27,7 @@ from pydantic import (
     ConfigDict,
     Field,
     HttpUrl,
+    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     StringConstraints,
@@ -169,6 +170,9 @@ class Serving(_Section):
     # Loading a 27B model, capturing CUDA graphs and autotuning take minutes;
     # past this bound a start that has not served a real completion has failed.
     start_timeout_seconds: PositiveInt = 900
+    # GPU memory (MiB, in all) that processes twinbolt did not start may hold
+    # before a run refuses: a desktop's X server, say.
+    foreign_gpu_memory_mib: NonNegativeInt = 0
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> "Serving":

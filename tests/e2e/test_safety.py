@@ -34,6 +34,19 @@ def test_a_candidate_that_stalls_the_link_is_rolled_back_to_verified_production(
     assert_production_verified()
 
 
+def test_on_failure_stop_leaves_the_hosts_as_they_are_and_says_so() -> None:
+    with fault("link_10g"):
+        run = deploy("tp2_e2e", "--data", "on_failure=stop")
+    assert run.returncode != 0
+    assert "link layer" in run.output and "trained at 10 Gb/s" in run.output
+    assert "THE HOSTS WERE LEFT AS THEY ARE" in run.output
+    assert "rollback: converging production" not in run.output
+    assert "tx_e2e" in ssh("wsa", "ls /sys/module/thunderbolt_net/parameters")
+    restored = deploy("production")
+    assert restored.returncode == 0, restored.output[-3000:]
+    assert_production_verified()
+
+
 def test_a_run_refuses_while_another_live_run_holds_the_lock() -> None:
     holder = "machine=operator-laptop user=ana pid=77 started=2026-11-29T12:00:00 state=tp2_stock"
     ssh("wsb", f"mkdir -p /run/twinbolt && echo '{holder}' > {LOCK}")
@@ -85,6 +98,20 @@ def test_bad_input_is_refused_with_the_reason_and_changes_nothing() -> None:
         assert run.returncode != 0, extra
         assert reason in run.output, (extra, run.output[-2000:])
         assert snapshot() == before, extra
+
+
+def test_gpu_memory_held_by_a_process_twinbolt_did_not_start_is_refused() -> None:
+    stranger = ssh("wsb", "sleep 300 >/dev/null 2>&1 & echo $!").strip()
+    ssh("wsb", f"echo 9000 > /run/lab-gpu/{stranger}")
+    try:
+        before = snapshot()
+        run = deploy("tp2_e2e")
+        assert run.returncode != 0
+        assert (f"wsb: gpu layer: pid {stranger} (sleep 300) holds 9000 MiB of GPU memory and "
+                "was not started by twinbolt") in run.output, run.output[-3000:]
+        assert snapshot() == before
+    finally:
+        ssh("wsb", f"kill {stranger}; rm -f /run/lab-gpu/{stranger}")
 
 
 def test_an_unreachable_host_stops_the_run_before_any_change() -> None:

@@ -2,13 +2,16 @@
 Interruption sweep: kill a run at every point and prove the next run converges.
 
     python tests/soak/interrupt.py [--stride N] [--limit M]
+    python tests/soak/interrupt.py --points K
 
 For each leg of production -> tp2_e2e -> production, the leg's run is killed
-with SIGKILL right after its k-th remote command (k = 1, 1+N, 1+2N, ...), as a
+with SIGKILL right after its k-th remote command (k = 1, 1+N, 1+2N, ...; or,
+with ``--points``, K points spread evenly over a clean run's commands), as a
 lost laptop or a Ctrl-\\ would; then a new run to the leg's target must converge
-and ``pytest tests/verify`` must pass, with no candidate copy, stale process or
-temporary route left behind. It prints how many points it tried and how many
-converged, and exits non-zero if any did not.
+and ``pytest tests/verify`` must pass, with no candidate copy, stale process,
+lock or temporary route left behind, and so must a run back to the leg's origin.
+It prints how many points it tried and how many converged, and exits non-zero
+if any did not.
 """
 
 from __future__ import annotations
@@ -56,6 +59,17 @@ def run_killed_after(state: str, commands: int) -> int:
     return seen
 
 
+def spread(origin: str, target: str, points: int) -> list[int]:
+    """``points`` kill points spread evenly over a clean run of the leg."""
+    total = run_killed_after(target, sys.maxsize)
+    for state in (target, origin):
+        problem = converge_or_explain(state)
+        if problem:
+            raise SystemExit(f"the clean {origin} -> {target} leg failed: {problem}")
+    print(f"{origin} -> {target}: a clean run takes {total} remote commands", flush=True)
+    return sorted({max(1, round(i * total / (points + 1))) for i in range(1, points + 1)})
+
+
 def converge_or_explain(state: str) -> str | None:
     """None when a fresh run to ``state`` converges and verifies; else why not."""
     run = deploy(state)
@@ -71,17 +85,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--stride", type=int, default=1, help="try every N-th command")
     parser.add_argument("--limit", type=int, default=0, help="at most this many points per leg")
+    parser.add_argument("--points", type=int, default=0,
+                        help="instead: this many points per leg, spread over a clean run")
     args = parser.parse_args()
 
     tried = converged = 0
-    failures = []
+    failures: list[str] = []
     for origin, target in LEGS:
         problem = converge_or_explain(origin)
         if problem:
             print(f"cannot start the {origin} -> {target} leg: {problem}")
             return 2
-        point = 1
-        while not args.limit or (point - 1) // args.stride < args.limit:
+        if args.points:
+            points = spread(origin, target, args.points)
+        else:
+            points = range(1, sys.maxsize, args.stride)
+            if args.limit:
+                points = points[:args.limit]
+        for point in points:
             started = time.monotonic()
             seen = run_killed_after(target, point)
             if seen < point:
@@ -93,13 +114,14 @@ def main() -> int:
             print(f"{origin} -> {target}: killed after remote command {point}: {verdict} "
                   f"({time.monotonic() - started:.0f}s)", flush=True)
             if problem:
-                failures.append((origin, target, point, problem))
+                failures.append(f"{origin} -> {target} killed after command {point}")
             problem = converge_or_explain(origin)
             if problem:
                 print(f"cannot return to {origin}: {problem}")
                 return 2
-            point += args.stride
     print(f"interruption points tried: {tried}, converged: {converged}")
+    for failure in failures:
+        print(f"did not converge: {failure}")
     return 0 if tried and converged == tried else 1
 
 
