@@ -8,7 +8,7 @@ APT_PACKAGES := openssh-server openssh-client runit kmod iptables iproute2 iputi
 	binutils gcc procps util-linux
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lab lab-down demo test lint unit verify lock
+.PHONY: setup lab lab-down demo test soak lint lock
 
 setup: $(STAMP)
 
@@ -45,9 +45,17 @@ demo: lab
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# Every test, then a short interruption sweep (`make soak SOAK_POINTS=N` for a longer one).
 test: setup lint
 	$(PY) -m lab up
 	$(PY) -m pytest tests/unit tests/lab tests/e2e
+	$(MAKE) soak
+
+# Kill runs of production -> tp2_e2e -> production at SOAK_POINTS points per leg;
+# every next run must converge and verify.
+SOAK_POINTS ?= 2
+soak: lab
+	$(PY) tests/soak/interrupt.py --points $(SOAK_POINTS)
 
 lock:
 	$(PY) -m pip freeze --exclude-editable > requirements.lock

@@ -6,12 +6,16 @@ host lock keeps runs apart, and bad input changes nothing.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from e2e_helpers import deploy, fault, snapshot, ssh, verify
+
+from lab.topology import STATE, host_named
 
 LOCK = "/run/twinbolt/lock"
 
@@ -112,6 +116,34 @@ def test_gpu_memory_held_by_a_process_twinbolt_did_not_start_is_refused() -> Non
         assert snapshot() == before
     finally:
         ssh("wsb", f"kill {stranger}; rm -f /run/lab-gpu/{stranger}")
+
+
+def test_a_candidate_built_for_another_kernel_is_refused_before_upload(tmp_path) -> None:
+    candidate = STATE / "modules" / "candidate" / "thunderbolt_net.ko"
+    release = os.uname().release.encode()
+    foreign = tmp_path / "thunderbolt_net.ko"
+    foreign.write_bytes(candidate.read_bytes().replace(release, b"9".ljust(len(release), b"x")))
+    before = snapshot()
+    run = deploy("tp2_e2e", "--data", f"candidate_path={foreign}",
+                 "--data", f"candidate_sha256={hashlib.sha256(foreign.read_bytes()).hexdigest()}")
+    assert run.returncode != 0
+    assert f"candidate {foreign} was built for kernel 9x" in run.output, run.output[-3000:]
+    assert snapshot() == before
+
+
+def test_management_traffic_over_the_link_is_refused_before_any_change() -> None:
+    gateway = host_named("gw").management_address
+    route = ["ip", "netns", "exec", "wsa", "ip", "route"]
+    before = snapshot()
+    subprocess.run([*route, "add", f"{gateway}/32", "dev", "thunderbolt0"], check=True)
+    try:
+        run = deploy("tp2_e2e")
+    finally:
+        subprocess.run([*route, "del", f"{gateway}/32", "dev", "thunderbolt0"], check=True)
+    assert run.returncode != 0
+    assert (f"wsa: link layer: traffic to the gateway ({gateway}) would leave through "
+            "thunderbolt0") in run.output, run.output[-3000:]
+    assert snapshot() == before
 
 
 def test_an_unreachable_host_stops_the_run_before_any_change() -> None:
