@@ -5,14 +5,20 @@ A driver reload takes the interface down; the link is back only when the
 XDomain reports the expected rate (speed × lanes), ``thunderbolt0`` has carrier
 and its address, and the peer answers across it. A link that trains at another
 rate is an error, not something to wait out: it will not retrain by itself.
+
+Only the TP states need the link. Production's replicas serve without it, so a
+run to production (a rollback above all) waits for the link after restoring the
+stock driver and warns, naming the evidence, if it does not come back; it does
+not fail production for a cable. Leaving production refuses such a link.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.api.command import PyinfraCommand
 
@@ -162,6 +168,20 @@ def link_problems(interface: str, address: str, peer_address: str,
     return found, True
 
 
+def warn(state: Any, host: Any, found: list[str]) -> bool:
+    # pyinfra passes the state and the host to a FunctionCommand by these names.
+    host.log_styled(
+        f"{host.name}: link layer: " + "; ".join(found)
+        + " (the target state does not use the link; fix it before the next experiment)",
+        fg="yellow", log_func=logger.warning)
+    return True
+
+
+def shortfall(found: list[str], needed: bool) -> FunctionCommand:
+    """A link the target needs fails the operation; one it does not need is a warning."""
+    return failing("link", found) if needed else FunctionCommand(warn, (found,), {})
+
+
 # Operations
 
 
@@ -201,7 +221,7 @@ def management_path(interface: str, addresses: dict[str, str]) -> Iterator[Pyinf
 @operation(is_idempotent=True)
 def trained(interface: str, address: str, peer_address: str, expected_rate_gbps: float = 20.0,
             expected_lanes: int = 1, timeout: float = 30.0,
-            wait: bool = True) -> Iterator[PyinfraCommand]:
+            wait: bool = True, needed: bool = True) -> Iterator[PyinfraCommand]:
     """
     Ensure the link is trained at the expected rate with the peer answering across it.
 
@@ -216,6 +236,8 @@ def trained(interface: str, address: str, peer_address: str, expected_rate_gbps:
     + expected_lanes: lanes the link must use
     + timeout: seconds to wait for the link to come back
     + wait: whether a link still coming up may be waited for
+    + needed: whether the target state uses the link; if not, a link that does
+      not come back is a warning
 
     **Example:**
 
@@ -238,7 +260,7 @@ def trained(interface: str, address: str, peer_address: str, expected_rate_gbps:
     # While pyinfra only predicts, an earlier driver change has not happened yet:
     # predict the wait rather than judge a link that is about to retrain.
     if not worth_waiting and executing():
-        yield failing("link", found)
+        yield shortfall(found, needed)
         return
     outcome: dict = {}
     yield FunctionCommand(
@@ -248,4 +270,4 @@ def trained(interface: str, address: str, peer_address: str, expected_rate_gbps:
         {},
     )
     if outcome.get("found"):
-        yield failing("link", outcome["found"])
+        yield shortfall(outcome["found"], needed)

@@ -50,13 +50,21 @@ def test_peer_without_e2e_is_refused_before_either_host_changes() -> None:
     assert snapshot() == before
 
 
-def test_a_link_that_trains_at_10g_is_a_link_error_naming_host_and_rates() -> None:
+def test_a_link_that_trains_at_10g_fails_the_experiment_and_production_is_restored() -> None:
     with fault("link_10g"):
         run = deploy("tp2_e2e")
-    assert run.returncode != 0
-    assert "link layer" in run.output
-    assert "trained at 10 Gb/s" in run.output and "expected 20 Gb/s" in run.output
-    assert "wsa" in run.output or "wsb" in run.output
+        assert run.returncode != 0
+        assert "wsa: link layer: the link to wsb trained at 10 Gb/s" in run.output
+        assert "expected 20 Gb/s" in run.output
+        # Production's replicas do not use the link: the cable does not fail the rollback.
+        assert "production was restored and verified" in run.output, run.output[-3000:]
+        assert "the target state does not use the link" in run.output
+        for host in ("wsa", "wsb"):
+            assert "tx_e2e" not in ssh(host, "ls /sys/module/thunderbolt_net/parameters")
+        checks = verify("production")
+        assert checks.returncode == 0, checks.stdout[-3000:]
+        assert "trained at 10.0 Gb/s" in checks.stdout and "does not use the link" in checks.stdout
+    # The cable re-seated, the link retrains at 20 Gb/s under the same stock driver.
     restored = deploy("production")
     assert restored.returncode == 0, restored.output[-3000:]
     assert "20.0 Gb/s" in ssh("wsa", "cat /sys/bus/thunderbolt/devices/0-1/rx_speed")

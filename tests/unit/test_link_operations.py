@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from operation_harness import run_operation
 from pyinfra.api import OperationError
@@ -60,3 +62,18 @@ def test_a_link_at_the_wrong_rate_names_the_rate_seen_and_expected() -> None:
 def test_while_predicting_a_wrong_rate_is_expected_to_retrain() -> None:
     assert run_operation(link.trained, facts(speed=10.0), executing=False, **LINK) == [
         "call wait_until"]
+
+
+def test_a_link_the_target_does_not_use_is_a_warning_not_a_failure() -> None:
+    assert run_operation(link.trained, facts(speed=10.0), needed=False, **LINK) == ["call warn"]
+    assert run_operation(link.trained, facts(carrier=False), needed=False, **LINK) == [
+        "call wait_until"]
+
+
+def test_the_warning_runs_as_pyinfra_runs_it_and_names_host_and_evidence() -> None:
+    logged = []
+    wsa = SimpleNamespace(name="wsa", log_styled=lambda message, **_: logged.append(message))
+    command = link.shortfall(["the link to wsb trained at 10 Gb/s"], needed=False)
+    assert command.execute(None, wsa, {}) is True
+    assert logged == ["wsa: link layer: the link to wsb trained at 10 Gb/s (the target state "
+                      "does not use the link; fix it before the next experiment)"]
