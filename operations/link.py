@@ -23,7 +23,7 @@ from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, o
 from pyinfra.api.command import PyinfraCommand
 
 from operations import probes
-from operations.attempt import failing, refuse
+from operations.attempt import failing, failure_message, refuse
 from operations.phase import executing
 
 SPEED = re.compile(r"([0-9.]+)\s*Gb/s")
@@ -171,7 +171,7 @@ def link_problems(interface: str, address: str, peer_address: str,
 def warn(state: Any, host: Any, found: list[str]) -> bool:
     # pyinfra passes the state and the host to a FunctionCommand by these names.
     host.log_styled(
-        f"{host.name}: link layer: " + "; ".join(found)
+        failure_message(host.name, "link", found)
         + " (the target state does not use the link; fix it before the next experiment)",
         fg="yellow", log_func=logger.warning)
     return True
