@@ -73,7 +73,7 @@ if workstation:
         loaded=state.driver,
         candidate=candidate,
     )
-    if state.serving == "tp2":
+    if state.uses_link:
         # Production needs no link, and must stay reachable from a broken one.
         link.trained(name="Preflight: the link is up at the expected rate", wait=False,
                      **the_link)
@@ -131,7 +131,7 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
     if workstation:
         # Production's replicas do not use the link: a rollback is not failed by a cable.
         link.trained(name="Link: trained at the expected rate, the peer answers",
-                     needed=state.serving == "tp2", **the_link)
+                     needed=state.uses_link, **the_link)
 
     # 6. Serving: start the target's servers; only a real completion accepts them.
     if state.serving == "tp2":

@@ -56,6 +56,11 @@ class State(_Value):
     speculative: Speculative | None
     gateway_fallback: bool
 
+    @property
+    def uses_link(self) -> bool:
+        """Only a TP group talks across the Thunderbolt link; the replicas never do."""
+        return self.serving == "tp2"
+
 
 # In DESIGN.md's order, which is also the order a transition changes them in.
 LAYERS = ("driver", "serving", "speculative", "gateway_fallback")

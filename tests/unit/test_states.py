@@ -148,3 +148,8 @@ def test_cli_refuses_an_unknown_state_given_to_any_command(write_site, run_pyinf
     )
     assert result.returncode != 0
     assert "unknown state 'bogus'" in result.stderr
+
+
+def test_only_the_tp_states_use_the_link() -> None:
+    assert {name for name, state in STATES.items() if state.uses_link} == {
+        name for name in STATES if name.startswith("tp2_")}

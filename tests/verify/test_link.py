@@ -18,7 +18,7 @@ class UnusedLinkWarning(UserWarning):
 
 
 def holds(state: State, condition: bool, message: str) -> None:
-    if state.serving == "tp2":
+    if state.uses_link:
         assert condition, message
     elif not condition:
         warnings.warn(UnusedLinkWarning(f"{message} ({state.name} does not use the link)"),
