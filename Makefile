@@ -1,61 +1,81 @@
-# twinbolt: `make demo` runs the whole experiment on the embedded lab;
-# `make test` runs every test. Both set the machine up first if needed.
+# twinbolt: `make demo` runs the experiment on the embedded lab; `make test`
+# runs every test. Both set the machine up first if needed. `make help` lists
+# every target.
 
 SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# The operator's tools (requirements.lock): no root, no lab.
 VENV := .venv
 PY := $(VENV)/bin/python
+# The lab's and the developers' venv (requirements-lab.lock): the operator's
+# tools plus the lab gateway's LiteLLM and sglang-router, the benchmarks'
+# client and lint. The tests run here.
+LAB_VENV := .venv-lab
+LAB_PY := $(LAB_VENV)/bin/python
 APT_PACKAGES := openssh-server openssh-client runit kmod iptables iproute2 iputils-ping \
-	binutils gcc procps util-linux
-STAMP := $(VENV)/.installed
+	binutils gcc procps util-linux zstd xz-utils
+# The demo's windows are short: it shows the experiment, it is not the campaign.
+DEMO_WINDOWS := --window single --window concurrent --single-tokens 128 \
+	--concurrent-requests 4 --concurrent-tokens 64
 
-.PHONY: setup lab lab-down demo test soak lint lock
+.PHONY: help venv packages setup lab lab-down demo test soak lint lock
 
-setup: $(STAMP)
+help:  ## this list
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
 
-$(STAMP): requirements.lock
+venv: $(VENV)/.installed  ## the operator's tools only (pyinfra, testinfra, ...): no root, no lab
+
+$(VENV)/.installed: requirements.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --require-hashes -r requirements.lock
+	touch $@
+
+$(LAB_VENV)/.installed: requirements-lab.lock
+	test -x $(LAB_VENV)/bin/python || $(PYTHON) -m venv $(LAB_VENV)
+	$(LAB_VENV)/bin/python -m pip install -q --require-hashes -r requirements-lab.lock
+	touch $@
+
+setup: packages venv $(LAB_VENV)/.installed  ## the lab's Debian packages (root) and both venvs
+
+packages:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "setup: installing Debian packages: $$missing"; \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
-	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.lock
-	touch $(STAMP)
 
-lab: setup
+lab: setup  ## start (or repair) the embedded lab
 	$(PY) -m lab up
 	$(PY) -m lab status
 
-lab-down:
+lab-down:  ## remove the lab: namespaces, links, processes
 	$(PY) -m lab down
 
-# tp2_e2e reached, proven and measured; then production restored and proven,
-# whether or not a step before it failed.
-demo: lab
-	@failed=0; \
-	$(VENV)/bin/pyinfra -y inventory.py deploy.py --data state=tp2_e2e \
-		&& $(PY) -m pytest tests/verify --state tp2_e2e -q -p no:cacheprovider \
-		&& $(PY) experiment.py measure --state tp2_e2e \
-		|| failed=1; \
-	$(VENV)/bin/pyinfra -y inventory.py deploy.py --data state=production \
-		&& $(PY) -m pytest tests/verify --state production -q -p no:cacheprovider \
-		&& exit $$failed
+# Production converged and proven; then the campaign: tp2_stock and tp2_e2e, one
+# layer apart, each deployed, verified and measured, and production restored and
+# verified whatever failed. The exit code says whether anything failed.
+demo: lab  ## the experiment on the lab: production, tp2_stock, tp2_e2e, compared, production
+	$(VENV)/bin/pyinfra -y inventory.py deploy.py --data state=production
+	$(VENV)/bin/pytest tests/verify --state production -q
+	$(PY) experiment.py campaign --no-baseline --states tp2_stock,tp2_e2e $(DEMO_WINDOWS)
 
-lint: setup
-	$(VENV)/bin/ruff check .
+lint: setup  ## ruff
+	$(LAB_VENV)/bin/ruff check .
 
 # Every test, then a short interruption sweep (`make soak SOAK_POINTS=N` for a longer one).
-test: setup lint
+test: setup lint  ## every test: unit, lab, end-to-end, then a short interruption sweep
 	$(PY) -m lab up
-	$(PY) -m pytest tests/unit tests/lab tests/e2e
+	$(LAB_PY) -m pytest tests/unit tests/lab tests/e2e
 	$(MAKE) soak
 
 # Kill runs of production -> tp2_e2e -> production at SOAK_POINTS points per leg;
 # every next run must converge and verify.
 SOAK_POINTS ?= 2
-soak: lab
+soak: lab  ## the interruption sweep (SOAK_POINTS per leg)
 	$(PY) tests/soak/interrupt.py --points $(SOAK_POINTS)
 
-lock:
-	$(PY) -m pip freeze --exclude-editable > requirements.lock
+lock: $(LAB_VENV)/.installed  ## re-pin both requirement sets, with hashes
+	for set in requirements requirements-lab; do \
+		$(LAB_VENV)/bin/uv pip compile -q --generate-hashes --python-version 3.11 \
+			--custom-compile-command "make lock" $$set.txt -o $$set.lock; \
+	done

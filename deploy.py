@@ -178,5 +178,6 @@ spokesman = inventory.get_group("workstations")[0].name
 # A failed rollback is reported by the conclusion, not by pyinfra's abort.
 attempt.rolled_back(name="Rollback: production is converged and proven if the attempt failed",
                     on_failure=on_failure, runner=spokesman, _ignore_errors=True)
-attempt.concluded(name="Conclusion: the attempt succeeded", on_failure=on_failure,
+attempt.concluded(name="Conclusion: did the attempt succeed, and what was restored",
+                   on_failure=on_failure,
                   runner=spokesman)

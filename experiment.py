@@ -3,7 +3,7 @@ The experiment, from the operator's chair:
 
     python experiment.py status                  # which declared state the hosts are in
     python experiment.py measure [--window NAME ...] [--out DIR]
-    python experiment.py campaign [--states A,B,...] [--out DIR]
+    python experiment.py campaign [--states A,B,...] [--no-baseline] [--out DIR]
     python experiment.py compare A.json B.json ... [--baseline STATE]
 
 Window sizes default to the issue's (512 tokens single, 6 x 256 concurrent, a
@@ -75,8 +75,11 @@ async def measure(arguments: argparse.Namespace, topology: Topology) -> int:
 async def run_campaign(arguments: argparse.Namespace, topology: Topology) -> int:
     directory = arguments.out / f"campaign-{stamp()}"
     result = await campaign.Campaign(topology, arguments.plan, arguments.windows or list(WINDOWS),
-                                     window_settings(arguments), directory).run()
+                                     window_settings(arguments), directory,
+                                     baseline=arguments.baseline).run()
     print((directory / "campaign.md").read_text())
+    if result["chart"]:
+        print(f"chart: {directory / result['chart']}")
     print(f"campaign: {campaign.outcome(result)}; files in {directory}")
     return 0 if result["failed_step"] is None else 1
 
@@ -109,6 +112,9 @@ def parser() -> argparse.ArgumentParser:
     campaign_parser = commands.add_parser("campaign", help="production, then one layer at a time")
     campaign_parser.add_argument("--states", help="the steps after production, comma-separated "
                                                   f"(default {','.join(campaign.PLAN)})")
+    campaign_parser.add_argument("--no-baseline", dest="baseline", action="store_false",
+                                 help="do not measure production; the move from it to the "
+                                      "first state may then change several layers")
     campaign_parser.add_argument("--out", type=Path, default=REPORTS)
     window_options(campaign_parser)
 
@@ -136,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         if arguments.command == "campaign":
             # Refused before the inventory is read, let alone a host touched.
             arguments.plan = campaign.check_plan(arguments.states.split(",") if arguments.states
-                                                 else campaign.PLAN)
+                                                 else campaign.PLAN, arguments.baseline)
         return asyncio.run(with_topology(arguments))
     except campaign.CampaignRefused as error:
         print(f"experiment: campaign refused: {error}", file=sys.stderr)

@@ -1,9 +1,14 @@
 """
 How much a converged run costs: the wall time of a no-op converge against the
 lab versus ``pyinfra inventory.py exec -- true`` on the same hosts, in the same
-session, and how many remote commands the no-op converge runs per host.
+session, how many remote commands the no-op converge runs per host, and where
+its time goes: the operations that took longest, and the total per layer (the
+word before the colon of an operation's name).
 
-    python bench/noop_converge.py [--state production] [--repeat 5]
+    python bench/noop_converge.py [--state production] [--repeat 5] [--top 5]
+
+The first, converging run is timed the same way and printed too, so the same
+script shows where a real transition's time goes.
 
 It prints figures; it asserts nothing (timing belongs here, not in tests).
 """
@@ -16,42 +21,78 @@ import statistics
 import subprocess
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PYINFRA = REPO / ".venv" / "bin" / "pyinfra"
 REMOTE_COMMAND = re.compile(r"Running command on (\S+):")
+OPERATION_START = re.compile(r"--> Starting operation: (.+?)\s*$")
 
 
-def timed(*arguments: str) -> tuple[float, str]:
+@dataclass
+class Run:
+    """One pyinfra run: its wall time, its output, and each operation's wall time."""
+
+    seconds: float
+    output: str
+    operations: dict[str, float]
+
+
+def timed(*arguments: str) -> Run:
+    """Run pyinfra, stamping each operation's start as its line arrives."""
     started = time.monotonic()
-    result = subprocess.run([str(PYINFRA), "-y", "--debug", "inventory.py", *arguments],
-                            cwd=REPO, capture_output=True, text=True)
-    elapsed = time.monotonic() - started
-    if result.returncode != 0:
-        raise SystemExit(f"pyinfra {' '.join(arguments)} failed:\n{result.stderr[-2000:]}")
-    return elapsed, result.stdout + result.stderr
+    process = subprocess.Popen([str(PYINFRA), "-y", "--debug", "inventory.py", *arguments],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    lines, starts = [], []
+    for line in process.stdout:
+        lines.append(line)
+        if match := OPERATION_START.search(line):
+            starts.append((match.group(1), time.monotonic()))
+    process.wait()
+    ended = time.monotonic()
+    output = "".join(lines)
+    if process.returncode != 0:
+        raise SystemExit(f"pyinfra {' '.join(arguments)} failed:\n{output[-2000:]}")
+    ends = [stamp for _, stamp in starts[1:]] + [ended]
+    operations = {name: end - start for (name, start), end in zip(starts, ends, strict=True)}
+    return Run(ended - started, output, operations)
+
+
+def where_the_time_goes(label: str, run: Run, top: int) -> None:
+    layers: Counter[str] = Counter()
+    for name, seconds in run.operations.items():
+        layers[name.split(":")[0]] += seconds
+    print(f"{label}: {run.seconds:.1f}s; the {top} longest operations:")
+    for name, seconds in sorted(run.operations.items(), key=lambda item: -item[1])[:top]:
+        print(f"  {seconds:6.2f}s  {name}")
+    print("  per layer: " + ", ".join(f"{layer} {seconds:.1f}s"
+                                      for layer, seconds in layers.most_common()))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--state", default="production")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--top", type=int, default=5)
     args = parser.parse_args()
 
     converge = ("deploy.py", "--data", f"state={args.state}")
-    timed(*converge)  # converge first: every measured run must be a no-op
+    # Converge first: every measured run must be a no-op.
+    where_the_time_goes(f"converge to {args.state}", timed(*converge), args.top)
     ratios, converge_times, exec_times = [], [], []
     commands: Counter[str] = Counter()
     for round_number in range(1, args.repeat + 1):
-        converge_time, output = timed(*converge)
-        exec_time, _ = timed("exec", "--", "true")
-        converge_times.append(converge_time)
+        noop = timed(*converge)
+        exec_time = timed("exec", "--", "true").seconds
+        converge_times.append(noop.seconds)
         exec_times.append(exec_time)
-        ratios.append(converge_time / exec_time)
-        commands = Counter(REMOTE_COMMAND.findall(output))
-        print(f"round {round_number}: no-op converge {converge_time:.2f}s, "
+        ratios.append(noop.seconds / exec_time)
+        commands = Counter(REMOTE_COMMAND.findall(noop.output))
+        print(f"round {round_number}: no-op converge {noop.seconds:.2f}s, "
               f"exec -- true {exec_time:.2f}s, ratio {ratios[-1]:.2f}", flush=True)
+    where_the_time_goes("the last no-op converge", noop, args.top)
     print(f"median no-op converge {statistics.median(converge_times):.2f}s, "
           f"median exec -- true {statistics.median(exec_times):.2f}s, "
           f"median ratio {statistics.median(ratios):.2f} over {args.repeat} rounds")

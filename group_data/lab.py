@@ -20,8 +20,10 @@ serving_working_directory = str(Path(__file__).resolve().parents[1])
 serving_start_timeout_seconds = 60
 
 gateway_roles_init_system = "runit"
-# sglang-router is already in the repository's virtualenv (requirements.lock).
-gateway_roles_router_venv = str(Path(__file__).resolve().parents[1] / ".venv")
+# sglang-router and LiteLLM are already in the lab's virtualenv (requirements-lab.lock),
+# which `make setup` installs; the operator's own .venv has neither.
+_lab_venv = str(Path(__file__).resolve().parents[1] / ".venv-lab")
+gateway_roles_router_venv = _lab_venv
 gateway_roles_router_user = "root"
 
 gateway_roles_large_api_base = "http://10.66.0.13:31000/v1"
@@ -30,6 +32,5 @@ gateway_roles_large_served_model_name = "large"
 # private to it), so the gateway keeps its files in its private /var/lib.
 gateway_roles_master_key_file = "/var/lib/twinbolt/litellm_master_key"
 gateway_roles_litellm_config_file = "/var/lib/twinbolt/litellm.yaml"
-# litellm[proxy] is already in the repository's virtualenv (requirements.lock).
-gateway_roles_litellm_venv = str(Path(__file__).resolve().parents[1] / ".venv")
+gateway_roles_litellm_venv = _lab_venv
 gateway_roles_litellm_user = "root"

@@ -2,7 +2,7 @@
 The campaign: a known-good control, then one layer at a time, then production
 restored and proven, then the comparison.
 
-    preflight -> measure production -> (deploy X -> measure X) for each step
+    preflight -> measure production -> (deploy X -> verify X -> measure X) for each step
               -> deploy production -> verify production -> compare
 
 Every transition is the operator's own command (``pyinfra -y inventory.py
@@ -67,18 +67,20 @@ def step_layers(before: State, after: State) -> list[str]:
     return layers
 
 
-def check_plan(steps: Sequence[str]) -> list[State]:
+def check_plan(steps: Sequence[str], baseline: bool = True) -> list[State]:
     """
     The campaign's states, production first; :class:`CampaignRefused` if a step
-    changes more than one layer, or none.
+    changes no layer, or if a step between two measured states changes more
+    than one. Without the ``baseline`` production is not measured, so the move
+    from it to the first state is no comparison and may change several layers.
     """
     try:
         states = [resolve_state(name) for name in (BASELINE, *steps)]
     except UnknownState as error:
         raise CampaignRefused(str(error)) from None
-    for before, after in pairwise(states):
+    for index, (before, after) in enumerate(pairwise(states)):
         layers = step_layers(before, after)
-        if len(layers) > 1:
+        if len(layers) > 1 and (baseline or index > 0):
             raise CampaignRefused(
                 f"the step {before.name} -> {after.name} changes {' and '.join(layers)}: a "
                 "campaign changes one layer per step, so that each difference has one cause")
@@ -135,9 +137,10 @@ class Campaign:
     """
 
     def __init__(self, topology: Topology, plan: list[State], windows: list[str],
-                 settings: WindowSettings, directory: Path) -> None:
+                 settings: WindowSettings, directory: Path, baseline: bool = True) -> None:
         self.topology = topology
         self.plan = plan
+        self.baseline = baseline
         self.windows = windows
         self.settings = settings
         self.directory = directory
@@ -210,11 +213,13 @@ class Campaign:
             # Nothing has changed yet: there is nothing to restore.
             return self.finish(started_at, restored=None)
         try:
-            await self.step(f"measure {BASELINE}", self.measure(BASELINE))
+            if self.baseline:
+                await self.step(f"measure {BASELINE}", self.measure(BASELINE))
             for previous, state in pairwise(self.plan):
                 layers = ", ".join(step_layers(previous, state))
                 await self.step(f"deploy {state.name} (changes {layers})",
                                 self.deploy(state.name))
+                await self.step(f"verify {state.name}", self.verify(state.name))
                 await self.step(f"measure {state.name}", self.measure(state.name))
         except StepFailed:
             self.failure = self.steps[-1]

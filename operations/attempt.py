@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import gevent
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, OperationError, operation
 from pyinfra.api.command import PyinfraCommand
@@ -75,9 +76,19 @@ class RecordFailedOperations(BaseStateCallback):
 
 
 def begin() -> Attempt:
-    """The run's attempt, listening for failed operations (once per run)."""
+    """
+    The run's attempt, listening for failed operations (once per run).
+
+    A refusal or failure raised while operations execute leaves pyinfra's host
+    greenlet as an ``OperationError``; gevent would print a Python traceback for
+    each such greenlet before pyinfra prints the message itself. The message
+    already names the host, the layer and the evidence, so gevent is told that
+    this exception is not a crash.
+    """
     if not ATTEMPT.registered:
         state.add_callback_handler(RecordFailedOperations())
+        hub = gevent.get_hub()
+        hub.NOT_ERROR = (*hub.NOT_ERROR, OperationError)
         ATTEMPT.registered = True
     return ATTEMPT
 

@@ -56,7 +56,7 @@ ROLES = ("small", "large")
 DEPLOYMENTS = {"small": "small-router", "large": "large-backend"}
 # The kinds of fallback, as the config names them and as /fallback/<role> asks for them.
 FALLBACK_KINDS = {"fallbacks": "general", "context_window_fallbacks": "context_window"}
-# The proxy twinbolt installs on the gateway; requirements.txt pins the same release.
+# The proxy twinbolt installs on the gateway; requirements-lab.txt pins the same release.
 LITELLM_REQUIREMENT = "litellm[proxy]==1.108.5"
 TEMPLATE = services.TEMPLATES / "litellm_config.yaml.j2"
 # LiteLLM fetches these from GitHub or its documentation site unless told to use
@@ -458,6 +458,13 @@ def proxy_log(proxy: Proxy) -> str:
 # Operations
 
 
+# What to do about the refusal a newcomer meets first: an experiment asked of a
+# lab or site whose production (and so its gateway) was never converged.
+NEVER_CONVERGED = ("fix: make the large role answer; if production was never converged "
+                   "here, converge it first: pyinfra inventory.py deploy.py --data "
+                   "state=production")
+
+
 @operation(is_idempotent=True)
 def admissible(proxy: Proxy | None, target: State,
                tokens: int = PROOF_TOKENS) -> Iterator[PyinfraCommand]:
@@ -487,7 +494,7 @@ def admissible(proxy: Proxy | None, target: State,
     found = answer_problems("large", ask(proxy, "large", tokens), DEPLOYMENTS["large"], tokens)
     if found:
         refuse(LAYER, [*found, "small would have nowhere to fall back to while the "
-                               "replicas are down"])
+                               "replicas are down", NEVER_CONVERGED])
     host.noop("the large role answers: small has somewhere to fall back to")
     yield from ()
 

@@ -56,7 +56,7 @@ ROUTER = "sglang-router"
 # Every service that puts SGLang on a workstation's GPU.
 GPU_SERVICES = (REPLICA, *TP_RANKS)
 SGLANG_SERVICES = "sglang-"
-# The router twinbolt installs on the gateway; requirements.txt pins the same release.
+# The router twinbolt installs on the gateway; requirements-lab.txt pins the same release.
 ROUTER_REQUIREMENT = "sglang-router==0.3.2"
 # SGLang reports the NEXTN drafter under the name of the worker that runs it.
 REPORTED_ALGORITHM = {"NEXTN": "EAGLE"}

@@ -83,6 +83,9 @@ def test_a_broken_fallback_refuses_to_leave_production_before_any_change(
     assert run.returncode != 0
     assert "gw: gateway layer: role large: no completion" in run.output, run.output[-4000:]
     assert "small would have nowhere to fall back to" in run.output
+    # What to do is said, once, without a Python traceback.
+    assert "converge it first: pyinfra inventory.py deploy.py --data state=production" in run.output
+    assert "Traceback" not in run.output, run.output[-3000:]
     assert {**snapshot(), "gateway config": ssh("gw", f"sha256sum {CONFIG}")} == before
     # Production still answers through small, served by the Qwen deployment.
     small = ask("small")

@@ -33,6 +33,8 @@ def test_a_candidate_that_stalls_the_link_is_rolled_back_to_verified_production(
     assert run.returncode != 0
     assert "link layer" in run.output and "no traffic moves" in run.output
     assert "production was restored and verified" in run.output
+    # One message, no Python traceback (from the failure or from the conclusion).
+    assert "Traceback" not in run.output, run.output[-3000:]
     for host in ("wsa", "wsb"):
         assert "tx_e2e" not in ssh(host, "ls /sys/module/thunderbolt_net/parameters")
     assert_production_verified()
@@ -60,6 +62,7 @@ def test_a_run_refuses_while_another_live_run_holds_the_lock() -> None:
         run = deploy("tp2_e2e")
         assert run.returncode != 0
         assert "another run holds /run/twinbolt/lock: ana@operator-laptop pid 77" in run.output
+        assert "Traceback" not in run.output, run.output[-3000:]
         assert time.monotonic() - started < 60
         assert snapshot() == before
     finally:

@@ -147,8 +147,8 @@ def test_the_master_key_is_generated_on_the_host_into_a_private_file(tmp_path: P
     assert key not in command
 
 
-def test_the_pinned_litellm_is_the_one_requirements_txt_pins() -> None:
-    assert LITELLM_REQUIREMENT in (REPO / "requirements.txt").read_text().splitlines()
+def test_the_pinned_litellm_is_the_one_the_lab_requirements_pin() -> None:
+    assert LITELLM_REQUIREMENT in (REPO / "requirements-lab.txt").read_text().splitlines()
 
 
 # Facts

@@ -52,9 +52,9 @@ def test_the_command_line_refuses_before_reading_the_inventory():
 class Rehearsal(Campaign):
     """A campaign whose steps only record that they ran, failing where told to."""
 
-    def __init__(self, directory: Path, fail: str | None = None) -> None:
+    def __init__(self, directory: Path, fail: str | None = None, baseline: bool = True) -> None:
         super().__init__(None, campaign.check_plan(campaign.PLAN), ["single"],
-                         WindowSettings(), directory)
+                         WindowSettings(), directory, baseline=baseline)
         self.fail = fail
         self.ran: list[str] = []
 
@@ -82,10 +82,10 @@ def test_a_campaign_measures_each_state_then_restores_and_verifies_production(tm
     result = asyncio.run(rehearsal.run())
     assert rehearsal.ran == [
         "preflight", "measure production",
-        "deploy tp2_stock_nospec", "measure tp2_stock_nospec",
-        "deploy tp2_stock", "measure tp2_stock",
-        "deploy tp2_e2e", "measure tp2_e2e",
-        "deploy tp2_e2e_nospec", "measure tp2_e2e_nospec",
+        "deploy tp2_stock_nospec", "verify tp2_stock_nospec", "measure tp2_stock_nospec",
+        "deploy tp2_stock", "verify tp2_stock", "measure tp2_stock",
+        "deploy tp2_e2e", "verify tp2_e2e", "measure tp2_e2e",
+        "deploy tp2_e2e_nospec", "verify tp2_e2e_nospec", "measure tp2_e2e_nospec",
         "deploy production", "verify production",
     ]
     assert result["failed_step"] is None and result["restored"] is True
@@ -129,3 +129,19 @@ def test_a_failed_command_is_reported_with_its_exit_code_and_last_lines():
         "fail", [sys.executable, "-c", "print('one'); print('two'); raise SystemExit(3)"]))
     assert code == 3 and tail == ["one", "two"]
     assert campaign.reason(code, tail) == "exit code 3:\none\ntwo"
+
+
+def test_without_the_baseline_only_the_move_out_of_production_may_change_several_layers():
+    production, stock, e2e = campaign.check_plan(["tp2_stock", "tp2_e2e"], baseline=False)
+    assert (production.name, stock.name, e2e.name) == ("production", "tp2_stock", "tp2_e2e")
+    with pytest.raises(campaign.CampaignRefused, match="changes serving and speculative"):
+        campaign.check_plan(["tp2_stock", "tp2_e2e"])
+    with pytest.raises(campaign.CampaignRefused, match="tp2_e2e -> tp2_stock_nospec changes"):
+        campaign.check_plan(["tp2_e2e", "tp2_stock_nospec"], baseline=False)
+
+
+def test_without_the_baseline_production_is_not_measured(tmp_path):
+    rehearsal = Rehearsal(tmp_path, baseline=False)
+    asyncio.run(rehearsal.run())
+    assert "measure production" not in rehearsal.ran
+    assert rehearsal.ran[:2] == ["preflight", "deploy tp2_stock_nospec"]

@@ -131,7 +131,7 @@ def test_the_router_fronts_only_the_replicas_with_cache_aware_policy() -> None:
 
 
 def test_the_router_pin_is_the_projects_pin() -> None:
-    pins = (REPO / "requirements.txt").read_text().splitlines()
+    pins = (REPO / "requirements-lab.txt").read_text().splitlines()
     assert ROUTER_REQUIREMENT in pins
 
 
