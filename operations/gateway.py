@@ -538,12 +538,17 @@ def proxy(proxy: Proxy | None, fallback: bool,
     if not key or not key["size"]:
         yield master_key_command(proxy.master_key_file)
     yield from files.file._inner(path=proxy.master_key_file, user=proxy.user, mode="600")
-    yield from files.template._inner(src=str(TEMPLATE), dest=proxy.config_file, mode="644",
-                                     **template_context(proxy, fallback))
+    # A static config needs a restart to take effect, including the settings
+    # the proxy's API does not show (the retry policy).
+    config_changed = False
+    for command in files.template._inner(src=str(TEMPLATE), dest=proxy.config_file, mode="644",
+                                         **template_context(proxy, fallback)):
+        config_changed = True
+        yield command
     started = False
     for command in services.present._inner(service=proxy_service(proxy),
                                            init_system=proxy.init_system,
-                                           restarted=live != wanted):
+                                           restarted=live != wanted or config_changed):
         started = True
         yield command
     if not started:

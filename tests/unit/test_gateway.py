@@ -346,3 +346,22 @@ def test_a_proxy_left_on_an_older_config_is_restarted_though_its_file_is_current
     commands = run_operation(gateway.proxy, converged_gateway(True, wanted_routing(PROXY, False)),
                              proxy=PROXY, fallback=True)
     assert commands == ["SVDIR=/etc/service sv restart litellm", "call wait_until"]
+
+
+def test_a_config_change_the_api_does_not_show_restarts_the_proxy() -> None:
+    """The retry policy is in the file only: a new file alone must restart the proxy."""
+    facts = converged_gateway(True, wanted_routing(PROXY, True))
+
+    def older_file(cls: type, kwargs: dict) -> object:
+        if cls is Sha1File and kwargs["path"] == PROXY.config_file:
+            return "0" * 40
+        return facts(cls, kwargs)
+    commands = run_operation(gateway.proxy, older_file, proxy=PROXY, fallback=True)
+    assert commands[-2:] == ["SVDIR=/etc/service sv restart litellm", "call wait_until"]
+
+
+def test_during_an_experiment_small_falls_back_without_retrying_its_stopped_backend() -> None:
+    experiment, production = config("tp2_e2e"), config("production")
+    policy = {"small": {"DefaultRetries": 0}}
+    assert experiment["router_settings"]["model_group_retry_policy"] == policy
+    assert "model_group_retry_policy" not in production["router_settings"]

@@ -11,6 +11,9 @@ so host keys are checked exactly as strictly as pyinfra checks them.
 
 from __future__ import annotations
 
+import functools
+import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,10 @@ import testinfra
 from operations.hosts import InventoryEntry, in_group, inventory_entries, ssh_config
 from operations.states import STATES, resolve_state
 from operations.states import State as DeclaredState
+
+# How long an idle control master outlives the last check (the session also
+# closes it explicitly when it ends).
+MASTER_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -37,9 +44,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="the declared state the live hosts must be in")
 
 
+@functools.cache
+def the_inventory() -> tuple[InventoryEntry, ...]:
+    """The inventory, asked of pyinfra once per session (it costs a second to ask)."""
+    return tuple(inventory_entries())
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "workstation" in metafunc.fixturenames:
-        names = [entry.name for entry in in_group(inventory_entries(), "workstations")]
+        names = [entry.name for entry in in_group(list(the_inventory()), "workstations")]
         metafunc.parametrize("workstation", names, indirect=True, scope="module")
 
 
@@ -53,20 +66,32 @@ def state(request: pytest.FixtureRequest) -> DeclaredState:
 
 @pytest.fixture(scope="session")
 def inventory() -> list[InventoryEntry]:
-    return inventory_entries()
+    return list(the_inventory())
 
 
 @pytest.fixture(scope="session")
 def ssh_config_file(inventory: list[InventoryEntry],
-                    tmp_path_factory: pytest.TempPathFactory) -> Path:
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("ssh") / "config"
     path.write_text(ssh_config(inventory))
-    return path
+    yield path
+    # The control masters are this session's own processes: stop each by its socket.
+    for entry in inventory:
+        master = path.with_name(f"{entry.name}.sock")
+        if master.exists():
+            subprocess.run(["ssh", "-F", str(path), "-o", f"ControlPath={master}", "-O", "exit",
+                            entry.name], capture_output=True, timeout=30)
 
 
 def inventory_host(entry: InventoryEntry, ssh_config_file: Path) -> InventoryHost:
-    handle = testinfra.get_host(f"ssh://{entry.name}?controlpersist=0",
-                                ssh_config=str(ssh_config_file))
+    """
+    A handle whose commands share one SSH connection per host (a control master
+    beside the SSH config), rather than a new connection for every check; the
+    session closes the masters when it ends (:func:`ssh_config_file`).
+    """
+    master = ssh_config_file.with_name(f"{entry.name}.sock")
+    handle = testinfra.get_host(f"ssh://{entry.name}?controlpersist={MASTER_SECONDS}",
+                                ssh_config=str(ssh_config_file), controlpath=str(master))
     return InventoryHost(entry.name, entry.data, handle)
 
 
