@@ -8,12 +8,18 @@ not. Every test that moves the hosts leaves them in a verified production.
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+import shlex
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from operations import gateway, services, serving
+from operations.hosts import InventoryEntry, inventory_entries
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = REPO / ".venv" / "bin" / "python"
@@ -46,7 +52,73 @@ def deploy(state: str | None, *extra: str, timeout: float = 600) -> DeployRun:
         results = json.loads(result.stdout).get("results", {}) if result.stdout.strip() else {}
     except json.JSONDecodeError:
         results = {}
-    return DeployRun(result.returncode, results, result.stdout + result.stderr)
+    return DeployRun(result.returncode, results or {}, result.stdout + result.stderr)
+
+
+def dry_run(state: str, timeout: float = 600) -> DeployRun:
+    """
+    ``pyinfra inventory.py deploy.py --data state=NAME --dry``, exactly as an operator
+    types it: no ``-y`` and no ``--json``, so pyinfra prints its plan, the
+    ``--> Detected changes:`` table (read it with :func:`pyinfra_table`), and exits.
+    """
+    result = subprocess.run(
+        [str(PYINFRA), "inventory.py", "deploy.py", "--data", f"state={state}", "--dry"],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+    )
+    return DeployRun(result.returncode, {}, result.stdout + result.stderr)
+
+
+# pyinfra's tables, as pyinfra_cli.prints.print_rows lays them out: every column
+# left-justified to its widest cell plus four spaces, so a column starts at the
+# same offset in each row as in the header; a title may hold single spaces.
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+TABLE_TITLE = re.compile(r"\S+(?: \S+)*")
+# The columns that name hosts a run changed (Success, in --> Results:) or would
+# change (Change and Conditional Change, in --> Detected changes:); "-" is none.
+CHANGE_COLUMNS = ("Success", "Change", "Conditional Change")
+TOTAL_ROW = "Grand total"
+
+
+def pyinfra_table(output: str, heading: str) -> list[dict[str, str]]:
+    """
+    The rows of the last table pyinfra printed under ``--> HEADING``, each keyed by
+    the header's column titles: ``"Results:"`` after a run (Operation, Hosts,
+    Success, Error, No Change), ``"Detected changes:"`` for a plan (Operation,
+    Change, Conditional Change). Raises ``AssertionError`` when there is no such
+    table, so a missing table can never read as an empty one.
+    """
+    lines = ANSI_ESCAPE.sub("", output).splitlines()
+    found = [index for index, line in enumerate(lines) if line.strip() == f"--> {heading}"]
+    if not found or found[-1] + 1 >= len(lines):
+        raise AssertionError(f"pyinfra printed no '--> {heading}' table:\n{output[-2000:]}")
+    header = lines[found[-1] + 1]
+    columns = [(match.start(), match.group()) for match in TABLE_TITLE.finditer(header)]
+    if not columns or columns[0][1] != "Operation":
+        raise AssertionError(f"'--> {heading}' is not followed by a table header: {header!r}")
+    ends = [start for start, _ in columns[1:]] + [None]
+    rows = []
+    for line in lines[found[-1] + 2:]:
+        if not line.strip() or line.lstrip().startswith("-->"):
+            break
+        rows.append({title: line[start:end].strip()
+                     for (start, title), end in zip(columns, ends, strict=True)})
+    return rows
+
+
+def reported_changes(rows: list[dict[str, str]]) -> dict[str, dict[str, str]]:
+    """
+    Each operation whose row names a host changed or to be changed, with those cells:
+    ``{"Serving: the replicas run": {"Change": "2 (wsa, wsb)"}}``; empty when none does.
+    """
+    changes = {}
+    for row in rows:
+        if row.get("Operation") == TOTAL_ROW:
+            continue
+        cells = {column: row[column] for column in CHANGE_COLUMNS
+                 if row.get(column, "-") not in ("-", "")}
+        if cells:
+            changes[row["Operation"]] = cells
+    return changes
 
 
 def verify(state: str) -> subprocess.CompletedProcess[str]:
@@ -63,20 +135,208 @@ def ssh(host: str, command: str) -> str:
     return result.stdout
 
 
-def snapshot() -> dict[str, str]:
-    """What a run could change on each host: driver, staged files, services, configs."""
-    workstation = (
-        "cat /sys/module/thunderbolt_net/initstate /sys/module/thunderbolt_net/parameters/* "
-        "2>&1; od -An -tx1 /sys/module/thunderbolt_net/notes/.note.gnu.build-id 2>&1; "
-        "ls -la /run/twinbolt 2>&1; ls /etc/service /etc/sv 2>&1; "
-        "sha256sum /etc/sv/*/run 2>&1"
+# What a run could change, named by the inventory itself
+
+
+# Data keys name a host's own files by their ending; a key of another layer's
+# prefix (the lab's group data reaches every lab host) names files elsewhere.
+FILE_KEY = re.compile(r"_(file|dir)$")
+VENV_KEY = re.compile(r"_venv$")
+# Secrets are watched by metadata (inode, size, mode, owner, mtime), never by content.
+SECRET_KEY = re.compile(r"key_file$")
+LAYER_PREFIXES = {
+    "workstations": ("serving_", "link_", "candidate_"),
+    "gateway": ("gateway_roles_",),
+}
+LOCAL_PREFIXES = ("ssh_",)
+
+
+@dataclass(frozen=True)
+class Watched:
+    """What :func:`snapshot` reads on one host, all of it from the inventory's data."""
+
+    files: tuple[str, ...]
+    secrets: tuple[str, ...]
+    directories: tuple[str, ...]
+    venvs: tuple[str, ...]
+    services: tuple[tuple[str, str], ...]
+    module: str | None
+
+
+def owns(entry: InventoryEntry, key: str) -> bool:
+    """Whether a data key describes this host (its own layer's prefix, or none)."""
+    if key.startswith(LOCAL_PREFIXES):
+        return False
+    for group, prefixes in LAYER_PREFIXES.items():
+        if key.startswith(prefixes):
+            return group in entry.groups
+    return True
+
+
+def watched(entry: InventoryEntry) -> Watched:
+    """
+    A host's files and services, from its merged inventory data: every path its own
+    ``*_file``/``*_dir`` keys name (``run_dir``, the gateway's LiteLLM config and
+    master key, a site's ``/etc/twinbolt/...``), the directories holding those
+    files, its ``*_venv`` keys, and each twinbolt service it runs (the SGLang
+    replica and TP ranks on a workstation; sglang-router and the LiteLLM proxy on
+    the gateway) with its rendered unit or run script.
+    """
+    data = entry.data
+    files, secrets, directories, venvs = [], [], [], []
+    for key, value in sorted(data.items()):
+        if not (isinstance(value, str) and value.startswith("/") and owns(entry, key)):
+            continue
+        if VENV_KEY.search(key):
+            venvs.append(value)
+        elif not FILE_KEY.search(key):
+            continue
+        elif key.endswith("_dir"):
+            directories.append(value)
+        else:
+            (secrets if SECRET_KEY.search(key) else files).append(value)
+            directories.append(str(Path(value).parent))
+    names: tuple[str, ...] = ()
+    init = None
+    if "workstations" in entry.groups:
+        names, init = serving.GPU_SERVICES, data["serving_init_system"]
+    elif "gateway" in entry.groups:
+        names, init = (serving.ROUTER, gateway.SERVICE), data["gateway_roles_init_system"]
+    files += [services.rendered_path(name, init) for name in names]
+    return Watched(
+        files=tuple(dict.fromkeys(files)),
+        secrets=tuple(dict.fromkeys(secrets)),
+        directories=tuple(dict.fromkeys(directories)),
+        venvs=tuple(dict.fromkeys(venvs)),
+        services=tuple((name, init) for name in names),
+        module=data.get("candidate_module_name") if "workstations" in entry.groups else None,
     )
-    gateway = "ls /etc/service /etc/sv 2>&1; sha256sum /etc/sv/*/run /etc/twinbolt/* 2>&1"
-    return {
-        "wsa": ssh("wsa", workstation),
-        "wsb": ssh("wsb", workstation),
-        "gw": ssh("gw", gateway),
-    }
+
+
+# Each line is "WHAT<TAB>VALUE"; snapshot() keys them "HOST: WHAT". A service's
+# main pid is found as operations/services.py's ServiceProcess finds it.
+SERVICE_SCRIPT = r"""
+if [ "$2" = runit ]; then
+  status=$(sv status "$3/$1" 2>&1 | head -n 1)
+  state=${status%%:*}
+  pid=$(echo "$status" | sed -n 's/^run: [^(]*(pid \([0-9]*\)).*/\1/p')
+  enabled=$(readlink "$3/$1" || echo "not linked")
+else
+  state=$(systemctl show -p ActiveState --value "$1.service" 2>&1)
+  pid=$(systemctl show -p MainPID --value "$1.service" 2>/dev/null)
+  enabled=$(systemctl is-enabled "$1.service" 2>&1)
+fi
+started=-
+if [ -n "$pid" ] && [ "$pid" != 0 ] && [ -r "/proc/$pid/stat" ]; then
+  # Field 22 of stat, counted after the command name: clock ticks after boot.
+  started=$(sed 's/.*) //' "/proc/$pid/stat" | cut -d' ' -f20)
+fi
+printf 'service %s\t%s pid %s started %s, enabled: %s\n' "$1" "$state" "${pid:--}" \
+  "$started" "$enabled"
+"""
+
+FILE_SCRIPT = r"""
+for f in "$@"; do
+  if [ -e "$f" ]; then
+    printf 'file %s\t%s %s\n' "$f" "$(stat -c '%F %a %U:%G %s %Y %i' "$f")" \
+      "$(sha256sum < "$f" | cut -d' ' -f1)"
+  else printf 'file %s\tmissing\n' "$f"; fi
+done
+"""
+
+SECRET_SCRIPT = r"""
+for f in "$@"; do
+  printf 'secret %s\t%s\n' "$f" "$(stat -c '%F %a %U:%G %s %Y %i' "$f" 2>&1)"
+done
+"""
+
+DIRECTORY_SCRIPT = r"""
+for d in "$@"; do
+  if [ -d "$d" ]; then
+    find "$d" -xdev -printf '%P %y %m %u %s %T@\n' | sort |
+      while IFS= read -r entry; do printf 'directory %s\t%s\n' "$d" "$entry"; done
+  else printf 'directory %s\tmissing\n' "$d"; fi
+done
+"""
+
+VENV_SCRIPT = r"""
+for v in "$@"; do
+  printf 'venv %s\t%s\n' "$v" \
+    "$(ls -d "$v"/lib/python*/site-packages/*.dist-info 2>&1 | sha256sum | cut -d' ' -f1)"
+done
+"""
+
+MODULE_SCRIPT = r"""
+m=/sys/module/$1
+printf 'module %s\t%s\n' "$1" "$(cat "$m/initstate" 2>&1)"
+for p in "$m"/parameters/*; do [ -e "$p" ] && printf 'module %s\t%s=%s\n' "$1" "${p##*/}" \
+  "$(cat "$p")"; done
+printf 'module %s\tbuild-id %s\n' "$1" \
+  "$(od -An -tx1 -v "$m/notes/.note.gnu.build-id" 2>&1 | tr -d ' \n')"
+"""
+
+# runit's own view, every service's: which exist, which are linked to run, and
+# their run scripts (the lab's own backend's among them).
+INIT_SCRIPT = r"""
+for d in "$@"; do printf 'init %s\t%s\n' "$d" "$(ls "$d" 2>&1 | tr '\n' ' ')"; done
+for f in "$2"/*/run; do [ -e "$f" ] && printf 'init %s\t%s\n' "$f" \
+  "$(sha256sum < "$f" | cut -d' ' -f1)"; done
+true
+"""
+
+
+def part(script: str, *arguments: str) -> str:
+    return " ".join(["sh", "-c", shlex.quote(script), "-", *map(shlex.quote, arguments)])
+
+
+def snapshot_command(what: Watched) -> str:
+    """One shell command reading everything ``what`` names; ``VALUE`` lines are stable."""
+    parts = [part(FILE_SCRIPT, *what.files), part(SECRET_SCRIPT, *what.secrets),
+             part(DIRECTORY_SCRIPT, *what.directories), part(VENV_SCRIPT, *what.venvs)]
+    parts += [part(SERVICE_SCRIPT, name, init, services.RUNIT_SVDIR)
+              for name, init in what.services]
+    if what.module:
+        parts.append(part(MODULE_SCRIPT, what.module))
+    parts.append(part(INIT_SCRIPT, services.RUNIT_SVDIR, services.RUNIT_SOURCEDIR))
+    return "; ".join(parts) + "; echo end"
+
+
+def parse_snapshot(host: str, output: str) -> dict[str, str]:
+    """``WHAT<TAB>VALUE`` lines as ``{"HOST: WHAT": "VALUE\\n…"}``; fails unless complete."""
+    lines = output.splitlines()
+    if not lines or lines[-1] != "end":
+        raise AssertionError(f"{host}: the snapshot did not complete: {output[-1000:]!r}")
+    found: dict[str, list[str]] = {}
+    for line in lines[:-1]:
+        what, _, value = line.partition("\t")
+        found.setdefault(f"{host}: {what}", []).append(value)
+    return {what: "\n".join(values) for what, values in found.items()}
+
+
+@functools.cache
+def inventory() -> tuple[InventoryEntry, ...]:
+    return tuple(inventory_entries(REPO))
+
+
+def snapshot() -> dict[str, str]:
+    """
+    What a run could change on each host, keyed ``"HOST: WHAT"``: every file and
+    directory the inventory's data names (a secret by its metadata only), the
+    virtualenvs it names, each twinbolt service's state, main pid and start time
+    (a restart shows as a new pid or start), and on workstations the loaded driver.
+
+    The lab's own ``lab-large`` backend is not twinbolt's and is left out: no
+    deploy manages it, and the ``fallback_down`` fault stops it on purpose.
+    """
+    taken: dict[str, str] = {}
+    for entry in inventory():
+        result = subprocess.run(
+            ["ssh", "-F", str(SSH_CONFIG), entry.name, snapshot_command(watched(entry))],
+            capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            raise AssertionError(f"{entry.name}: cannot take a snapshot: {result.stderr}")
+        taken.update(parse_snapshot(entry.name, result.stdout))
+    return taken
 
 
 def lab(*arguments: str) -> None:

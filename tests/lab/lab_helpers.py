@@ -10,19 +10,20 @@ from lab.modules import CANDIDATE
 from lab.ssh import CLIENT_CONFIG
 from lab.topology import PYTHON
 
+TRANSFER_PORT = 5201
 TRANSFER_SCRIPT = """
 import socket, sys
-mode, address, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+mode, address, port, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 if mode == "server":
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((address, 5201)); listener.listen(1); listener.settimeout(30)
+    listener.bind((address, port)); listener.listen(1); listener.settimeout(30)
     peer, _ = listener.accept(); got = 0
     while chunk := peer.recv(1 << 20):
         got += len(chunk)
     print(got)
 else:
-    sender = socket.create_connection((address, 5201), timeout=10)
+    sender = socket.create_connection((address, port), timeout=10)
     block = b"x" * (1 << 20)
     for _ in range(size >> 20):
         sender.sendall(block)
@@ -42,12 +43,13 @@ def read(host: str, path: str) -> str:
     return ssh(host, f"cat {path}").stdout.strip()
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> float:
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0,
+               what: str = "condition") -> float:
     """Poll until true; return how long it took, fail the test after the bound."""
     started = time.monotonic()
     while not condition():
         if time.monotonic() - started > timeout:
-            raise AssertionError(f"condition not met within {timeout}s")
+            raise AssertionError(f"{what} not met within {timeout}s")
         time.sleep(0.05)
     return time.monotonic() - started
 
@@ -63,17 +65,39 @@ def counters(host: str) -> dict[str, int]:
     return {"rx_errors": int(out[0]), "rx_bytes": int(out[1]), "retrans": int(out[2])}
 
 
-def transfer(size: int = 1 << 30, timeout: float = 30) -> int:
-    """Send ``size`` bytes from wsa to wsb over thunderbolt0; return bytes received."""
+def listening(namespace: str, address: str, port: int) -> bool:
+    """Whether a TCP socket listens on ``address:port`` in the host's network namespace."""
+    out = subprocess.run(["ip", "netns", "exec", namespace, "ss", "-Hltn", f"sport = :{port}"],
+                         capture_output=True, text=True, timeout=10).stdout
+    return any(f"{address}:{port}" in line.split() for line in out.splitlines())
+
+
+def transfer(size: int = 1 << 30, timeout: float = 30, listen_timeout: float = 10) -> int:
+    """
+    Send ``size`` bytes from wsa to wsb over thunderbolt0; return bytes received.
+
+    The client connects only once the server's socket listens (read with ``ss``
+    in wsb's namespace), within ``listen_timeout`` seconds; a server that exits
+    first, or never listens, fails the test saying so, never as 0 bytes moved.
+    """
+    address = "169.254.77.2"
     server = subprocess.Popen(
         ["ip", "netns", "exec", "wsb", str(PYTHON), "-c", TRANSFER_SCRIPT, "server",
-         "169.254.77.2", str(size)], stdout=subprocess.PIPE, text=True)
+         address, str(TRANSFER_PORT), str(size)], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.3)
+        wait_until(lambda: server.poll() is not None
+                   or listening("wsb", address, TRANSFER_PORT),
+                   timeout=listen_timeout,
+                   what=f"the transfer server listening on wsb {address}:{TRANSFER_PORT}")
+        if server.poll() is not None:
+            raise AssertionError(
+                f"the transfer server on wsb exited ({server.returncode}) before listening on "
+                f"{address}:{TRANSFER_PORT}: {server.stderr.read().strip()}")
         try:
             subprocess.run(["ip", "netns", "exec", "wsa", str(PYTHON), "-c", TRANSFER_SCRIPT,
-                            "client", "169.254.77.2", str(size)], timeout=timeout, check=False,
-                           capture_output=True)
+                            "client", address, str(TRANSFER_PORT), str(size)], timeout=timeout,
+                           check=False, capture_output=True)
             out, _ = server.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             return 0

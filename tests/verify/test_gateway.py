@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from pyinfra.api import FactBase
+from verify_helpers import InventoryView
 
 from operations.gateway import (
     DEPLOYMENTS,
@@ -32,21 +33,6 @@ from operations.serving import Router
 from operations.states import State
 
 TOKENS = 16
-
-
-class HostData(dict):
-    """Inventory data read like pyinfra's: ``data.key`` and ``data.get(key)``."""
-
-    def __getattr__(self, key: str) -> Any:
-        return self[key]
-
-
-class InventoryView:
-    """What the layers' settings are built from: a name and its data."""
-
-    def __init__(self, inventory_host) -> None:
-        self.name = inventory_host.name
-        self.data = HostData(inventory_host.data)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,10 @@ import shlex
 
 import httpx
 import pytest
+from verify_helpers import InventoryView
 
+from operations.services import Service
+from operations.serving import Sglang, replica_service, tp_rank_service
 from operations.states import State
 
 REPLICA = "sglang-replica"
@@ -25,9 +28,10 @@ REPORTED = {"NEXTN": "EAGLE"}
 
 
 # Reads, in one SSH round trip per host, each named service's main process from
-# /proc: what really runs, whatever the rendered files now say.
+# /proc: what really runs (argv, environment, effective user, working directory),
+# whatever the rendered files now say.
 SERVICES_SCRIPT = r"""
-import json, subprocess, sys
+import json, os, pwd, subprocess, sys
 init, names = sys.argv[1], sys.argv[2:]
 found = {}
 for name in names:
@@ -44,11 +48,61 @@ for name in names:
     def read(what):
         with open(f"/proc/{pid}/{what}", "rb") as file:
             return [word.decode() for word in file.read().split(b"\0") if word]
+    with open(f"/proc/{pid}/status") as status_file:
+        uid = next(line.split()[2] for line in status_file if line.startswith("Uid:"))
+    try:
+        user = pwd.getpwuid(int(uid)).pw_name
+    except KeyError:
+        user = f"uid {uid}"
     found[name] = {"pid": int(pid), "argv": read("cmdline"),
                    "environment": dict(entry.split("=", 1) for entry in read("environ")
-                                       if "=" in entry)}
+                                       if "=" in entry),
+                   "user": user, "cwd": os.readlink(f"/proc/{pid}/cwd")}
 print(json.dumps(found))
 """
+
+# Reads every process holding GPU memory (as nvidia-smi lists them) with its
+# ancestry from /proc, so a holder can be traced to the service that started it.
+GPU_SCRIPT = r"""
+import json, subprocess
+def parent(pid):
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("PPid:"):
+                return int(line.split()[1])
+    return 0
+def number(text):
+    try:
+        return int(text.strip())
+    except ValueError:
+        return 0
+gpus = subprocess.run(["nvidia-smi", "--query-gpu=index,name",
+                       "--format=csv,noheader,nounits"], capture_output=True, text=True)
+apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                       "--format=csv,noheader,nounits"], capture_output=True, text=True)
+holders = []
+for line in apps.stdout.splitlines():
+    pid, used = line.split(",")[:2]
+    lineage = [int(pid)]
+    try:
+        while (up := parent(lineage[-1])) > 0:
+            lineage.append(up)
+    except OSError:
+        pass
+    try:
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as file:
+            command = file.read().replace(b"\0", b" ").decode(errors="replace")[:160]
+    except OSError:
+        command = ""
+    holders.append({"pid": int(pid), "used_mib": number(used), "lineage": lineage,
+                    "command": command.strip()})
+print(json.dumps({"gpus": gpus.stdout.splitlines(), "error": (gpus.stderr + apps.stderr).strip(),
+                  "holders": holders}))
+"""
+# Options every server declares only when the site sets them: (flag, data key).
+OPTIONAL_FLAGS = (("--quantization", "serving_quantization"),
+                  ("--context-length", "serving_context_length"),
+                  ("--mem-fraction-static", "serving_mem_fraction_static"))
 
 
 def processes(inventory_host, init_system: str, *names: str) -> dict[str, dict | None]:
@@ -64,6 +118,15 @@ def processes(inventory_host, init_system: str, *names: str) -> dict[str, dict |
 def servers(workstation) -> dict[str, dict | None]:
     """This workstation's SGLang services, read once for the module's checks."""
     return processes(workstation, workstation.data["serving_init_system"], REPLICA, *TP_RANKS)
+
+
+@pytest.fixture(scope="module")
+def declared(workstation, state: State) -> Service:
+    """The server this workstation runs in ``state``, built as the deploy builds it."""
+    sglang = Sglang.from_host(InventoryView(workstation))
+    if state.serving == "replicas":
+        return replica_service(sglang)
+    return tp_rank_service(sglang, state.speculative)
 
 
 def flag(argv: list[str], name: str) -> str | None:
@@ -111,9 +174,19 @@ def test_the_server_runs_with_the_declared_arguments(workstation, servers,
     server = servers[name]
     assert server is not None, f"{workstation.name}: {name} does not run"
     argv = server["argv"]
-    assert flag(argv, "--model-path") == workstation.data["serving_model_path"]
-    assert flag(argv, "--port") == str(workstation.data["serving_port"])
+    data = workstation.data
+    assert argv[:3] == [data["serving_python"], "-m", data["serving_sglang_module"]], (
+        f"{workstation.name}: {name} runs {' '.join(argv[:3])}, not "
+        f"{data['serving_python']} -m {data['serving_sglang_module']}")
+    assert flag(argv, "--model-path") == data["serving_model_path"]
+    assert flag(argv, "--served-model-name") == data["serving_served_model_name"]
+    assert flag(argv, "--port") == str(data["serving_port"])
     assert "--enable-cache-report" in argv and "--enable-metrics" in argv
+    for option, key in OPTIONAL_FLAGS:
+        wanted = str(data[key]) if data[key] else None
+        assert flag(argv, option) == wanted, (
+            f"{workstation.name}: {name} has {option} {flag(argv, option)}; {key} is "
+            f"{data[key]!r}")
     if state.serving == "replicas":
         assert flag(argv, "--tp-size") in (None, "1"), f"{workstation.name}: {argv}"
         assert not any(word.startswith("--speculative") for word in argv)
@@ -133,6 +206,66 @@ def test_the_server_runs_with_the_declared_arguments(workstation, servers,
         assert speculative.get("--speculative-eagle-topk") == str(state.speculative.eagle_topk)
         assert speculative.get("--speculative-num-draft-tokens") == str(
             state.speculative.num_draft_tokens)
+        assert speculative.get("--speculative-draft-model-path") == (
+            data["serving_draft_model_path"] or None), f"{workstation.name}: {' '.join(argv)}"
+
+
+def test_the_server_runs_exactly_the_service_the_deploy_renders(workstation, servers,
+                                                                declared: Service) -> None:
+    """
+    The whole argv, the environment, the user and the working directory, compared
+    with the service the deploy builds (operations/serving.py) for this host and
+    state: a flag this module does not name is caught too.
+    """
+    server = servers[declared.name]
+    assert server is not None, f"{workstation.name}: {declared.name} does not run"
+    where = f"{workstation.name}: {declared.name} (pid {server['pid']})"
+    assert server["argv"] == declared.command, (
+        f"{where} runs\n  {shlex.join(server['argv'])}\nbut the deploy declares\n  "
+        f"{shlex.join(declared.command)}")
+    environment = {key: server["environment"].get(key) for key in declared.environment}
+    assert environment == declared.environment, f"{where} has {environment}"
+    assert server["user"] == declared.user == workstation.data["serving_user"], (
+        f"{where} runs as {server['user']}, not {declared.user}")
+    directory = workstation.host.check_output(
+        f"realpath -m -- {shlex.quote(declared.working_directory)}")
+    assert server["cwd"] == directory, (
+        f"{where} runs in {server['cwd']}, not {declared.working_directory}")
+
+
+def test_only_the_declared_server_holds_the_gpu(workstation, servers, declared: Service) -> None:
+    """
+    Every process holding GPU memory descends from the main process of the server
+    the state declares here (SGLang's scheduler and workers are its children), and
+    that server holds some: no other twinbolt server, no leftover child, and no
+    stranger beyond what ``serving.foreign_gpu_memory_mib`` allows (as the preflight).
+    """
+    result = workstation.host.run(
+        " ".join(shlex.quote(word) for word in ("python3", "-c", GPU_SCRIPT)))
+    assert result.rc == 0, f"{workstation.name}: cannot read the GPU: {result.stderr}"
+    gpu = json.loads(result.stdout)
+    assert gpu["gpus"], f"{workstation.name}: nvidia-smi lists no GPU: {gpu['error']}"
+    own = {name: server["pid"] for name, server in servers.items() if server is not None}
+
+    def owner(holder: dict) -> str | None:
+        return next((name for name, pid in own.items() if pid in holder["lineage"]), None)
+
+    def described(holders: list[dict]) -> str:
+        return "; ".join(f"pid {h['pid']} ({h['command'] or 'command unknown'}) holds "
+                         f"{h['used_mib']} MiB, ancestry {h['lineage']}" for h in holders)
+
+    holders = gpu["holders"]
+    others = [h for h in holders if owner(h) not in (declared.name, None)]
+    assert others == [], f"{workstation.name}: other twinbolt servers hold the GPU: " + (
+        described(others))
+    strangers = [h for h in holders if owner(h) is None]
+    allowed = workstation.data.get("serving_foreign_gpu_memory_mib") or 0
+    assert sum(h["used_mib"] for h in strangers) <= allowed, (
+        f"{workstation.name}: processes twinbolt did not start hold GPU memory beyond the "
+        f"{allowed} MiB serving.foreign_gpu_memory_mib allows: {described(strangers)}")
+    assert any(owner(h) == declared.name for h in holders), (
+        f"{workstation.name}: {declared.name} (pid {own.get(declared.name)}) holds no GPU "
+        f"memory; the GPU's holders: {described(holders) or 'none'}")
 
 
 def test_tp_ranks_talk_over_the_thunderbolt_link_only(workstation, servers,
