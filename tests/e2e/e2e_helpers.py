@@ -124,7 +124,7 @@ def reported_changes(rows: list[dict[str, str]]) -> dict[str, dict[str, str]]:
 def verify(state: str) -> subprocess.CompletedProcess[str]:
     """``pytest tests/verify --state NAME``, as the operator runs it."""
     return subprocess.run(
-        [str(PYTHON), "-m", "pytest", "tests/verify", "--state", state, "-q", "-p",
+        [str(PYTHON.with_name("pytest")), "tests/verify", "--state", state, "-q", "-p",
          "no:cacheprovider"], cwd=REPO, capture_output=True, text=True, timeout=600,
     )
 
