@@ -179,5 +179,4 @@ spokesman = inventory.get_group("workstations")[0].name
 attempt.rolled_back(name="Rollback: production is converged and proven if the attempt failed",
                     on_failure=on_failure, runner=spokesman, _ignore_errors=True)
 attempt.concluded(name="Conclusion: did the attempt succeed, and what was restored",
-                   on_failure=on_failure,
-                  runner=spokesman)
+                  on_failure=on_failure, runner=spokesman)
