@@ -47,6 +47,8 @@ if workstation:
         peer_address=host.data.peer_thunderbolt_address,
         expected_rate_gbps=host.data.link_expected_rate_gbps,
         expected_lanes=host.data.link_expected_lanes,
+        address_owner=host.data.link_address_owner,
+        prefix_length=host.data.link_prefix_length,
     )
 
 # Serving runs on both kinds of host; each gets its own settings and None for the

@@ -13,6 +13,8 @@ from operations.site import Candidate, Link, Serving, site_default
 link_interface = site_default(Link, "interface")
 link_expected_rate_gbps = site_default(Link, "expected_rate_gbps")
 link_expected_lanes = site_default(Link, "expected_lanes")
+link_address_owner = site_default(Link, "address_owner")
+link_prefix_length = site_default(Link, "prefix_length")
 
 candidate_module_name = site_default(Candidate, "module_name")
 

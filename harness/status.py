@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from pyinfra.api import QuoteString, StringCommand
 
 from harness import remote
 from harness.counters import rx_rate_gbps
@@ -34,17 +33,6 @@ from operations.states import LAYERS, STATES, Speculative, State, layers_changed
 
 SERVER_INFO_TIMEOUT_SECONDS = 5.0
 ALGORITHM_OF_REPORTED = {reported: declared for declared, reported in REPORTED_ALGORITHM.items()}
-
-
-class ModprobeBuildId(ModuleFileBuildId):
-    """The GNU build-id of the file ``modprobe <module>`` would load, or ``None``."""
-
-    def requires_command(self, module: str) -> str:
-        return "readelf"
-
-    def command(self, module: str) -> StringCommand:
-        script = 'readelf -n "$(modinfo -n "$1" 2>/dev/null)" 2>/dev/null || true'
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(module))
 
 
 @dataclass(frozen=True)
@@ -150,7 +138,7 @@ def workstation_queries(data: dict[str, Any]) -> list[remote.Query]:
     module = data["candidate_module_name"]
     return [
         remote.Query("module", LoadedModule(), {"module": module}),
-        remote.Query("stock_build", ModprobeBuildId(), {"module": module}),
+        remote.Query("stock_build", ModuleFileBuildId(), {"module": module}),
         remote.Query("xdomain", XDomainLink()),
         remote.Query("interface", InterfaceState(), {"interface": data["link_interface"]}),
         remote.Query("services", RunningServices(),

@@ -1,4 +1,4 @@
-"""``python -m lab up|down|status`` and ``python -m lab fault NAME on|off``."""
+"""``python -m lab up|down|status``, ``fault NAME on|off`` and ``reboot HOST``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from lab import control, faults
+from lab.topology import HOSTS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     fault = commands.add_parser("fault", help="switch a named fault on or off")
     fault.add_argument("name", choices=sorted(faults.FAULTS))
     fault.add_argument("switch", choices=("on", "off"))
+    reboot = commands.add_parser("reboot", help="reboot one host, as a power cycle would")
+    reboot.add_argument("host", choices=[host.name for host in HOSTS])
     args = parser.parse_args(argv)
     if args.command == "fault" and not control.healthy():
         print("lab: the lab is down; run `python -m lab up` first", file=sys.stderr)
@@ -28,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
             control.down()
         elif args.command == "status":
             return 0 if control.status() else 3
+        elif args.command == "reboot":
+            control.reboot(args.host)
         else:
             faults.switch(args.name, args.switch == "on")
             print(f"lab: fault {args.name} {args.switch}: {faults.FAULTS[args.name]}")

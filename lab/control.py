@@ -27,13 +27,14 @@ from lab.topology import (
     WORKSTATIONS,
     LabHost,
     alive,
+    host_named,
     pid_file,
     read_pid,
 )
 
 REQUIRED_TOOLS = ("ip", "nsenter", "unshare", "iptables", "tc", "/usr/sbin/sshd", "ssh",
                   "ssh-keygen", "runsvdir", "sv", "modinfo", "depmod", "readelf", "objcopy",
-                  "gcc", "ld")
+                  "gcc", "ld", "zstd")
 LOGS = STATE / "logs"
 PROCESSES = [f"host-{host.name}" for host in HOSTS] + ["kernel"]
 
@@ -68,6 +69,7 @@ def healthy() -> bool:
 def has_remnants() -> bool:
     return (
         any(network.netns_exists(host.name) for host in HOSTS)
+        or any(network.netns_exists(network.parking(host)) for host in WORKSTATIONS)
         or network.link_exists("tblab0")
         or any(pid_file(name).exists() for name in PROCESSES)
     )
@@ -108,6 +110,13 @@ def carrier(host: LabHost) -> bool:
     return "LOWER_UP" in out or " UP " in out
 
 
+def addressed(host: LabHost) -> bool:
+    """Whether the network manager has given ``thunderbolt0`` its address since it came up."""
+    out = network.in_netns(host.name, "ip", "-br", "addr", "show", LINK_INTERFACE,
+                           check=False).stdout
+    return f"{host.link_address}/" in out
+
+
 def boot_host(host: LabHost) -> None:
     spawn(f"host-{host.name}", [
         "ip", "netns", "exec", host.name, "unshare", "--mount", "--uts",
@@ -137,15 +146,42 @@ def up() -> None:
         wait_for(f"sshd on {host.name} ({host.management_address}:22)",
                  lambda host=host: sshd_answers(host), timeout=10)
     for host in WORKSTATIONS:
-        # What the host's boot would do: load the distribution's driver.
-        loaded = in_host(host, "/usr/local/sbin/modprobe", MODULE_NAME)
-        if loaded.returncode != 0:
-            raise LabError(f"{host.name}: modprobe {MODULE_NAME} failed: {loaded.stderr}")
+        boot_workstation_driver(host)
     spawn("kernel", [str(PYTHON), "-m", "lab.kernel"])
     for host in WORKSTATIONS:
-        wait_for(f"{LINK_INTERFACE} carrier on {host.name}", lambda host=host: carrier(host),
-                 timeout=10)
+        wait_for(f"{LINK_INTERFACE} carrier and address on {host.name}",
+                 lambda host=host: carrier(host) and addressed(host), timeout=10)
     say(f"up in {time.monotonic() - started:.1f}s; ssh -F {ssh.CLIENT_CONFIG} wsa")
+
+
+def boot_workstation_driver(host: LabHost) -> None:
+    """What a workstation's boot does: load the distribution's driver."""
+    loaded = in_host(host, "/usr/local/sbin/modprobe", MODULE_NAME)
+    if loaded.returncode != 0:
+        raise LabError(f"{host.name}: modprobe {MODULE_NAME} failed: {loaded.stderr}")
+
+
+def reboot(name: str) -> None:
+    """
+    What a reboot does to one host: every process of it gone, ``/run`` empty (a
+    staged candidate, the lock, the GPU's holders), the module state lost and
+    the distribution's driver loaded at boot, then the enabled services started
+    by its init system. Its files on disk (units, run scripts, configs) stay.
+    """
+    if not healthy():
+        raise LabError("the lab is not up; run `python -m lab up`")
+    host = host_named(name)
+    started = time.monotonic()
+    stop_pids(network.netns_pids(host.name))
+    pid_file(f"host-{host.name}").unlink(missing_ok=True)
+    if host.workstation:
+        shutil.rmtree(host.root / "sys-module" / MODULE_NAME, ignore_errors=True)
+    boot_host(host)
+    wait_for(f"sshd on {host.name} ({host.management_address}:22)",
+             lambda: sshd_answers(host), timeout=10)
+    if host.workstation:
+        boot_workstation_driver(host)
+    say(f"{host.name} rebooted in {time.monotonic() - started:.1f}s")
 
 
 def stop_pids(pids: list[int], timeout: float = 3.0) -> None:

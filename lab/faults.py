@@ -8,8 +8,9 @@ needs no restart and switching it off leaves no trace.
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
-from lab.topology import LARGE_BACKEND_SERVICE, STATE, host_named
+from lab.topology import HOSTS, LARGE_BACKEND_SERVICE, STATE, host_named
 
 FAULTS_DIR = STATE / "faults"
 
@@ -20,6 +21,9 @@ FAULTS: dict[str, str] = {
     "draft_init_crash": "a TP rank exits while the draft model initializes",
     "rank_hang": "rank 0's /health answers but generation never completes",
     "fallback_down": "the gateway's alternate (large) backend is stopped",
+    "sig_enforce": "the workstations' kernels refuse unsigned modules (Secure Boot)",
+    "udev_autoload": "udev loads the stock module again about 100 ms after each rmmod",
+    "no_network_manager": "nothing but twinbolt applies thunderbolt0's address after a load",
 }
 
 
@@ -48,8 +52,20 @@ def switch(name: str, on: bool) -> None:
         service = host_named("gw").root / "etc-sv" / LARGE_BACKEND_SERVICE
         subprocess.run(["sv", "down" if on else "up", str(service)], check=True,
                        capture_output=True)
+    if name == "sig_enforce":
+        for host in HOSTS:
+            if host.workstation:
+                signature_enforcement(host.root, on)
+
+
+def signature_enforcement(root: Path, on: bool) -> None:
+    """The kernel's ``sig_enforce`` parameter, under a workstation's ``/sys/module``."""
+    parameter = root / "sys-module" / "module" / "parameters" / "sig_enforce"
+    parameter.parent.mkdir(parents=True, exist_ok=True)
+    parameter.write_text("Y\n" if on else "N\n")
 
 
 def clear() -> None:
+    """Every fault's file gone; ``lab down`` calls this, and ``lab up`` lays the hosts anew."""
     for name in active():
         (FAULTS_DIR / name).unlink(missing_ok=True)

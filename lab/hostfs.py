@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from lab import modules
+from lab import faults, modules
 from lab.topology import (
     LARGE_BACKEND_PORT,
     LARGE_BACKEND_SERVICE,
@@ -60,6 +60,7 @@ def prepare(host: LabHost) -> None:
     if host.workstation:
         (host.root / "sys-module" / "thunderbolt").mkdir(parents=True)
         (host.root / "sys-module" / "thunderbolt" / "initstate").write_text("live\n")
+        faults.signature_enforcement(host.root, faults.is_on("sig_enforce"))
         (host.root / "sys-bus" / "thunderbolt" / "devices").mkdir(parents=True)
         (host.root / "statistics").mkdir()
         for command, module in SIMULATED_COMMANDS.items():

@@ -49,6 +49,10 @@ def boot(host: LabHost) -> None:
         if not target.startswith("/sys/"):
             # A fresh machine may lack a mount point (this kernel has no /lib/modules).
             os.makedirs(target, exist_ok=True)
+        elif not os.path.isdir(target):
+            # No thunderbolt0 while the driver is unloaded: the lab kernel binds its
+            # statistics when a load creates it.
+            continue
         mount("--bind", str(source), target)
     subprocess.run(
         ["/usr/sbin/sshd", "-f", str(sshd_config_path(host)), "-E", "/var/log/sshd.log"],

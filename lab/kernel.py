@@ -3,12 +3,16 @@
 One process for the whole lab reconciles, every tick, what the simulated
 module state asks for with what the network shows:
 
-- a loaded ``thunderbolt_net`` brings ``thunderbolt0`` up after a retrain delay,
-  at 20 Gb/s (10 Gb/s under ``link_10g``), and an unloaded one leaves it down;
+- an unloaded ``thunderbolt_net`` takes ``thunderbolt0`` away (the peer loses
+  carrier); a load creates it anew, without an address, and brings it up
+  after a retrain delay at 20 Gb/s (10 Gb/s under ``link_10g``); the host's
+  network manager applies the address about 2 s after the link comes up (not
+  under ``no_network_manager``);
   switching ``link_10g`` off is re-seating the cable: a link that trained at
   10 Gb/s goes down and retrains;
-- each side's XDomain sysfs shows the peer and, while the peer's driver is
-  loaded, its ``network`` service and capabilities (``prtcstns``);
+- each side's XDomain sysfs shows the peer (``0-3``, beside the host router and
+  a dock) and, while the peer's driver is loaded, its ``network`` service and
+  capabilities (``prtcstns``);
 - the stock driver's receiver drops frames at a small rate (iptables
   ``statistic``), so TCP really retransmits; the candidate with ``tx_e2e=1``
   towards a peer that advertises E2E drops nothing; under ``tx_credit_stall``
@@ -21,18 +25,20 @@ module state asks for with what the network shows:
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab import faults
+from lab import faults, network
 from lab.network import in_netns, set_link_rate
 from lab.topology import (
     DEGRADED_SPEED_GBPS,
     IPTABLES_CHAINS,
     LINK_INTERFACE,
     LINK_LANES,
+    LINK_PREFIX,
     LINK_SPEED_GBPS,
     MODULE_NAME,
     RETRAIN_SECONDS,
@@ -43,6 +49,7 @@ from lab.topology import (
 )
 
 TICK_SECONDS = 0.1
+MANAGER_SECONDS = 2.0
 E2E, MATCH_FRAGS_ID, FRAMES_64K = 0x1, 0x2, 0x4
 NET_DEV_FIELDS = ("rx_bytes", "rx_packets", "rx_errs", "rx_drop", "rx_fifo", "rx_frame",
                   "rx_compressed", "rx_multicast", "tx_bytes", "tx_packets")
@@ -81,6 +88,8 @@ class HostLink:
     loaded_at: float | None = None
     up: bool | None = None
     replugged_at: float = 0.0
+    # When the link last came up, until the network manager has applied the address.
+    up_at: float | None = None
     rules: tuple[float, bool] | None = None
     base: dict[str, int] = field(default_factory=dict)
     # Drops counted by rules already flushed, by the current rules, and at the last load.
@@ -117,18 +126,39 @@ def xdomain_dir(host: LabHost) -> Path:
     return host.root / "sys-bus" / "thunderbolt" / "devices"
 
 
+# As on a real workstation, the peer is not the only device with a link: the
+# host router and a dock (device routers) sit at lower indices, the dock with
+# its own, faster link. Only the peer's uevent names it an XDomain.
+XDOMAIN_DEVTYPE = "thunderbolt_xdomain"
+PEER_DEVICE = "0-3"
+DEVICE_ROUTERS = {
+    "0-0": {"uevent": "DEVTYPE=thunderbolt_device", "device_name": "host router",
+            "vendor_name": "twinbolt lab"},
+    "0-1": {"uevent": "DEVTYPE=thunderbolt_device", "device_name": "TB4 Dock",
+            "vendor_name": "twinbolt lab", "rx_speed": "20.0 Gb/s", "tx_speed": "20.0 Gb/s",
+            "rx_lanes": "2", "tx_lanes": "2"},
+}
+
+
+def write_device_routers(link: HostLink) -> None:
+    for device, values in DEVICE_ROUTERS.items():
+        for name, value in values.items():
+            write_if_changed(xdomain_dir(link.host) / device / name, value, link.written)
+
+
 def write_xdomain(link: HostLink, peer: LabHost, peer_module: ModuleState,
                   speed_gbps: float) -> None:
     devices = xdomain_dir(link.host)
-    device = devices / "0-1"
+    device = devices / PEER_DEVICE
     values = {
+        "uevent": f"DEVTYPE={XDOMAIN_DEVTYPE}",
         "device_name": peer.name, "vendor_name": "twinbolt lab", "unique_id": peer.unique_id,
         "rx_speed": f"{speed_gbps:.1f} Gb/s", "tx_speed": f"{speed_gbps:.1f} Gb/s",
         "rx_lanes": str(LINK_LANES), "tx_lanes": str(LINK_LANES), "maxhopid": "15",
     }
     for name, value in values.items():
         write_if_changed(device / name, value, link.written)
-    service = devices / "0-1.0"
+    service = devices / f"{PEER_DEVICE}.0"
     if peer_module.loaded:
         capabilities = MATCH_FRAGS_ID | FRAMES_64K | (E2E if advertises_e2e(peer_module) else 0)
         service_values = {"key": "network", "prtcid": "1", "prtcvers": "1", "prtcrevs": "1",
@@ -164,15 +194,25 @@ def read_dropped(host: LabHost) -> int:
     return sum(int(line.split()[0]) for line in out.splitlines()[2:] if "DROP" in line)
 
 
-def read_net_dev(host: LabHost) -> dict[str, int] | None:
+def net_dev(host: LabHost) -> dict[str, dict[str, int]] | None:
+    """The host's network devices and their counters; ``None`` while the host is down."""
     pid = read_pid(f"host-{host.name}")
-    if pid is None:
+    try:
+        lines = Path(f"/proc/{pid}/net/dev").read_text().splitlines() if pid else None
+    except FileNotFoundError:
+        lines = None
+    if lines is None:
         return None
-    for line in Path(f"/proc/{pid}/net/dev").read_text().splitlines():
+    devices = {}
+    for line in lines[2:]:
         name, _, counters = line.partition(":")
-        if name.strip() == LINK_INTERFACE:
-            return dict(zip(NET_DEV_FIELDS, map(int, counters.split()), strict=False))
-    return None
+        devices[name.strip()] = dict(zip(NET_DEV_FIELDS, map(int, counters.split()),
+                                         strict=False))
+    return devices
+
+
+def read_net_dev(host: LabHost) -> dict[str, int] | None:
+    return (net_dev(host) or {}).get(LINK_INTERFACE)
 
 
 def write_statistics(link: HostLink, module: ModuleState) -> None:
@@ -200,13 +240,57 @@ def write_statistics(link: HostLink, module: ModuleState) -> None:
         write_if_changed(statistics / name, str(value), link.written)
 
 
-def set_up(link: HostLink, up: bool, speed_gbps: float) -> None:
-    if up == link.up:
+def set_up(link: HostLink, present: bool, up: bool, speed_gbps: float) -> None:
+    """
+    The host's ``thunderbolt0`` as its driver makes it: absent while unloaded (the
+    peer losing carrier), created anew, without an address, once loaded, and up
+    once trained.
+    """
+    host = link.host
+    devices = net_dev(host)
+    if devices is None:
+        return  # the host is rebooting
+    exists = LINK_INTERFACE in devices
+    if present and not exists:
+        network.plug(host)
+        link.up = None
+        bind_statistics(host)
+    if not present and exists:
+        network.unplug(host)
+        link.up = None
+    if not present or up == link.up:
         return
     if up:
-        set_link_rate(link.host.name, speed_gbps)
-    in_netns(link.host.name, "ip", "link", "set", LINK_INTERFACE, "up" if up else "down")
+        set_link_rate(host.name, speed_gbps)
+        link.up_at = time.time()
+    in_netns(host.name, "ip", "link", "set", LINK_INTERFACE, "up" if up else "down")
     link.up = up
+
+
+def bind_statistics(host: LabHost) -> None:
+    """
+    The simulated receiver counters over the new device's statistics: a device
+    made anew has a new sysfs directory, without the old bind mount.
+    """
+    pid = read_pid(f"host-{host.name}")
+    if pid is not None:
+        subprocess.run(["nsenter", "-t", str(pid), "-m", "mount", "--bind",
+                        str(host.root / "statistics"),
+                        f"/sys/class/net/{LINK_INTERFACE}/statistics"], capture_output=True)
+
+
+def network_manager(link: HostLink) -> None:
+    """
+    The host's own network manager (netplan, NetworkManager, systemd-networkd),
+    matched by the interface's name: it applies the address about
+    ``MANAGER_SECONDS`` after the link comes up, unless ``no_network_manager``.
+    """
+    if (not link.up or link.up_at is None or faults.is_on("no_network_manager")
+            or time.time() - link.up_at < MANAGER_SECONDS):
+        return
+    in_netns(link.host.name, "ip", "addr", "replace", f"{link.host.link_address}/{LINK_PREFIX}",
+             "dev", LINK_INTERFACE)
+    link.up_at = None
 
 
 def tick(links: dict[str, HostLink], speeds: dict[str, float]) -> None:
@@ -222,7 +306,9 @@ def tick(links: dict[str, HostLink], speeds: dict[str, float]) -> None:
         if trained and not link.up:
             # Training happens now, so a fault switched on before it bites here.
             speeds[name] = DEGRADED_SPEED_GBPS if faults.is_on("link_10g") else LINK_SPEED_GBPS
-        set_up(link, trained, speeds[name])
+        set_up(link, module.loaded, trained, speeds[name])
+        network_manager(link)
+        write_device_routers(link)
         write_xdomain(link, peer, peer_module, speeds[name])
         rx_drop = 0.0 if tx_e2e_active(peer_module, module) else link.host.stock_rx_drop
         tx_stall = tx_e2e_active(module, peer_module) and faults.is_on("tx_credit_stall")

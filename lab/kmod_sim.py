@@ -4,7 +4,8 @@ Installed as those commands inside each lab workstation. They keep the kernel
 semantics twinbolt depends on: ``insmod`` ignores unknown parameters and still
 loads, refuses a vermagic from another kernel and a module already loaded;
 ``rmmod`` takes the interface down at once; ``modprobe`` loads the file that
-``modinfo -n`` names. Module state lives where the kernel shows it,
+``modinfo -n`` names, compressed or not; with ``sig_enforce`` on, an unsigned
+module is refused, as under Secure Boot. Module state lives where the kernel shows it,
 ``/sys/module/<name>/``; the lab kernel (``lab.kernel``) reacts to it.
 """
 
@@ -18,10 +19,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from lab import faults
+from lab.modules import signed
+
 SYS_MODULE = Path("/sys/module")
 KERNEL_LOG = Path("/var/log/kern.log")
 TRUE_WORDS = {"y", "Y", "1", "true", "on"}
 FALSE_WORDS = {"n", "N", "0", "false", "off"}
+# How soon udev loads the module again after an rmmod, under ``udev_autoload``.
+AUTOLOAD_SECONDS = 0.1
 
 
 class ModuleError(Exception):
@@ -41,13 +47,32 @@ def modinfo_field(path: str, field: str) -> list[str]:
     return [line for line in out.stdout.splitlines() if line]
 
 
+# The kernel decompresses a module itself (CONFIG_MODULE_DECOMPRESS); so does insmod.
+DECOMPRESS = {".zst": ["zstd", "-dcq"], ".xz": ["xz", "-dc"], ".gz": ["gzip", "-dc"]}
+
+
+def plain_module(path: str) -> bytes:
+    decompress = DECOMPRESS.get(Path(path).suffix)
+    if decompress:
+        return subprocess.run([*decompress, path], capture_output=True, check=True).stdout
+    return Path(path).read_bytes()
+
+
 def build_id_note(path: str) -> bytes:
-    with tempfile.NamedTemporaryFile() as note:
+    with tempfile.NamedTemporaryFile() as plain, tempfile.NamedTemporaryFile() as note:
+        plain.write(plain_module(path))
+        plain.flush()
         subprocess.run(
-            ["objcopy", "-O", "binary", "--only-section=.note.gnu.build-id", path, note.name],
+            ["objcopy", "-O", "binary", "--only-section=.note.gnu.build-id", plain.name,
+             note.name],
             check=True,
         )
         return Path(note.name).read_bytes()
+
+
+def signatures_enforced() -> bool:
+    enforce = SYS_MODULE / "module" / "parameters" / "sig_enforce"
+    return enforce.exists() and enforce.read_text().strip() == "Y"
 
 
 def interface_down(name: str = "thunderbolt0") -> None:
@@ -73,6 +98,9 @@ def insmod(path: str, arguments: list[str]) -> None:
         raise ModuleError(f"could not insert module {path}: Invalid module format")
     if (SYS_MODULE / name).exists():
         raise ModuleError(f"could not insert module {path}: File exists")
+    if signatures_enforced() and not signed(plain_module(path)):
+        kernel_log(f"{name}: Loading of unsigned module is rejected")
+        raise ModuleError(f"could not insert module {path}: Key was rejected by service")
     for dependency in modinfo_field(path, "depends"):
         for needed in filter(None, dependency.split(",")):
             if not (SYS_MODULE / needed).exists():
@@ -98,7 +126,12 @@ def insmod(path: str, arguments: list[str]) -> None:
     (staging / "refcnt").write_text("0\n")
     (staging / "taint").write_text("OE\n")
     (staging / "initstate").write_text("live\n")
-    staging.rename(SYS_MODULE / name)
+    try:
+        staging.rename(SYS_MODULE / name)
+    except OSError:
+        # Another load won the race (udev's, say): the kernel's EEXIST.
+        shutil.rmtree(staging)
+        raise ModuleError(f"could not insert module {path}: File exists") from None
     kernel_log(f"{name}: loading out-of-tree module taints kernel.")
 
 
@@ -110,6 +143,11 @@ def rmmod(name: str) -> None:
     # The network device goes with the driver; the peer loses carrier at once.
     interface_down()
     shutil.rmtree(module)
+    if faults.is_on("udev_autoload"):
+        # The XDomain hotplug event that follows makes udev load the module again.
+        subprocess.Popen(["sh", "-c", f"sleep {AUTOLOAD_SECONDS}; exec modprobe {name}"],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def modprobe(arguments: list[str]) -> None:
@@ -127,7 +165,12 @@ def modprobe(arguments: list[str]) -> None:
     found = subprocess.run(["modinfo", "-n", name], capture_output=True, text=True)
     if found.returncode != 0:
         raise ModuleError(f"Module {name} not found in directory /lib/modules/{os.uname().release}")
-    insmod(found.stdout.strip(), names[1:])
+    try:
+        insmod(found.stdout.strip(), names[1:])
+    except ModuleError as error:
+        # modprobe, unlike insmod, takes a module loaded meanwhile as done.
+        if not str(error).endswith("File exists"):
+            raise
 
 
 def main(argv: list[str]) -> int:

@@ -4,6 +4,8 @@ This kernel has no module support, so the lab's ``thunderbolt_net`` builds are
 relocatable ELF objects that carry only what the tools read: a ``.modinfo``
 section (name, vermagic, parameters) and a GNU build-id. The stock build
 declares the upstream ``e2e`` parameter; the candidate also declares ``tx_e2e``.
+The stock file is installed zstd-compressed, as Ubuntu 24.04 installs it: the
+real ``modinfo`` reads it (Debian's kmod links libzstd), ``readelf`` does not.
 """
 
 from __future__ import annotations
@@ -54,6 +56,17 @@ def _c_source(fields: list[str]) -> str:
     )
 
 
+# A distribution signs its modules; ``scripts/sign-file`` appends the signature,
+# a ``struct module_signature`` and this mark. The lab's stock build carries an
+# empty one, enough for the kernel's check that a signature is there; the
+# candidate, like an out-of-tree build, carries none.
+SIGNATURE_TRAILER = bytes([0, 0, 2, 0, 0, 0, 0, 0]) + bytes(4) + b"~Module signature appended~\n"
+
+
+def signed(data: bytes) -> bool:
+    return data.endswith(SIGNATURE_TRAILER[-28:])
+
+
 def build(variant: str, destination: Path) -> Path:
     """Compile one variant into ``destination`` (stock or candidate)."""
     destination.parent.mkdir(parents=True, exist_ok=True)
@@ -65,6 +78,8 @@ def build(variant: str, destination: Path) -> Path:
         subprocess.run(
             ["ld", "-r", "--build-id=sha1", str(obj), "-o", str(destination)], check=True
         )
+    if variant == "stock":
+        destination.write_bytes(destination.read_bytes() + SIGNATURE_TRAILER)
     return destination
 
 
@@ -73,14 +88,16 @@ def sha256(path: Path) -> str:
 
 
 def build_all() -> None:
-    """Build the stock and candidate files once per kernel release."""
+    """Build the stock and candidate files once per kernel release and recipe (this file)."""
     stamp = MODULES / "release"
-    if stamp.exists() and stamp.read_text() == kernel_release() and CANDIDATE.exists():
+    recipe = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    if stamp.exists() and stamp.read_text() == f"{kernel_release()} {recipe}" \
+            and CANDIDATE.exists():
         return
     build("stock", STOCK)
     build("candidate", CANDIDATE)
     CANDIDATE.with_name(CANDIDATE.name + ".sha256").write_text(sha256(CANDIDATE) + "\n")
-    stamp.write_text(kernel_release())
+    stamp.write_text(f"{kernel_release()} {recipe}")
 
 
 def install_stock(lib_modules: Path) -> None:
@@ -88,7 +105,8 @@ def install_stock(lib_modules: Path) -> None:
     release_dir = lib_modules / kernel_release()
     target = release_dir / STOCK_MODULE_RELPATH
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(STOCK.read_bytes())
+    target.write_bytes(subprocess.run(["zstd", "-q", "-c", str(STOCK)], check=True,
+                                      capture_output=True).stdout)
     (release_dir / "modules.order").write_text(f"{STOCK_MODULE_RELPATH}\n")
     for index in ("modules.builtin", "modules.builtin.modinfo"):
         (release_dir / index).touch()

@@ -62,6 +62,27 @@ def set_link_rate(namespace: str, gbps: float) -> None:
     )
 
 
+def parking(host: LabHost) -> str:
+    """
+    Where a workstation's ``thunderbolt0`` waits while its driver is unloaded: a
+    namespace of its own, so that the host sees no such interface, as after a
+    real ``rmmod``, and the peer's end loses carrier.
+    """
+    return f"tbpark-{host.name}"
+
+
+def unplug(host: LabHost) -> None:
+    """The driver's net device goes away; moving it out of the namespace flushes its address."""
+    in_netns(host.name, "ip", "link", "set", LINK_INTERFACE, "netns",
+             str(NETNS_DIR / parking(host)))
+
+
+def plug(host: LabHost) -> None:
+    """A load makes the net device anew: it comes back down, with no address."""
+    in_netns(parking(host), "ip", "link", "set", LINK_INTERFACE, "netns",
+             str(NETNS_DIR / host.name))
+
+
 def create() -> None:
     """Build namespaces, bridge and links from nothing."""
     run("ip", "link", "add", BRIDGE, "type", "bridge")
@@ -69,6 +90,8 @@ def create() -> None:
     run("ip", "link", "set", BRIDGE, "up")
     for host in HOSTS:
         _create_host(host)
+    for host in WORKSTATIONS:
+        run("ip", "netns", "add", parking(host))
     first, second = WORKSTATIONS
     in_netns(
         first.name, "ip", "link", "add", LINK_INTERFACE, "mtu", "65520", "type", "veth",
@@ -99,6 +122,9 @@ def destroy(hosts: Sequence[LabHost] = HOSTS) -> list[str]:
     """Remove whatever of the lab's network exists; a half-built lab is fine."""
     removed = []
     for host in hosts:
+        if host.workstation and netns_exists(parking(host)):
+            run("ip", "netns", "delete", parking(host))
+            removed.append(f"netns {parking(host)}")
         if netns_exists(host.name):
             # Deleting the namespace takes its veths, qdiscs and iptables rules along.
             run("ip", "netns", "delete", host.name)

@@ -17,7 +17,7 @@ PYTHON = REPO / ".venv" / "bin" / "python"
 BRIDGE = "tblab0"
 BRIDGE_ADDRESS = "10.66.0.1/24"
 LINK_INTERFACE = "thunderbolt0"
-LINK_PREFIX = 24
+LINK_PREFIX = 16
 IPTABLES_CHAINS = {"INPUT": "TBLAB_RX", "OUTPUT": "TBLAB_TX"}
 
 # The field report's link: one USB4 lane trained at 20 Gb/s.
@@ -27,7 +27,8 @@ LINK_LANES = 1
 RETRAIN_SECONDS = 1.0
 
 MODULE_NAME = "thunderbolt_net"
-STOCK_MODULE_RELPATH = "kernel/drivers/net/thunderbolt/thunderbolt_net.ko"
+# As Ubuntu since 23.10 installs it: zstd-compressed, which readelf cannot read.
+STOCK_MODULE_RELPATH = "kernel/drivers/net/thunderbolt/thunderbolt_net.ko.zst"
 GPU_NAME = "NVIDIA GeForce RTX 5090"
 GPU_MEMORY_MIB = 32607
 

@@ -83,14 +83,32 @@ class LoadedModule(FactBase):
         return module
 
 
-class ModuleFileBuildId(FactBase):
-    """The GNU build-id of a module file (``readelf -n``), or ``None`` without the file."""
+# Distributions install modules plain (.ko) or compressed (Ubuntu since 23.10
+# and Fedora .ko.zst, others .ko.xz or .ko.gz); readelf reads only a plain ELF,
+# so a compressed file is decompressed into a temporary file first. "$1" is the
+# file, or empty for the file modprobe would load for the module "$2".
+BUILD_ID_SCRIPT = (
+    'f=${1:-$(modinfo -n "$2" 2>/dev/null)}; [ -f "$f" ] || exit 0; '
+    'case "$f" in *.zst) d="zstd -dcq";; *.xz) d="xz -dc";; *.gz) d="gzip -dc";; *) d=cat;; esac; '
+    't=$(mktemp) || exit 1; $d "$f" > "$t" && readelf -n "$t" 2>/dev/null; rm -f "$t"'
+)
 
-    def requires_command(self, path: str) -> str:
+
+class ModuleFileBuildId(FactBase):
+    """
+    The GNU build-id of a module file, plain or compressed, or ``None`` without
+    the file. The one reader of a module file: the driver layer, ``status`` and
+    the testinfra checks all ask it.
+
+    + path: the module file; or, empty, the file ``modprobe`` would load for ``module``
+    """
+
+    def requires_command(self, path: str = "", module: str = "") -> str:
         return "readelf"
 
-    def command(self, path: str) -> StringCommand:
-        return StringCommand("readelf", "-n", QuoteString(path), "2>/dev/null", "||", "true")
+    def command(self, path: str = "", module: str = "") -> StringCommand:
+        return StringCommand("sh", "-c", QuoteString(BUILD_ID_SCRIPT), "-", QuoteString(path),
+                             QuoteString(module))
 
     def process(self, output: list[str]) -> str | None:
         for line in output:
@@ -163,6 +181,36 @@ class PersistentModuleCopies(FactBase):
         return copies
 
 
+class SignatureEnforcement(FactBase):
+    """
+    Whether this kernel refuses unsigned modules, and why: module signature
+    enforcement (``sig_enforce``, set by Secure Boot or ``module.sig_enforce=1``),
+    or a lockdown mode that forbids unsigned modules (integrity, confidentiality).
+    An empty list when unsigned modules load.
+
+    .. code:: python
+
+        ["sig_enforce=Y", "lockdown=integrity"]
+    """
+
+    def command(self) -> str:
+        return ("echo sig_enforce $(cat /sys/module/module/parameters/sig_enforce 2>/dev/null); "
+                "echo lockdown $(cat /sys/kernel/security/lockdown 2>/dev/null)")
+
+    def process(self, output: list[str]) -> list[str]:
+        found = []
+        for line in output:
+            key, _, value = line.partition(" ")
+            if key == "sig_enforce" and value.strip() == "Y":
+                found.append("sig_enforce=Y")
+            if key == "lockdown":
+                active = next((mode.strip("[]") for mode in value.split()
+                               if mode.startswith("[")), "none")
+                if active != "none":
+                    found.append(f"lockdown={active}")
+        return found
+
+
 # The candidate, inspected on the machine that runs pyinfra
 
 
@@ -197,6 +245,14 @@ class CandidateModule:
         return self._elf[1]
 
     @property
+    def signed(self) -> bool:
+        """Whether a module signature is appended (what ``scripts/sign-file`` writes)."""
+        with open(self.path or "", "rb") as stream:
+            stream.seek(0, 2)
+            stream.seek(max(0, stream.tell() - len(MODULE_SIGNATURE_MARK)))
+            return stream.read() == MODULE_SIGNATURE_MARK
+
+    @property
     def vermagic_release(self) -> str:
         return self._elf[0].get("vermagic", [""])[0].split(" ")[0]
 
@@ -225,6 +281,32 @@ class CandidateModule:
         return found
 
 
+# The trailer the kernel's sign-file appends to a signed module (MODULE_SIG_STRING).
+MODULE_SIGNATURE_MARK = b"~Module signature appended~\n"
+SIGN_WITH_MOK = (
+    "sign it with a Machine Owner Key: enroll one with `mokutil --import MOK.der` (and "
+    "reboot to confirm), sign with `/usr/src/linux-headers-$(uname -r)/scripts/sign-file "
+    "sha256 MOK.priv MOK.der thunderbolt_net.ko`, then pin the signed file's sha256"
+)
+
+
+# Unload whatever is loaded and insert the staged candidate ("$1" the module, "$2"
+# the file). An XDomain hotplug event can make udev load the stock module again
+# between rmmod and insmod, and insmod then fails with "File exists": unload it
+# again, a bounded number of times. Any other refusal ends it at once, in
+# insmod's own words.
+SWAP_TO_CANDIDATE = (
+    'for attempt in 1 2 3 4 5; do '
+    '[ -e "/sys/module/$1" ] && { rmmod "$1" || exit 1; }; '
+    'insmod "$2" tx_e2e=1 && exit 0; '
+    '[ -e "/sys/module/$1" ] || exit 1; '
+    'echo "twinbolt: $1 was loaded again right after rmmod (udev autoload?): '
+    'unloading it again" >&2; done; '
+    'echo "twinbolt: $1 was loaded again after each of 5 rmmods: udev autoloads it; '
+    'stop what triggers it (or blacklist $1 for the experiment) and retry" >&2; exit 1'
+)
+
+
 def staged_path(run_dir: str, candidate: CandidateModule) -> str:
     return f"{run_dir}/{candidate.name}.ko"
 
@@ -232,6 +314,11 @@ def staged_path(run_dir: str, candidate: CandidateModule) -> str:
 def candidate_refusals(candidate: CandidateModule) -> list[str]:
     """Why the candidate may not be loaded on this host now; empty when it may."""
     found = candidate.problems(host.get_fact(KernelVersion))
+    enforcement = host.get_fact(SignatureEnforcement)
+    if enforcement and not found and not candidate.signed:
+        # insmod would refuse it only after the stock driver is gone.
+        found.append(f"this kernel refuses unsigned modules ({', '.join(enforcement)}) and "
+                     f"the candidate {candidate.path} carries no signature: {SIGN_WITH_MOK}")
     module = host.get_fact(LoadedModule, module=candidate.name)
     if module is not None and module["parameters"].get("e2e") != "Y":
         found.append(
@@ -370,7 +457,6 @@ def module(
         )
     """
     current = host.get_fact(LoadedModule, module=candidate.name)
-    unload = ["rmmod", QuoteString(candidate.name), "&&"] if current else []
     staged = staged_path(run_dir, candidate)
     if loaded == "candidate":
         # Only the file is checked again here: the peer's capabilities vanish while the
@@ -385,13 +471,16 @@ def module(
             src=candidate.path, dest=staged, mode="0600", create_remote_dir=False
         )
         if not candidate_loaded(current, candidate):
-            yield StringCommand(*unload, "insmod", QuoteString(staged), "tx_e2e=1")
+            yield StringCommand("sh", "-c", QuoteString(SWAP_TO_CANDIDATE), "-",
+                                QuoteString(candidate.name), QuoteString(staged))
         else:
             host.noop("the candidate is loaded with tx_e2e=Y")
         return
     stock_file = host.get_fact(ModprobeTarget, module=candidate.name)
     stock_build = host.get_fact(ModuleFileBuildId, path=stock_file) if stock_file else None
     if current is None or current["build_id"] != stock_build or "tx_e2e" in current["parameters"]:
+        unload = ["rmmod", QuoteString(candidate.name), "&&"] if current else []
+        # Should udev load the stock module first, modprobe finds it loaded: the same end.
         yield StringCommand(*unload, "modprobe", QuoteString(candidate.name))
     else:
         host.noop("the stock driver is loaded")

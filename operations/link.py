@@ -32,35 +32,46 @@ SPEED = re.compile(r"([0-9.]+)\s*Gb/s")
 # Facts
 
 
+# The peer host is the Thunderbolt device whose uevent names it an XDomain. Its
+# name depends on domain and port (0-1, 0-3, 1-1, ...), and device routers beside
+# it (the host router, a dock) have a link speed too. Opens a loop over the
+# peers, "$d" each one's sysfs directory; the caller closes it.
+XDOMAIN_PEERS = ("for d in /sys/bus/thunderbolt/devices/*; do "
+                 'grep -qsx DEVTYPE=thunderbolt_xdomain "$d/uevent" || continue; ')
+
+
 class XDomainLink(FactBase):
     """
-    The XDomain connection to the peer host, or ``None`` when no peer is connected.
+    The XDomain connection to the peer host, or ``None`` when no peer is connected;
+    ``others`` names any further XDomain peer (twinbolt drives exactly one).
 
     .. code:: python
 
-        {"device": "0-1", "peer": "wsb", "rx_speed_gbps": 20.0, "tx_speed_gbps": 20.0,
-         "rx_lanes": 1, "tx_lanes": 1}
+        {"device": "0-3", "peer": "wsb", "rx_speed_gbps": 20.0, "tx_speed_gbps": 20.0,
+         "rx_lanes": 1, "tx_lanes": 1, "others": []}
     """
 
     def command(self) -> str:
         return (
-            "for d in /sys/bus/thunderbolt/devices/*; do [ -e \"$d/rx_speed\" ] || continue; "
-            'echo "${d##*/}|$(cat "$d/device_name")|$(cat "$d/rx_speed")|$(cat "$d/tx_speed")'
-            '|$(cat "$d/rx_lanes")|$(cat "$d/tx_lanes")"; done; true'
+            XDOMAIN_PEERS + 'echo "${d##*/}|$(cat "$d/device_name")|$(cat "$d/rx_speed")'
+            '|$(cat "$d/tx_speed")|$(cat "$d/rx_lanes")|$(cat "$d/tx_lanes")"; done; true'
         )
 
     def process(self, output: list[str]) -> dict | None:
+        peers = []
         for line in output:
             device, peer, rx_speed, tx_speed, rx_lanes, tx_lanes = line.split("|")
-            return {
+            peers.append({
                 "device": device,
                 "peer": peer,
                 "rx_speed_gbps": float(SPEED.match(rx_speed).group(1)),
                 "tx_speed_gbps": float(SPEED.match(tx_speed).group(1)),
                 "rx_lanes": int(rx_lanes),
                 "tx_lanes": int(tx_lanes),
-            }
-        return None
+            })
+        if not peers:
+            return None
+        return {**peers[0], "others": [peer["device"] for peer in peers[1:]]}
 
 
 class InterfaceState(FactBase):
@@ -131,7 +142,8 @@ class RouteInterface(FactBase):
 
 
 def link_problems(interface: str, address: str, peer_address: str,
-                  expected_rate_gbps: float, expected_lanes: int) -> tuple[list[str], bool]:
+                  expected_rate_gbps: float, expected_lanes: int,
+                  address_owner: str = "twinbolt") -> tuple[list[str], bool]:
     """
     What keeps the link from being trained and usable, and whether waiting can help.
 
@@ -146,6 +158,10 @@ def link_problems(interface: str, address: str, peer_address: str,
         return [f"{interface} has no carrier"], True
     if xdomain is None:
         return ["no XDomain peer is connected"], True
+    if xdomain["others"]:
+        return [f"{1 + len(xdomain['others'])} XDomain peers are connected "
+                f"({', '.join([xdomain['device'], *xdomain['others']])}): twinbolt drives "
+                "exactly one host-to-host link; disconnect the others"], False
     found = []
     lanes = min(xdomain["rx_lanes"], xdomain["tx_lanes"])
     rate = min(xdomain["rx_speed_gbps"], xdomain["tx_speed_gbps"]) * lanes
@@ -157,15 +173,30 @@ def link_problems(interface: str, address: str, peer_address: str,
         )
         return found, False
     if address not in interface_state["addresses"]:
+        # A load creates the interface without one: it is applied (or, with
+        # address_owner = system, the host's network manager applies it) soon.
         found.append(f"{interface} lacks its address {address} "
-                     f"(has {', '.join(interface_state['addresses']) or 'none'})")
-        return found, False
+                     f"(has {', '.join(interface_state['addresses']) or 'none'})"
+                     + ("; the host's network manager (link.address_owner = system) has "
+                        "not applied it" if address_owner == "system" else ""))
+        return found, True
     if not host.get_fact(PeerAnswers, address=peer_address, interface=interface):
         # Carrier and rate are fine, yet nothing crosses: what a controller that never
         # returns TX credits does under tx_e2e=1.
         found.append(f"the peer {peer_address} does not answer across {interface} although "
                      "it has carrier: no traffic moves (a TX credit stall under tx_e2e=1?)")
     return found, True
+
+
+def apply_address(interface: str, address: str, prefix_length: int) -> None:
+    """
+    Give a freshly created interface its declared address, if it exists and lacks
+    it: loading thunderbolt_net makes a new ``thunderbolt0`` with none.
+    """
+    state = host.get_fact(InterfaceState, interface=interface)
+    if state["exists"] and address not in state["addresses"]:
+        host.run_shell_command(StringCommand("ip", "addr", "add", f"{address}/{prefix_length}",
+                                             "dev", QuoteString(interface)))
 
 
 def warn(state: Any, host: Any, found: list[str]) -> bool:
@@ -221,13 +252,19 @@ def management_path(interface: str, addresses: dict[str, str]) -> Iterator[Pyinf
 @operation(is_idempotent=True)
 def trained(interface: str, address: str, peer_address: str, expected_rate_gbps: float = 20.0,
             expected_lanes: int = 1, timeout: float = 30.0,
-            wait: bool = True, needed: bool = True) -> Iterator[PyinfraCommand]:
+            wait: bool = True, needed: bool = True, address_owner: str = "twinbolt",
+            prefix_length: int = 16) -> Iterator[PyinfraCommand]:
     """
-    Ensure the link is trained at the expected rate with the peer answering across it.
+    Ensure the link is trained at the expected rate, with its address, the peer
+    answering across it.
 
     With ``wait`` (after a driver change) a link that is still coming up is waited
     for, with progress, up to ``timeout`` seconds; without it (preflight and
-    verification) any shortfall is an error at once.
+    verification) any shortfall is an error at once. While waiting, the link
+    layer owns the interface's address: a load creates the interface without
+    one, and the declared address is applied as soon as it appears, unless the
+    host's own network manager owns it (then a missing address is waited for,
+    and named when the wait ends).
 
     + interface: the ThunderboltIP interface, ``thunderbolt0``
     + address: this host's address on it
@@ -238,6 +275,9 @@ def trained(interface: str, address: str, peer_address: str, expected_rate_gbps:
     + wait: whether a link still coming up may be waited for
     + needed: whether the target state uses the link; if not, a link that does
       not come back is a warning
+    + address_owner: ``twinbolt`` (applies ``address``) or ``system`` (waits for
+      the host's network manager to)
+    + prefix_length: the prefix of ``address`` when twinbolt applies it
 
     **Example:**
 
@@ -250,7 +290,8 @@ def trained(interface: str, address: str, peer_address: str, expected_rate_gbps:
             peer_address="169.254.77.2",
         )
     """
-    arguments = (interface, address, peer_address, expected_rate_gbps, expected_lanes)
+    arguments = (interface, address, peer_address, expected_rate_gbps, expected_lanes,
+                 address_owner)
     found, worth_waiting = link_problems(*arguments)
     if not found:
         host.noop(f"{interface} is up at {expected_rate_gbps:g} Gb/s and the peer answers")
@@ -262,11 +303,16 @@ def trained(interface: str, address: str, peer_address: str, expected_rate_gbps:
     if not worth_waiting and executing():
         yield shortfall(found, needed)
         return
+    def check(seconds_left: float) -> tuple[list[str], bool]:
+        if address_owner == "twinbolt":
+            apply_address(interface, address, prefix_length)
+        return link_problems(*arguments)
+
     outcome: dict = {}
     yield FunctionCommand(
         probes.wait_until,
-        (f"{interface} trained at {expected_rate_gbps:g} Gb/s with the peer answering",
-         lambda seconds_left: link_problems(*arguments), timeout, outcome),
+        (f"{interface} trained at {expected_rate_gbps:g} Gb/s with its address, the peer "
+         "answering", check, timeout, outcome),
         {},
     )
     if outcome.get("found"):

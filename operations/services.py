@@ -28,7 +28,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.util import get_template
 from pyinfra.facts.files import Sha1File
-from pyinfra.facts.runit import RunitManaged
+from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.operations import files, runit, systemd
 
 InitSystem = Literal["systemd", "runit"]
@@ -55,6 +55,10 @@ class Service(BaseModel):
     + environment: variables set for the process, in this order
     + user: the account it runs as
     + working_directory: its current directory
+    + at_boot: started at boot and restarted when it fails; ``False`` for a
+      start-only service that runs only when twinbolt starts it, once (a TP
+      rank that comes back alone after a reboot, or restarts without its peer,
+      only loops)
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -65,6 +69,7 @@ class Service(BaseModel):
     environment: dict[EnvironmentName, str] = Field(default_factory=dict)
     user: str = "root"
     working_directory: str = "/"
+    at_boot: bool = True
 
 
 def unit_path(name: str) -> str:
@@ -246,7 +251,9 @@ def present(
     service: Service, init_system: InitSystem, restarted: bool = False
 ) -> Iterator[PyinfraCommand]:
     """
-    Render a service, and keep it enabled and running.
+    Render a service, and keep it running: enabled at boot, or, for a service
+    not ``at_boot``, started once (a systemd unit neither enabled nor restarted;
+    a runit service with a ``down`` file, started with ``sv once``).
 
     A running service is restarted when its rendered file changed, or when
     ``restarted`` says the state needs it (say, the link under it was replaced).
@@ -281,11 +288,11 @@ def present(
         yield from systemd.service._inner(
             service=f"{service.name}.service",
             running=True,
-            enabled=True,
+            enabled=service.at_boot,
             restarted=changed or restarted,
             daemon_reload=changed,
         )
-    else:
+    elif service.at_boot:
         yield from runit.service._inner(
             service=service.name,
             running=True,
@@ -293,6 +300,27 @@ def present(
             svdir=RUNIT_SVDIR,
             sourcedir=RUNIT_SOURCEDIR,
         )
+    else:
+        yield from started_once(service.name, restarted=changed or restarted)
+
+
+def started_once(name: str, restarted: bool) -> Iterator[PyinfraCommand]:
+    """
+    A runit service that runs once when started: ``sv up`` (and so pyinfra's own
+    start and restart) would have runsv restart it whenever it exits.
+    """
+    running = host.get_fact(RunitStatus, service=name, svdir=RUNIT_SVDIR).get(name)
+    # Managed, its down file keeping runsvdir from starting it at boot.
+    yield from runit.service._inner(service=name, running=None, enabled=False,
+                                    svdir=RUNIT_SVDIR, sourcedir=RUNIT_SOURCEDIR)
+    if running and restarted:
+        yield StringCommand(f"SVDIR={RUNIT_SVDIR}", "sv", "-v", "-w", "90", "down",
+                            QuoteString(name))
+        running = False
+    if running:
+        host.noop(f"service {name} is running")
+    else:
+        yield StringCommand(f"SVDIR={RUNIT_SVDIR}", "sv", "once", QuoteString(name))
 
 
 @operation()

@@ -258,6 +258,9 @@ def tp_rank_service(sglang: Sglang, speculative: Speculative | None) -> Service:
         environment=tp_environment(sglang.interface),
         user=sglang.user,
         working_directory=sglang.working_directory,
+        # A rank needs its peer: alone after a reboot, or restarted after a crash, it
+        # only waits for a rendezvous that never comes.
+        at_boot=False,
     )
 
 

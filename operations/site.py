@@ -136,6 +136,11 @@ class Link(_Section):
     # speed x lanes, as the XDomain reports them (rx_speed "20.0 Gb/s", rx_lanes 1).
     expected_rate_gbps: PositiveFloat = 20.0
     expected_lanes: Literal[1, 2] = 1
+    # Loading thunderbolt_net creates a new interface with no address. "twinbolt":
+    # the link layer applies the declared address after every load; "system": the
+    # host's own network manager does (matched by name), and twinbolt waits for it.
+    address_owner: Literal["twinbolt", "system"] = "twinbolt"
+    prefix_length: Annotated[int, Field(ge=8, le=30)] = 16
 
 
 class Candidate(_Section):

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from e2e_helpers import deploy, fault, snapshot, ssh, verify
+from e2e_helpers import PYTHON, REPO, deploy, fault, lab, snapshot, ssh, verify
 
 from lab.topology import STATE, host_named
 
@@ -105,6 +106,62 @@ def test_bad_input_is_refused_with_the_reason_and_changes_nothing() -> None:
         assert run.returncode != 0, extra
         assert reason in run.output, (extra, run.output[-2000:])
         assert snapshot() == before, extra
+
+
+def test_a_workstation_rebooted_mid_experiment_is_drift_that_production_repairs() -> None:
+    run = deploy("tp2_e2e")
+    assert run.returncode == 0, run.output[-3000:]
+    lab("reboot", "wsb")
+    status = subprocess.run([str(PYTHON), "experiment.py", "status"], cwd=REPO,
+                            capture_output=True, text=True, timeout=180)
+    assert status.returncode != 0 and "drifted" in status.stdout, status.stdout
+    # wsb came back on the stock driver; its TP rank, start-only, did not start alone.
+    assert "tx_e2e" not in ssh("wsb", "ls /sys/module/thunderbolt_net/parameters")
+    assert "run: " not in ssh("wsb", "sv status /etc/service/sglang-tp2-* 2>&1; true")
+    restored = deploy("production")
+    assert restored.returncode == 0, restored.output[-3000:]
+    assert_production_verified()
+    for host in ("wsa", "wsb"):
+        assert "tx_e2e" not in ssh(host, "ls /sys/module/thunderbolt_net/parameters")
+        assert "thunderbolt_net.ko" not in ssh(host, "ls /run/twinbolt 2>/dev/null; true")
+
+
+def test_the_link_layer_applies_the_address_a_reload_took_when_nothing_else_does() -> None:
+    """Round trip with no network manager on the workstations: twinbolt owns the address."""
+    with fault("no_network_manager"):
+        run = deploy("tp2_e2e")
+        assert run.returncode == 0, run.output[-3000:]
+        checks = verify("tp2_e2e")
+        assert checks.returncode == 0, checks.stdout[-3000:]
+        restored = deploy("production")
+        assert restored.returncode == 0, restored.output[-3000:]
+        for host, address in (("wsa", "169.254.77.1"), ("wsb", "169.254.77.2")):
+            assert f"{address}/16" in ssh(host, "ip -br addr show thunderbolt0")
+    assert_production_verified()
+
+
+def test_the_swap_ends_on_the_candidate_though_udev_loads_the_stock_module_again() -> None:
+    with fault("udev_autoload"):
+        run = deploy("tp2_e2e")
+        assert run.returncode == 0, run.output[-3000:]
+        checks = verify("tp2_e2e")
+        assert checks.returncode == 0, checks.stdout[-3000:]
+        restored = deploy("production")
+        assert restored.returncode == 0, restored.output[-3000:]
+    assert_production_verified()
+
+
+def test_an_unsigned_candidate_is_refused_before_any_change_where_signatures_are_enforced(
+        ) -> None:
+    before = snapshot()
+    with fault("sig_enforce"):
+        run = deploy("tp2_e2e")
+    assert run.returncode != 0
+    # Whichever workstation's refusal pyinfra meets first; both refuse.
+    assert re.search(r"ws[ab]: driver layer: this kernel refuses unsigned modules "
+                     r"\(sig_enforce=Y\)", run.output), run.output[-3000:]
+    assert "mokutil --import" in run.output and "Traceback" not in run.output
+    assert snapshot() == before
 
 
 def test_gpu_memory_held_by_a_process_twinbolt_did_not_start_is_refused() -> None:

@@ -81,4 +81,4 @@ def test_a_link_that_trains_at_10g_fails_the_experiment_and_production_is_restor
     # The cable re-seated, the link retrains at 20 Gb/s under the same stock driver.
     restored = deploy("production")
     assert restored.returncode == 0, restored.output[-3000:]
-    assert "20.0 Gb/s" in ssh("wsa", "cat /sys/bus/thunderbolt/devices/0-1/rx_speed")
+    assert "20.0 Gb/s" in ssh("wsa", "cat /sys/bus/thunderbolt/devices/0-3/rx_speed")

@@ -6,7 +6,7 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from lab_helpers import carrier, ssh, wait_until
+from lab_helpers import linked, ssh, wait_until
 
 from lab import faults
 from lab.topology import PYTHON, REPO
@@ -26,4 +26,4 @@ def restore_stock() -> Iterator[None]:
         ssh(host, "rmmod thunderbolt_net; rm -rf /run/twinbolt; modprobe thunderbolt_net",
             check=False)
     for host in ("wsa", "wsb"):
-        wait_until(lambda host=host: carrier(host), timeout=10)
+        wait_until(lambda host=host: linked(host), timeout=10)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from lab.modules import CANDIDATE
 from lab.ssh import CLIENT_CONFIG
-from lab.topology import PYTHON
+from lab.topology import PYTHON, host_named
 
 TRANSFER_PORT = 5201
 TRANSFER_SCRIPT = """
@@ -55,7 +55,14 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0,
 
 
 def carrier(host: str) -> bool:
-    return "LOWER_UP" in ssh(host, "ip -br link show thunderbolt0").stdout
+    """False too while the interface does not exist (the driver unloaded)."""
+    return "LOWER_UP" in ssh(host, "ip -br link show thunderbolt0", check=False).stdout
+
+
+def linked(host: str) -> bool:
+    """Carrier, and the address that a load takes away and the network manager applies."""
+    shown = ssh(host, "ip -br addr show thunderbolt0", check=False).stdout
+    return carrier(host) and f"{host_named(host).link_address}/" in shown
 
 
 def counters(host: str) -> dict[str, int]:

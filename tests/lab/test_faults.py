@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from lab_helpers import carrier, load, read, ssh, transfer, wait_until
+from lab_helpers import carrier, linked, load, read, ssh, transfer, wait_until
 
 from lab import faults
 
@@ -21,17 +21,17 @@ def test_tx_credit_stall_stops_all_traffic_under_tx_e2e_only() -> None:
     for host in ("wsa", "wsb"):
         load(host, "candidate", "tx_e2e=1")
     for host in ("wsa", "wsb"):
-        wait_until(lambda host=host: carrier(host))
+        wait_until(lambda host=host: linked(host))
     assert ssh("wsa", "ping -c 2 -W 1 169.254.77.2", check=False).returncode != 0
     assert transfer(64 << 20, timeout=5) == 0
 
 
 def test_peer_no_e2e_clears_bit_zero_of_the_peer_capabilities() -> None:
     faults.switch("peer_no_e2e", True)
-    wait_until(lambda: read("wsa", "/sys/bus/thunderbolt/devices/0-1.0/prtcstns")
+    wait_until(lambda: read("wsa", "/sys/bus/thunderbolt/devices/0-3.0/prtcstns")
                == "0x00000006", timeout=2)
     faults.switch("peer_no_e2e", False)
-    wait_until(lambda: read("wsa", "/sys/bus/thunderbolt/devices/0-1.0/prtcstns")
+    wait_until(lambda: read("wsa", "/sys/bus/thunderbolt/devices/0-3.0/prtcstns")
                == "0x00000007", timeout=2)
 
 
@@ -39,17 +39,17 @@ def test_link_10g_makes_the_next_retrain_slow() -> None:
     faults.switch("link_10g", True)
     ssh("wsa", "rmmod thunderbolt_net; modprobe thunderbolt_net")
     wait_until(lambda: carrier("wsa"))
-    assert read("wsa", "/sys/bus/thunderbolt/devices/0-1/rx_speed") == "10.0 Gb/s"
+    assert read("wsa", "/sys/bus/thunderbolt/devices/0-3/rx_speed") == "10.0 Gb/s"
     assert "rate 10Gbit" in ssh("wsa", "tc qdisc show dev thunderbolt0").stdout
 
 
 def test_switching_link_10g_off_reseats_the_cable_and_the_link_retrains_at_20g() -> None:
     faults.switch("link_10g", True)
     ssh("wsa", "rmmod thunderbolt_net; modprobe thunderbolt_net")
-    wait_until(lambda: read("wsa", "/sys/bus/thunderbolt/devices/0-1/rx_speed") == "10.0 Gb/s")
+    wait_until(lambda: read("wsa", "/sys/bus/thunderbolt/devices/0-3/rx_speed") == "10.0 Gb/s")
     faults.switch("link_10g", False)
     wait_until(lambda: not carrier("wsa"), timeout=2)
-    wait_until(lambda: read("wsa", "/sys/bus/thunderbolt/devices/0-1/rx_speed") == "20.0 Gb/s")
+    wait_until(lambda: read("wsa", "/sys/bus/thunderbolt/devices/0-3/rx_speed") == "20.0 Gb/s")
     wait_until(lambda: carrier("wsa"))
     assert "rate 20Gbit" in ssh("wsa", "tc qdisc show dev thunderbolt0").stdout
 

@@ -21,6 +21,8 @@ def lab(*arguments: str) -> subprocess.CompletedProcess[str]:
 
 def leftovers() -> list[str]:
     found = [f"netns {h.name}" for h in HOSTS if network.netns_exists(h.name)]
+    found += [f"netns {network.parking(h)}" for h in HOSTS
+              if h.workstation and network.netns_exists(network.parking(h))]
     found += [f"link {name}" for name in ["tblab0", *(h.management_veth for h in HOSTS)]
               if network.link_exists(name)]
     found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text()
@@ -58,3 +60,26 @@ def test_down_leaves_nothing_then_up_rebuilds_a_stale_lab() -> None:
     assert "stale" in rebuilt.stdout
     assert ssh("wsa", "cat /sys/module/thunderbolt_net/parameters/e2e").stdout.strip() == "Y"
     assert lab("status").returncode == 0
+
+
+def test_reboot_empties_run_kills_the_hosts_processes_and_boots_on_the_stock_driver() -> None:
+    ssh("wsb", "mkdir -p /run/twinbolt && touch /run/twinbolt/lock")
+    ssh("wsb", "rmmod thunderbolt_net; modprobe thunderbolt_net")
+    stranger = int(ssh("wsb", "sleep 600 >/dev/null 2>&1 & echo $!").stdout)
+    others = {host.name: read_pid(f"host-{host.name}") for host in HOSTS if host.name != "wsb"}
+    rebooted = lab("reboot", "wsb")
+    assert rebooted.returncode == 0, rebooted.stderr
+    assert "wsb rebooted" in rebooted.stdout
+    assert not alive(stranger)
+    assert ssh("wsb", "ls -A /run/twinbolt 2>/dev/null; true").stdout.strip() == ""
+    assert ssh("wsb", "cat /sys/module/thunderbolt_net/initstate").stdout.strip() == "live"
+    assert ssh("wsb", "test -e /sys/module/thunderbolt_net/parameters/tx_e2e",
+               check=False).returncode == 1
+    # Only wsb rebooted.
+    assert {name: read_pid(f"host-{name}") for name in others} == others
+    assert lab("status").returncode == 0
+
+
+def test_reboot_of_an_unknown_host_is_refused() -> None:
+    refused = lab("reboot", "wsc")
+    assert refused.returncode == 2 and "invalid choice: 'wsc'" in refused.stderr

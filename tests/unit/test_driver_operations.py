@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from operations.driver import (
     ModuleFileBuildId,
     PeerCapabilities,
     PersistentModuleCopies,
+    SignatureEnforcement,
     build_id_from_note,
 )
 
@@ -36,7 +40,8 @@ def candidate(tmp_path_factory: pytest.TempPathFactory) -> CandidateModule:
 
 
 def facts(candidate: CandidateModule, loaded: str | None = "stock", peer: int = 7,
-          e2e: str = "Y", staged: bool = False, persistent: dict | None = None):
+          e2e: str = "Y", staged: bool = False, persistent: dict | None = None,
+          enforcement: list[str] | None = None):
     """Facts of a workstation with the given driver loaded and the given peer."""
     module = None
     if loaded == "stock":
@@ -52,6 +57,7 @@ def facts(candidate: CandidateModule, loaded: str | None = "stock", peer: int = 
         PeerCapabilities: {"service": "0-1.0", "prtcstns": peer},
         PersistentModuleCopies: persistent or {"files": {STOCK_FILE: "aa"}, "config": []},
         KernelVersion: RELEASE,
+        SignatureEnforcement: enforcement or [],
         TmpDir: "/tmp",
         File: {"size": 1, "mode": 600} if staged else None,
         Sha1File: sha1 if staged else None,
@@ -82,8 +88,59 @@ def test_candidate_is_staged_in_run_and_inserted_with_tx_e2e(candidate) -> None:
         "chmod 700 /run/twinbolt",
         f"upload {candidate.path} {STAGED}",
         "chmod 600 /run/twinbolt/thunderbolt_net.ko",
-        "rmmod thunderbolt_net && insmod /run/twinbolt/thunderbolt_net.ko tx_e2e=1",
+        f"sh -c {shlex.quote(driver.SWAP_TO_CANDIDATE)} - thunderbolt_net {STAGED}",
     ]
+
+
+# The swap script, run here with stand-in rmmod and insmod over a stand-in
+# /sys/module, as the hosts run it.
+FAKE_KMOD = {
+    "rmmod": 'rm -r "$SYS/$1"; [ -e "$AUTOLOADS" ] && [ "$(cat "$AUTOLOADS")" -gt 0 ] && '
+             '{ echo $(( $(cat "$AUTOLOADS") - 1 )) > "$AUTOLOADS"; mkdir "$SYS/$1"; '
+             'echo stock > "$SYS/$1/build"; }; exit 0',
+    "insmod": '[ -e "$SYS/thunderbolt_net" ] && { echo "insmod: File exists" >&2; exit 1; }; '
+              '[ -e "$REJECT" ] && { echo "insmod: Key was rejected by service" >&2; exit 1; }; '
+              'mkdir "$SYS/thunderbolt_net" && echo candidate > "$SYS/thunderbolt_net/build"',
+}
+
+
+def swap(tmp_path: Path, autoloads: int, reject: bool = False) -> subprocess.CompletedProcess:
+    """The swap from a loaded stock module, udev loading it again after ``autoloads`` rmmods."""
+    sys_module, bin_dir = tmp_path / "sys-module", tmp_path / "bin"
+    (sys_module / "thunderbolt_net").mkdir(parents=True)
+    (sys_module / "thunderbolt_net" / "build").write_text("stock\n")
+    bin_dir.mkdir()
+    for name, body in FAKE_KMOD.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "autoloads").write_text(f"{autoloads}\n")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SYS": str(sys_module),
+           "AUTOLOADS": str(tmp_path / "autoloads"), "REJECT": str(tmp_path / "reject")}
+    if reject:
+        (tmp_path / "reject").touch()
+    script = driver.SWAP_TO_CANDIDATE.replace("/sys/module", str(sys_module))
+    return subprocess.run(["sh", "-c", script, "-", "thunderbolt_net", STAGED],
+                          capture_output=True, text=True, env=env)
+
+
+def test_the_swap_ends_on_the_candidate_though_udev_loads_the_stock_module_again(
+        tmp_path: Path) -> None:
+    done = swap(tmp_path, autoloads=2)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "sys-module" / "thunderbolt_net" / "build").read_text() == "candidate\n"
+    assert done.stderr.count("was loaded again right after rmmod (udev autoload?)") == 2
+
+
+def test_a_swap_that_udev_always_undoes_fails_with_that_evidence(tmp_path: Path) -> None:
+    failed = swap(tmp_path, autoloads=99)
+    assert failed.returncode == 1
+    assert "was loaded again after each of 5 rmmods: udev autoloads it" in failed.stderr
+
+
+def test_an_insmod_refused_for_its_own_reason_is_not_retried(tmp_path: Path) -> None:
+    failed = swap(tmp_path, autoloads=0, reject=True)
+    assert failed.returncode == 1
+    assert failed.stderr.strip() == "insmod: Key was rejected by service"
 
 
 def test_a_loaded_candidate_changes_nothing(candidate) -> None:
@@ -147,3 +204,32 @@ def test_a_persistent_candidate_copy_fails_verification(candidate) -> None:
     [message] = run_operation(driver.verified, facts(candidate, persistent=persistent),
                               loaded="stock", candidate=candidate)
     assert f"installed persistently at /lib/modules/{RELEASE}/updates" in message
+
+
+def test_signature_enforcement_is_read_from_sig_enforce_and_the_lockdown_mode() -> None:
+    read = SignatureEnforcement().process
+    assert read(["sig_enforce N", "lockdown [none] integrity confidentiality"]) == []
+    assert read(["sig_enforce", "lockdown"]) == []
+    assert read(["sig_enforce Y", "lockdown none [integrity] confidentiality"]) == [
+        "sig_enforce=Y", "lockdown=integrity"]
+
+
+def test_an_unsigned_candidate_is_refused_where_the_kernel_enforces_signatures(candidate) -> None:
+    with pytest.raises(OperationError, match="wsa: driver layer") as refused:
+        run_operation(driver.admissible, facts(candidate, enforcement=["sig_enforce=Y"]),
+                      loaded="candidate", candidate=candidate)
+    assert "refuses unsigned modules (sig_enforce=Y)" in str(refused.value)
+    assert "mokutil --import" in str(refused.value)
+    # The stock driver needs no candidate: nothing to refuse.
+    assert run_operation(driver.admissible, facts(candidate, enforcement=["sig_enforce=Y"]),
+                         loaded="stock", candidate=candidate) == []
+
+
+def test_a_signed_candidate_loads_where_the_kernel_enforces_signatures(candidate, tmp_path) -> None:
+    signed = tmp_path / "thunderbolt_net.ko"
+    signed.write_bytes(Path(candidate.path).read_bytes() + b"\x00" * 12
+                       + driver.MODULE_SIGNATURE_MARK)
+    pinned = CandidateModule(str(signed), hashlib.sha256(signed.read_bytes()).hexdigest())
+    assert pinned.signed and not candidate.signed
+    assert run_operation(driver.admissible, facts(pinned, enforcement=["lockdown=integrity"]),
+                         loaded="candidate", candidate=pinned) == []

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,10 +17,12 @@ from operations.link import InterfaceState, PeerAnswers, XDomainLink
 LINK = dict(interface="thunderbolt0", address="169.254.77.1", peer_address="169.254.77.2")
 
 
-def facts(carrier: bool = True, speed: float = 20.0, lanes: int = 1, answers: bool = True):
+def facts(carrier: bool = True, speed: float = 20.0, lanes: int = 1, answers: bool = True,
+          others: tuple[str, ...] = ()):
     values = {
-        XDomainLink: {"device": "0-1", "peer": "wsb", "rx_speed_gbps": speed,
-                      "tx_speed_gbps": speed, "rx_lanes": lanes, "tx_lanes": lanes},
+        XDomainLink: {"device": "0-3", "peer": "wsb", "rx_speed_gbps": speed,
+                      "tx_speed_gbps": speed, "rx_lanes": lanes, "tx_lanes": lanes,
+                      "others": list(others)},
         InterfaceState: {"exists": True, "carrier": carrier, "addresses": ["169.254.77.1"]},
         PeerAnswers: answers,
     }
@@ -25,10 +30,47 @@ def facts(carrier: bool = True, speed: float = 20.0, lanes: int = 1, answers: bo
 
 
 def test_xdomain_fact_reads_speed_and_lanes() -> None:
-    assert XDomainLink().process(["0-1|wsb|20.0 Gb/s|10.0 Gb/s|2|1"]) == {
-        "device": "0-1", "peer": "wsb", "rx_speed_gbps": 20.0, "tx_speed_gbps": 10.0,
-        "rx_lanes": 2, "tx_lanes": 1}
+    assert XDomainLink().process(["0-3|wsb|20.0 Gb/s|10.0 Gb/s|2|1"]) == {
+        "device": "0-3", "peer": "wsb", "rx_speed_gbps": 20.0, "tx_speed_gbps": 10.0,
+        "rx_lanes": 2, "tx_lanes": 1, "others": []}
     assert XDomainLink().process([]) is None
+
+
+def sysfs_device(devices: Path, name: str, devtype: str, speed: str, lanes: int) -> None:
+    device = devices / name
+    device.mkdir(parents=True)
+    values = {"uevent": f"MODALIAS=tbsvc\nDEVTYPE={devtype}", "device_name": name,
+              "rx_speed": speed, "tx_speed": speed, "rx_lanes": lanes, "tx_lanes": lanes}
+    for key, value in values.items():
+        (device / key).write_text(f"{value}\n")
+
+
+def discovered(devices: Path) -> dict | None:
+    """The fact's own shell loop, run over a sysfs tree laid out under ``devices``."""
+    command = XDomainLink().command().replace("/sys/bus/thunderbolt/devices", str(devices))
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    return XDomainLink().process(output.stdout.splitlines())
+
+
+def test_the_peer_is_found_by_devtype_not_by_name_or_by_having_a_speed(tmp_path: Path) -> None:
+    sysfs_device(tmp_path, "0-1", "thunderbolt_device", "20.0 Gb/s", 2)  # a dock, listed first
+    sysfs_device(tmp_path, "1-1", "thunderbolt_xdomain", "20.0 Gb/s", 1)
+    peer = discovered(tmp_path)
+    assert (peer["device"], peer["rx_lanes"], peer["others"]) == ("1-1", 1, [])
+
+
+def test_a_dock_alone_is_no_peer(tmp_path: Path) -> None:
+    sysfs_device(tmp_path, "0-1", "thunderbolt_device", "20.0 Gb/s", 1)
+    assert discovered(tmp_path) is None
+
+
+def test_two_peers_are_refused_by_name(tmp_path: Path) -> None:
+    sysfs_device(tmp_path, "0-3", "thunderbolt_xdomain", "20.0 Gb/s", 1)
+    sysfs_device(tmp_path, "1-3", "thunderbolt_xdomain", "20.0 Gb/s", 1)
+    assert discovered(tmp_path)["others"] == ["1-3"]
+    with pytest.raises(OperationError, match=r"wsa: link layer: 2 XDomain peers are connected "
+                                             r"\(0-3, 1-3\)"):
+        run_operation(link.trained, facts(others=("1-3",)), wait=False, **LINK)
 
 
 def test_interface_fact_reads_carrier_and_addresses() -> None:
@@ -77,3 +119,38 @@ def test_the_warning_runs_as_pyinfra_runs_it_and_names_host_and_evidence() -> No
     assert command.execute(None, wsa, {}) is True
     assert logged == ["wsa: link layer: the link to wsb trained at 10 Gb/s (the target state "
                       "does not use the link; fix it before the next experiment)"]
+
+
+def addressed(*addresses: str, exists: bool = True):
+    state = {"exists": exists, "carrier": exists, "addresses": list(addresses)}
+    return lambda cls, kwargs: state
+
+
+class ApplyAddress:
+    """The probe step of the wait on its own, as an operation body for the harness."""
+
+    @staticmethod
+    def _inner() -> Iterator[object]:
+        link.apply_address("thunderbolt0", "169.254.77.1", 16)
+        yield from ()
+
+
+def test_a_fresh_interface_without_its_address_gets_it_and_only_then() -> None:
+    shell: list[str] = []
+    run_operation(ApplyAddress, addressed(), shell=shell)
+    assert shell == ["ip addr add 169.254.77.1/16 dev thunderbolt0"]
+    for present in (addressed("169.254.77.1"), addressed(exists=False)):
+        shell.clear()
+        run_operation(ApplyAddress, present, shell=shell)
+        assert shell == []
+
+
+def test_an_address_that_a_reload_took_is_waited_for_not_failed_at_once() -> None:
+    def no_address(cls, kwargs):
+        if cls is InterfaceState:
+            return {"exists": True, "carrier": True, "addresses": []}
+        return facts()(cls, kwargs)
+    assert run_operation(link.trained, no_address, **LINK) == ["call wait_until"]
+    with pytest.raises(OperationError, match="thunderbolt0 lacks its address 169.254.77.1 "
+                                             r"\(has none\); the host's network manager"):
+        run_operation(link.trained, no_address, wait=False, address_owner="system", **LINK)

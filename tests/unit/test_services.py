@@ -232,3 +232,47 @@ def test_an_absent_runit_service_is_stopped_before_its_link_goes() -> None:
 def test_absent_on_a_host_that_never_had_the_service_does_nothing() -> None:
     host = host_with({RunitManaged: set()})
     assert commands(services.absent, host, service="echo", init_system="runit") == []
+
+
+# Start-only services (a TP rank): never started at boot, never restarted on exit
+
+ONCE = TRICKY.model_copy(update={"at_boot": False})
+
+
+def test_a_new_start_only_runit_service_gets_its_down_file_before_its_link_and_runs_once(
+        ) -> None:
+    host = host_with({RunitManaged: set(), RunitStatus: {}}, directories=("/etc/sv/echo",))
+    done = commands(services.present, host, service=ONCE, init_system="runit")
+    assert done.index("touch /etc/sv/echo/down") < done.index(
+        "ln -s /etc/sv/echo /etc/service/echo")
+    assert done[-1] == "SVDIR=/etc/service sv once echo"
+    assert not any(" sv start " in command or " sv up " in command for command in done)
+
+
+def test_a_changed_start_only_runit_service_is_stopped_then_run_once() -> None:
+    host = host_with(RUNNING, files={RUN: "0" * 40, "/etc/sv/echo/down": "x"},
+                     directories=("/etc/sv/echo",), links=LINKED)
+    done = commands(services.present, host, service=ONCE, init_system="runit")
+    assert done[-2:] == ["SVDIR=/etc/service sv -v -w 90 down echo",
+                         "SVDIR=/etc/service sv once echo"]
+
+
+def test_a_running_start_only_runit_service_is_left_alone() -> None:
+    host = host_with(RUNNING, files={RUN: sha1(render(ONCE, "runit")), "/etc/sv/echo/down": "x"},
+                     directories=("/etc/sv/echo",), links=LINKED)
+    assert commands(services.present, host, service=ONCE, init_system="runit") == []
+
+
+def test_a_start_only_systemd_unit_is_started_not_enabled_and_not_restarted_on_failure() -> None:
+    unit = render(ONCE, "systemd")
+    assert "Restart=no" in unit and "Restart=on-failure" not in unit
+    assert "Restart=on-failure" in render(TRICKY, "systemd")
+    host = host_with(
+        {SystemdStatus: {}, SystemdEnabled: {}},
+        files={"/etc/systemd/system/echo.service": sha1(unit)},
+        directories=("/etc/systemd/system",),
+    )
+    done = commands(services.present, host, service=ONCE, init_system="systemd")
+    assert done[-1] == "systemctl start echo.service"
+    assert not any("enable" in command for command in done)
+

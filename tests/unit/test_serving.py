@@ -325,3 +325,9 @@ def test_an_old_replica_that_serves_nothing_is_stuck(monkeypatch) -> None:
         "http://10.66.0.11:30000/v1/chat/completions", error="no answer within 30s"))
     with on(FakeHost({services.ServiceProcess: replica_process(seconds=3600)})):
         assert "no answer within 30s" in serving.stuck(RANK0, replica_service(RANK0))[0]
+
+
+def test_the_tp_ranks_are_start_only_and_the_replicas_start_at_boot() -> None:
+    """A rank alone after a reboot, or restarted without its peer, would only loop."""
+    assert tp_rank_service(RANK0, NEXTN_3_1_4).at_boot is False
+    assert replica_service(RANK0).at_boot is True

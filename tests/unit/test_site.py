@@ -92,6 +92,11 @@ def test_malformed_toml(write_site):
             id="short sha256",
         ),
         pytest.param(
+            edited("[serving]", '[link]\naddress_owner = "netplan"\n\n[serving]'),
+            "link.address_owner: value should be 'twinbolt' or 'system'",
+            id="bad address owner",
+        ),
+        pytest.param(
             edited('user = "sglang"', 'user = "sglang"\nquantization = "nvfp4"'),
             "serving.quantization: value should be 'awq', ",
             id="bad quantization",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from operations.driver import CandidateModule, build_id_from_note
+from operations.driver import CandidateModule, ModuleFileBuildId, build_id_from_note
 from operations.states import State
 
 MODULE = "/sys/module/thunderbolt_net"
@@ -28,9 +28,14 @@ def loaded_build_id(workstation) -> str:
 
 
 def stock_build_id(workstation) -> tuple[str, str]:
-    path = workstation.host.check_output("modinfo -n thunderbolt_net")
-    out = workstation.host.check_output(f"readelf -n {path}")
-    return path, out.split("Build ID:")[1].split()[0]
+    """The file modprobe would load, and its build-id, read as the driver layer reads it."""
+    module = workstation.data["candidate_module_name"]
+    path = workstation.host.check_output(f"modinfo -n {module}")
+    reader = ModuleFileBuildId()
+    out = workstation.host.check_output(reader.command(path=path).get_raw_value())
+    build = reader.process(out.splitlines())
+    assert build, f"{workstation.name}: {path} has no readable GNU build-id"
+    return path, build
 
 
 def test_the_declared_build_is_loaded(workstation, state: State) -> None:

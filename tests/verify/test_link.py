@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 
+from operations.link import XDOMAIN_PEERS
 from operations.states import State
 
 
@@ -25,17 +26,30 @@ def holds(state: State, condition: bool, message: str) -> None:
                       stacklevel=2)
 
 
-DEVICE = "/sys/bus/thunderbolt/devices/0-1"
+DEVICES = "/sys/bus/thunderbolt/devices"
+
+
+def xdomain_peers(workstation) -> list[str]:
+    """The XDomain peers' sysfs directories, found as the link layer finds them."""
+    listing = workstation.host.check_output(XDOMAIN_PEERS + 'echo "$d"; done; true')
+    return listing.split()
+
+
+def test_exactly_one_xdomain_peer_is_connected(workstation, state: State) -> None:
+    peers = xdomain_peers(workstation)
+    holds(state, len(peers) == 1,
+          f"{workstation.name}: {len(peers)} XDomain peers under {DEVICES} "
+          f"({', '.join(peers) or 'none'}); twinbolt drives exactly one")
 
 
 def test_link_trained_at_the_expected_rate_and_lanes(workstation, state: State) -> None:
     expected_rate = workstation.data["link_expected_rate_gbps"]
     expected_lanes = workstation.data["link_expected_lanes"]
-    connected = workstation.host.file(f"{DEVICE}/rx_speed").exists
-    holds(state, connected, f"{workstation.name}: no XDomain peer is connected ({DEVICE})")
-    for side in ("rx", "tx") if connected else ():
-        speed = workstation.host.file(f"{DEVICE}/{side}_speed").content_string.strip()
-        lanes = int(workstation.host.file(f"{DEVICE}/{side}_lanes").content_string)
+    peers = xdomain_peers(workstation)
+    holds(state, bool(peers), f"{workstation.name}: no XDomain peer is connected ({DEVICES})")
+    for side in ("rx", "tx") if peers else ():
+        speed = workstation.host.file(f"{peers[0]}/{side}_speed").content_string.strip()
+        lanes = int(workstation.host.file(f"{peers[0]}/{side}_lanes").content_string)
         rate = float(speed.split()[0]) * lanes
         holds(state, rate == expected_rate and lanes == expected_lanes,
               f"{workstation.name}: {side} trained at {speed} x {lanes} lane(s) = {rate:g} Gb/s, "
