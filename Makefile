@@ -65,7 +65,7 @@ lint: setup  ## ruff
 # Every test, then a short interruption sweep (`make soak SOAK_POINTS=N` for a longer one).
 test: setup lint  ## every test: unit, lab, end-to-end, then a short interruption sweep
 	$(PY) -m lab up
-	$(LAB_PY) -m pytest tests/unit tests/lab tests/e2e
+	$(LAB_PY) -m pytest --durations=20 tests/unit tests/lab tests/e2e
 	$(MAKE) soak
 
 # Kill runs of production -> tp2_e2e -> production at SOAK_POINTS points per leg;

@@ -86,6 +86,8 @@ class HostLink:
 
     host: LabHost
     loaded_at: float | None = None
+    # The load that made the current thunderbolt0: a reload makes another.
+    device_loaded_at: float | None = None
     up: bool | None = None
     replugged_at: float = 0.0
     # When the link last came up, until the network manager has applied the address.
@@ -240,17 +242,22 @@ def write_statistics(link: HostLink, module: ModuleState) -> None:
         write_if_changed(statistics / name, str(value), link.written)
 
 
-def set_up(link: HostLink, present: bool, up: bool, speed_gbps: float) -> None:
+def set_up(link: HostLink, module: ModuleState, up: bool, speed_gbps: float) -> None:
     """
     The host's ``thunderbolt0`` as its driver makes it: absent while unloaded (the
-    peer losing carrier), created anew, without an address, once loaded, and up
-    once trained.
+    peer losing carrier), created anew, without an address, by each load (even an
+    ``rmmod; modprobe`` quicker than one tick), and up once trained.
     """
     host = link.host
     devices = net_dev(host)
     if devices is None:
         return  # the host is rebooting
+    present = module.loaded
     exists = LINK_INTERFACE in devices
+    if present and exists and link.device_loaded_at not in (None, module.loaded_at):
+        network.unplug(host)
+        exists = False
+    link.device_loaded_at = module.loaded_at
     if present and not exists:
         network.plug(host)
         link.up = None
@@ -306,7 +313,7 @@ def tick(links: dict[str, HostLink], speeds: dict[str, float]) -> None:
         if trained and not link.up:
             # Training happens now, so a fault switched on before it bites here.
             speeds[name] = DEGRADED_SPEED_GBPS if faults.is_on("link_10g") else LINK_SPEED_GBPS
-        set_up(link, module.loaded, trained, speeds[name])
+        set_up(link, module, trained, speeds[name])
         network_manager(link)
         write_device_routers(link)
         write_xdomain(link, peer, peer_module, speeds[name])

@@ -126,29 +126,33 @@ def test_a_workstation_rebooted_mid_experiment_is_drift_that_production_repairs(
         assert "thunderbolt_net.ko" not in ssh(host, "ls /run/twinbolt 2>/dev/null; true")
 
 
-def test_the_link_layer_applies_the_address_a_reload_took_when_nothing_else_does() -> None:
-    """Round trip with no network manager on the workstations: twinbolt owns the address."""
-    with fault("no_network_manager"):
+@contextmanager
+def round_trip_verified(under: str) -> Iterator[None]:
+    """
+    production -> tp2_e2e -> production, each leg verified, with the lab fault
+    ``under`` on; the block runs before the fault goes off.
+    """
+    with fault(under):
         run = deploy("tp2_e2e")
         assert run.returncode == 0, run.output[-3000:]
         checks = verify("tp2_e2e")
         assert checks.returncode == 0, checks.stdout[-3000:]
         restored = deploy("production")
         assert restored.returncode == 0, restored.output[-3000:]
+        assert_production_verified()
+        yield
+
+
+def test_the_link_layer_applies_the_address_a_reload_took_when_nothing_else_does() -> None:
+    """Round trip with no network manager on the workstations: twinbolt owns the address."""
+    with round_trip_verified(under="no_network_manager"):
         for host, address in (("wsa", "169.254.77.1"), ("wsb", "169.254.77.2")):
             assert f"{address}/16" in ssh(host, "ip -br addr show thunderbolt0")
-    assert_production_verified()
 
 
 def test_the_swap_ends_on_the_candidate_though_udev_loads_the_stock_module_again() -> None:
-    with fault("udev_autoload"):
-        run = deploy("tp2_e2e")
-        assert run.returncode == 0, run.output[-3000:]
-        checks = verify("tp2_e2e")
-        assert checks.returncode == 0, checks.stdout[-3000:]
-        restored = deploy("production")
-        assert restored.returncode == 0, restored.output[-3000:]
-    assert_production_verified()
+    with round_trip_verified(under="udev_autoload"):
+        pass
 
 
 def test_an_unsigned_candidate_is_refused_before_any_change_where_signatures_are_enforced(
