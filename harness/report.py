@@ -129,6 +129,9 @@ def window_row(window: dict[str, Any]) -> list[str]:
     if name == "long":
         tokens = (f"{number(summary['prompt_tokens'])}: cached "
                   f"{number(summary['cached_tokens'])} ({summary['prefill']} prefill)")
+    if summary.get("shortened"):
+        tokens += (f"; cut from {number(summary['wanted_tokens'])} to fit the context of "
+                   f"{number(summary['context_length'])}")
     moved = totals["bytes_moved"]
     return [
         name, str(len(window["samples"])), rate, aggregate, ttft,

@@ -12,6 +12,10 @@ counters of both workstations and the servers' own counters.
   output tokens, labelled ``cold`` or ``warm`` by the cached tokens the server
   reports: a warm result is never called a cold prefill.
 
+``prefix`` and ``long`` are cut to the server's context length (a real server
+refuses a longer prompt, and a refusal measures nothing); each summary says
+what it asked for and what it sent.
+
 Every prompt starts with a word of its own, so nothing of one window (or an
 earlier run) is ever a cached prefix of another: "cold" is cold by construction
 and "warm" only where a window means it.
@@ -51,7 +55,7 @@ class WindowSettings(BaseModel):
 
     + single_tokens: output tokens of the single-stream request
     + concurrent_requests, concurrent_tokens: the concurrent window's requests and their length
-    + prefix_tokens: the shared prefix sent twice
+    + prefix_tokens: the shared prefix sent twice; capped by the state's context length
     + prefix_output_tokens: output tokens of each prefix request
     + long_tokens: the longest input wanted; capped by the state's context length
     + long_output_tokens: output tokens of the long request
@@ -171,20 +175,42 @@ async def concurrent(measurement: Measurement) -> tuple[list[Sample], dict[str, 
     }
 
 
+async def fitted(measurement: Measurement, wanted: int, output_tokens: int,
+                 ) -> tuple[int, dict[str, Any]]:
+    """
+    ``wanted`` input tokens cut to what the context leaves beside
+    ``output_tokens`` and the chat template, and the summary's account of it.
+    """
+    context = await measurement.context_length()
+    tokens = wanted
+    if context is not None:
+        tokens = min(wanted, context - output_tokens - CHAT_TEMPLATE_ALLOWANCE)
+    account: dict[str, Any] = {"context_length": context, "wanted_tokens": wanted,
+                               "shortened": tokens < wanted}
+    if tokens < wanted:
+        say(f"  {wanted:,} input tokens do not fit the context of {context:,}: "
+            f"sending {tokens:,}")
+    return tokens, account
+
+
 async def prefix(measurement: Measurement) -> tuple[list[Sample], dict[str, Any]]:
     settings = measurement.settings
-    shared = prompt(settings.prefix_tokens)
+    # Each request adds one word, its label, to the shared prefix.
+    tokens, account = await fitted(measurement, settings.prefix_tokens,
+                                   settings.prefix_output_tokens + 1)
+    shared = prompt(tokens)
     samples = []
     for label in ("first", "second"):
         # One after the other: the second may reuse only what the first left cached.
         samples += await run_samples(
             measurement, "prefix",
             [(Sample(f"prefix-{label}", settings.prefix_output_tokens),
-              f"{shared} {label} question")],
-            waiting_for=f"the prefill of {settings.prefix_tokens:,} tokens")
+              f"{shared} {label}")],
+            waiting_for=f"the prefill of {tokens:,} tokens")
     first, second = samples
     return samples, {
-        "prefix_tokens": settings.prefix_tokens,
+        **account,
+        "prefix_tokens": tokens,
         "first": _prefill(first, measurement.cache_report),
         "second": _prefill(second, measurement.cache_report),
         "warm_ttft_seconds": second.ttft if second.cached_tokens else None,
@@ -194,16 +220,14 @@ async def prefix(measurement: Measurement) -> tuple[list[Sample], dict[str, Any]
 
 async def long(measurement: Measurement) -> tuple[list[Sample], dict[str, Any]]:
     settings = measurement.settings
-    context = await measurement.context_length()
-    tokens = settings.long_tokens
-    if context is not None:
-        tokens = min(tokens, context - settings.long_output_tokens - CHAT_TEMPLATE_ALLOWANCE)
+    tokens, account = await fitted(measurement, settings.long_tokens,
+                                   settings.long_output_tokens)
     (sample,) = await run_samples(
         measurement, "long",
         [(Sample("long", settings.long_output_tokens), prompt(tokens))],
         waiting_for=f"the prefill of {tokens:,} tokens")
     return [sample], {
-        "context_length": context,
+        **account,
         **_prefill(sample, measurement.cache_report),
         "seconds": sample.seconds,
         "output_tok_s": sample.output_rate,

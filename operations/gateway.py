@@ -40,9 +40,9 @@ from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.util import get_template
 from pyinfra.facts.files import File
 from pyinfra.facts.server import Users
-from pyinfra.operations import files, pip, server
+from pyinfra.operations import files, server
 
-from operations import probes, services
+from operations import probes, services, venvs
 from operations.attempt import failing, refuse
 from operations.phase import executing
 from operations.services import InitSystem, Service
@@ -530,8 +530,7 @@ def proxy(proxy: Proxy | None, fallback: bool,
         return
     wanted = wanted_routing(proxy, fallback)
     live = host.get_fact(LiveRouting, url=proxy.url, master_key_file=proxy.master_key_file)
-    yield from pip.virtualenv._inner(path=proxy.venv, python="python3", venv=True)
-    yield from pip.packages._inner(packages=[LITELLM_REQUIREMENT], virtualenv=proxy.venv)
+    yield from venvs.pinned_package._inner(venv=proxy.venv, requirement=LITELLM_REQUIREMENT)
     if proxy.user not in host.get_fact(Users):
         yield from server.user._inner(user=proxy.user, system=True)
     key = host.get_fact(File, path=proxy.master_key_file)

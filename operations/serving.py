@@ -41,9 +41,8 @@ from pyinfra.api import (
 )
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.facts.files import Directory
-from pyinfra.operations import pip
 
-from operations import probes, services
+from operations import probes, services, venvs
 from operations.attempt import failing, refuse
 from operations.phase import executing
 from operations.services import InitSystem, Service, ServiceLog, ServiceProcess
@@ -711,8 +710,7 @@ def router(router: Router | None, present: bool = True) -> Iterator[PyinfraComma
     if not present:
         yield from services.absent._inner(service=ROUTER, init_system=router.init_system)
         return
-    yield from pip.virtualenv._inner(path=router.venv, python="python3", venv=True)
-    yield from pip.packages._inner(packages=[ROUTER_REQUIREMENT], virtualenv=router.venv)
+    yield from venvs.pinned_package._inner(venv=router.venv, requirement=ROUTER_REQUIREMENT)
     yield from services.present._inner(service=router_service(router),
                                        init_system=router.init_system)
 

@@ -12,7 +12,6 @@ import yaml
 from operation_harness import run_operation
 from pyinfra.api import OperationError
 from pyinfra.facts.files import Directory, File, Link, Sha1File
-from pyinfra.facts.pip import PipPackages
 from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.facts.server import TmpDir, Users
 
@@ -31,6 +30,7 @@ from operations.gateway import (
     wanted_routing,
 )
 from operations.states import STATES
+from operations.venvs import InstalledVersions
 
 REPO = Path(__file__).resolve().parents[2]
 KEY_FILE = "/etc/twinbolt/litellm_master_key"
@@ -309,7 +309,7 @@ def converged_gateway(fallback: bool, live: dict | None):
     sha1 = {PROXY.config_file: hashlib.sha1(config.encode()).hexdigest(),
             services.run_script_path("litellm"): hashlib.sha1(run_script.encode()).hexdigest()}
     values = {
-        PipPackages: {"litellm": ["1.108.5"]},
+        InstalledVersions: {"litellm": "1.108.5"},
         Users: {"litellm": {}},
         Directory: {"mode": 755},
         Link: {"link_target": "/etc/sv/litellm"},

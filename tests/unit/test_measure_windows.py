@@ -9,7 +9,7 @@ import httpx
 import pytest
 from simulator import NEXTN, simulator
 
-from harness import windows
+from harness import report, windows
 from harness.client import Sample, stream_chat
 from harness.topology import Endpoint
 from harness.windows import WindowSettings
@@ -98,6 +98,25 @@ def test_long_is_capped_by_the_context_and_cold_even_after_the_prefix_window(nex
     assert long["prompt_tokens"] > 5000
     # Every prompt starts with its own word: the prefix window left nothing to reuse.
     assert long["cached_tokens"] == 0 and long["prefill"] == "cold"
+
+
+def test_the_prefix_window_fits_the_context_and_says_it_was_cut(nextn):
+    settings = SHORT.model_copy(update={"prefix_tokens": 120_000})
+    result = run(nextn, "prefix", settings=settings)["prefix"]
+    prefix = result["summary"]
+    # Refused by the server before; now sent, cut, and warm the second time.
+    assert result["errors"] == []
+    assert prefix["shortened"] and prefix["wanted_tokens"] == 120_000
+    assert prefix["context_length"] == 6000
+    assert 5000 < prefix["first"]["prompt_tokens"] <= 6000 - SHORT.prefix_output_tokens
+    assert prefix["second"]["prefill"] == "warm"
+    row = report.window_row(result)
+    assert "cut from 120,000 to fit the context of 6,000" in row[6]
+
+
+def test_a_window_that_fits_is_not_called_cut(plain):
+    prefix = run(plain, "prefix")["prefix"]["summary"]
+    assert not prefix["shortened"] and prefix["prefix_tokens"] == SHORT.prefix_tokens
 
 
 def test_a_warm_long_prompt_is_never_called_cold():
