@@ -21,11 +21,13 @@ COLUMNS = (
     ("per_request_tok_s", "per-request tok/s", 1, False),
     ("accept_length", "accept length", 2, False),
     ("receiver_errors", "receiver errors", 0, True),
-    ("retransmissions", "retransmissions", 0, True),
+    ("socket_retransmissions", "TP-socket retransmissions", 0, True),
+    ("max_socket_retransmissions", "max per socket", 0, False),
+    ("retransmissions", "host-wide retransmissions", 0, True),
     ("gib_per_1k_tokens", "GiB / 1k output tokens", 3, True),
 )
 CHARTED = ("single_tok_s", "aggregate_tok_s", "accept_length", "receiver_errors",
-           "retransmissions", "gib_per_1k_tokens")
+           "socket_retransmissions", "gib_per_1k_tokens")
 
 
 def ratio(value: float | None, reference: float | None, digits: int) -> str:

@@ -10,6 +10,7 @@ their difference.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ INTERFACE_COUNTERS = (
 # rx_errors is the sum of the others (plus allocation failures): the one to total.
 RECEIVER_ERRORS = "rx_errors"
 RETRANSMISSIONS = "retrans_segs"
+SOCKET_COUNTERS = ("retrans", "bytes_retrans", "lost")
 
 
 class LinkCounters(FactBase):
@@ -65,6 +67,49 @@ class LinkCounters(FactBase):
         return counters
 
 
+class PeerSockets(FactBase):
+    """
+    The TCP connections to ``peer`` (the peer's Thunderbolt address: the TP
+    group's NCCL, Gloo and SGLang sockets), each with its own retransmission
+    counters from ``ss -tin``: unlike ``RetransSegs`` they count nothing of SSH,
+    the desktop or a download sharing the host.
+
+    ``retrans`` is the socket's lifetime total (the second figure of ss's
+    ``retrans:unacked/total``); ss leaves a zero counter out.
+
+    .. code:: python
+
+        {"169.254.77.1:5757>169.254.77.2:42304": {"retrans": 9, "bytes_retrans": 426129,
+                                                   "lost": 0}}
+    """
+
+    default = dict
+
+    def requires_command(self, peer: str) -> str:
+        return "ss"
+
+    def command(self, peer: str) -> StringCommand:
+        return StringCommand("ss", "-tinH", "state", "established", "dst", QuoteString(peer))
+
+    def process(self, output: list[str]) -> dict[str, dict[str, int]]:
+        sockets: dict[str, dict[str, int]] = {}
+        counters: dict[str, int] = {}
+        for line in output:
+            if not line[:1].isspace():
+                # "Recv-Q Send-Q Local Peer": the connection; its counters follow.
+                *_, local, peer = line.split()
+                counters = sockets.setdefault(f"{local.replace('%', '@')}>{peer}",
+                                              dict.fromkeys(SOCKET_COUNTERS, 0))
+                continue
+            for word in line.split():
+                name, _, value = word.partition(":")
+                if name == "retrans":
+                    counters["retrans"] = int(value.partition("/")[2])
+                elif name in ("bytes_retrans", "lost"):
+                    counters[name] = int(value)
+        return sockets
+
+
 @dataclass(frozen=True)
 class LinkSnapshot:
     """One workstation's link at one instant (``at``: monotonic seconds on this machine)."""
@@ -76,6 +121,7 @@ class LinkSnapshot:
     driver_build_id: str | None = None
     driver_parameters: dict[str, str] = field(default_factory=dict)
     error: str | None = None
+    sockets: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def rx_rate_gbps(xdomain: dict[str, Any]) -> float:
@@ -88,6 +134,7 @@ def queries(data: dict[str, Any]) -> list[remote.Query]:
         remote.Query("xdomain", XDomainLink()),
         remote.Query("module", LoadedModule(), {"module": data["candidate_module_name"]}),
         remote.Query("counters", LinkCounters(), {"interface": data["link_interface"]}),
+        remote.Query("sockets", PeerSockets(), {"peer": data["peer_thunderbolt_address"]}),
     ]
 
 
@@ -100,6 +147,7 @@ def from_reading(reading: remote.Reading) -> LinkSnapshot:
         host=reading.host,
         at=reading.at,
         counters=reading.values["counters"],
+        sockets=reading.values["sockets"] or {},
         rx_rate_gbps=rx_rate_gbps(xdomain) if xdomain else None,
         driver_build_id=module.get("build_id"),
         driver_parameters=module.get("parameters", {}),
@@ -135,26 +183,58 @@ def delta(before: LinkSnapshot, after: LinkSnapshot) -> dict[str, Any]:
     return {
         "seconds": after.at - before.at,
         "counters": {} if problems else counters,
+        "sockets": socket_deltas(before.sockets, after.sockets),
         "rx_rate_gbps": [before.rx_rate_gbps, after.rx_rate_gbps],
         "reset": bool(problems),
         "problems": problems,
     }
 
 
+def socket_deltas(before: dict[str, dict[str, int]],
+                  after: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """
+    Each peer socket's retransmissions in the window: a socket opened during it
+    counts from zero. A socket closed during it took its last counts with it,
+    so its window is incomplete: it is named, not guessed.
+    """
+    retrans = {key: after[key]["retrans"] - before.get(key, {}).get("retrans", 0)
+               for key in after}
+    return {
+        "count": len(after),
+        "retrans": sum(retrans.values()),
+        "max_retrans": max(retrans.values(), default=None),
+        "bytes_retrans": sum(after[key]["bytes_retrans"]
+                             - before.get(key, {}).get("bytes_retrans", 0) for key in after),
+        "closed": sorted(set(before) - set(after)),
+    }
+
+
+def combined(values: list[Any], combine: Callable[[list[Any]], Any] = sum) -> Any:
+    """``combine(values)``; ``None`` when there are none, or when any is unknown (``None``)."""
+    return None if not values or None in values else combine(values)
+
+
 def window_totals(deltas: dict[str, dict[str, Any]]) -> dict[str, int | None]:
     """
-    Both workstations together: receiver errors, retransmissions, and the bytes
+    Both workstations together: receiver errors, retransmissions (of the TP
+    sockets, the most on any one of them, and host-wide), and the bytes
     put on the link (each end's ``tx_bytes``; the other end's ``rx_bytes`` counts
     the same bytes again). ``None`` where a host's counters could not be used.
     """
 
-    def total(name: str) -> int | None:
-        values = [host["counters"].get(name) for host in deltas.values()]
-        return None if not values or None in values else sum(values)
+    hosts = list(deltas.values())
+
+    def counter(name: str) -> list[int | None]:
+        return [host["counters"].get(name) for host in hosts]
+
+    def socket(name: str) -> list[int | None]:
+        return [host.get("sockets", {}).get(name) for host in hosts]
 
     return {
-        "receiver_errors": total(RECEIVER_ERRORS),
-        "retransmissions": total(RETRANSMISSIONS),
-        "bytes_moved": total("tx_bytes"),
+        "receiver_errors": combined(counter(RECEIVER_ERRORS)),
+        # The TP group's own sockets first; the host-wide figure includes everything else.
+        "socket_retransmissions": combined(socket("retrans")),
+        "max_socket_retransmissions": combined(socket("max_retrans"), max),
+        "retransmissions": combined(counter(RETRANSMISSIONS)),
+        "bytes_moved": combined(counter("tx_bytes")),
     }
-

@@ -17,13 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from harness.client import THROUGHPUT
-from harness.counters import INTERFACE_COUNTERS, RETRANSMISSIONS
+from harness.counters import INTERFACE_COUNTERS, RETRANSMISSIONS, combined
 from harness.topology import Endpoint, Topology
 from harness.windows import WindowSettings
 
 FORMAT = "twinbolt-measurement/1"
 GIB = 1 << 30
 MIB = 1 << 20
+RETRANSMISSIONS_NOTE = (
+    "Retransmissions: *TP-socket* counts only the TP group's connections to the peer's "
+    "Thunderbolt address, socket by socket (`ss -tin`); *host-wide* is the network "
+    "stack's `RetransSegs`, which also counts SSH and anything else the host sends."
+)
 
 
 def build(state: str, observed: dict[str, Any] | None, topology: Topology | None,
@@ -64,9 +69,6 @@ def hosts(topology: Topology | None, windows: list[dict[str, Any]]) -> dict[str,
     }
 
 
-def _total(values: list[float | None]) -> float | None:
-    return None if not values or None in values else sum(values)
-
 
 def headline(report: dict[str, Any]) -> dict[str, Any]:
     """
@@ -79,7 +81,7 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
     totals = [window["link"]["totals"] for window in report["windows"]]
     tokens = sum(sample["completion_tokens"] or 0
                  for window in report["windows"] for sample in window["samples"])
-    moved = _total([total["bytes_moved"] for total in totals])
+    moved = combined([total["bytes_moved"] for total in totals])
     return {
         "state": report["state"],
         "single_tok_s": summary.get("single", {}).get("output_tok_s"),
@@ -88,8 +90,12 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         "aggregate_tok_s": summary.get("concurrent", {}).get("aggregate_output_tok_s"),
         "per_request_tok_s": summary.get("concurrent", {}).get("per_request_output_tok_s",
                                                                  {}).get("mean"),
-        "receiver_errors": _total([total["receiver_errors"] for total in totals]),
-        "retransmissions": _total([total["retransmissions"] for total in totals]),
+        "receiver_errors": combined([total["receiver_errors"] for total in totals]),
+        "socket_retransmissions": combined([total.get("socket_retransmissions")
+                                            for total in totals]),
+        "max_socket_retransmissions": combined([total.get("max_socket_retransmissions")
+                                                for total in totals], max),
+        "retransmissions": combined([total["retransmissions"] for total in totals]),
         "gib_per_1k_tokens": moved / GIB / tokens * 1000 if moved is not None and tokens
         else None,
         "output_tokens": tokens,
@@ -136,7 +142,10 @@ def window_row(window: dict[str, Any]) -> list[str]:
     return [
         name, str(len(window["samples"])), rate, aggregate, ttft,
         number(window["server"]["accept_length"], 2), tokens,
-        number(totals["receiver_errors"]), number(totals["retransmissions"]),
+        number(totals["receiver_errors"]),
+        f"{number(totals.get('socket_retransmissions'))} "
+        f"(max {number(totals.get('max_socket_retransmissions'))})",
+        number(totals["retransmissions"]),
         number(moved / MIB if moved is not None else None), number(window["seconds"]),
     ]
 
@@ -160,10 +169,11 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [f"- {report['config']['throughput']}", "", "## Windows", ""]
     lines += table(
         ["window", "requests", "output tok/s", "aggregate tok/s", "TTFT s", "accept length",
-         "prompt tokens: cached", "receiver errors", "retransmissions", "MiB on link",
-         "seconds"],
+         "prompt tokens: cached", "receiver errors", "TP-socket retrans (max per socket)",
+         "host-wide retrans", "MiB on link", "seconds"],
         [window_row(window) for window in report["windows"]],
     )
+    lines += ["", RETRANSMISSIONS_NOTE]
     errors = [error for window in report["windows"] for error in window["errors"]]
     if errors:
         lines += ["", "Failed requests:", "", *(f"- {error}" for error in errors)]

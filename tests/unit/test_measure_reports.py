@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import socket
+import subprocess
 
 import pytest
 
@@ -70,8 +72,61 @@ def test_window_totals_count_each_byte_once_and_sum_both_workstations():
         "wsb": counters.delta(snap(0), snap(1, tx_bytes=7, rx_bytes=10, rx_errors=4,
                                             retrans_segs=5)),
     }
+    # No TP socket in these snapshots: none retransmitted, and no socket to name a maximum of.
     assert counters.window_totals(deltas) == {"receiver_errors": 5, "retransmissions": 7,
-                                              "bytes_moved": 17}
+                                              "bytes_moved": 17, "socket_retransmissions": 0,
+                                              "max_socket_retransmissions": None}
+
+
+SS_OUTPUT = [
+    "0      0      169.254.77.1%thunderbolt0:5757 169.254.77.2:42304",
+    "\t bbr wscale:10,10 rto:204 rtt:0.433/0.155 mss:65468 bytes_sent:39748539 "
+    "bytes_retrans:426129 bytes_acked:39322410 segs_out:957 retrans:0/9 dsack_dups:1 lost:2",
+    "0      0      169.254.77.1%thunderbolt0:5758 169.254.77.2:42310",
+    "\t bbr wscale:10,10 rto:204 rtt:0.4/0.1 mss:65468 bytes_sent:100 bytes_acked:100",
+]
+
+
+def test_peer_sockets_are_read_one_by_one_from_ss():
+    sockets = counters.PeerSockets().process(SS_OUTPUT)
+    assert sockets == {
+        "169.254.77.1@thunderbolt0:5757>169.254.77.2:42304":
+            {"retrans": 9, "bytes_retrans": 426129, "lost": 2},
+        # ss leaves zero counters out.
+        "169.254.77.1@thunderbolt0:5758>169.254.77.2:42310":
+            {"retrans": 0, "bytes_retrans": 0, "lost": 0},
+    }
+
+
+def test_the_real_ss_is_parsed_for_a_real_connection():
+    with socket.create_server(("127.0.0.1", 0)) as server, \
+            socket.create_connection(server.getsockname()) as client:
+        accepted, _ = server.accept()
+        port = client.getsockname()[1]
+        client.sendall(b"x" * 100_000)
+        accepted.recv(10)
+        command = counters.PeerSockets().command("127.0.0.1").get_raw_value()
+        output = subprocess.run(command, shell=True, capture_output=True, text=True).stdout
+        accepted.close()
+    sockets = counters.PeerSockets().process(output.splitlines())
+    # Both ends of the loopback connection, each with its counters.
+    mine = [key for key in sockets if key.endswith(f":{port}") or f":{port}>" in key]
+    assert len(mine) == 2
+    assert all(sockets[key]["retrans"] == 0 for key in mine)
+
+
+def test_a_socket_window_counts_new_sockets_from_zero_and_names_closed_ones():
+    before = {"a": {"retrans": 5, "bytes_retrans": 500, "lost": 0},
+              "gone": {"retrans": 1, "bytes_retrans": 10, "lost": 0}}
+    after = {"a": {"retrans": 8, "bytes_retrans": 800, "lost": 0},
+             "new": {"retrans": 4, "bytes_retrans": 40, "lost": 0}}
+    assert counters.socket_deltas(before, after) == {
+        "count": 2, "retrans": 7, "max_retrans": 4, "bytes_retrans": 340, "closed": ["gone"]}
+    wsa = {"counters": {}, "sockets": counters.socket_deltas(before, after)}
+    wsb = {"counters": {}, "sockets": counters.socket_deltas({}, {"b": before["a"]})}
+    totals = counters.window_totals({"wsa": wsa, "wsb": wsb})
+    assert totals["socket_retransmissions"] == 12
+    assert totals["max_socket_retransmissions"] == 5
 
 
 def test_window_accept_length_from_two_cumulative_snapshots():
@@ -144,6 +199,9 @@ def test_a_report_is_written_as_json_and_markdown_and_read_back(tmp_path):
     text = path.with_suffix(".md").read_text()
     assert "# twinbolt measurement: tp2_e2e" in text and "matches: tp2_e2e" in text
     assert "| single | 1 | 77.1 |" in text
+    # The two retransmission figures are told apart, in the table and in words.
+    assert "| TP-socket retrans (max per socket) | host-wide retrans |" in text
+    assert report.RETRANSMISSIONS_NOTE in text
     other = tmp_path / "other.json"
     other.write_text("{}")
     with pytest.raises(ValueError, match="not a twinbolt measurement"):
