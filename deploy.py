@@ -24,6 +24,8 @@ leaves the hosts as they are instead), then a non-zero exit naming the host,
 the layer and the evidence.
 """
 
+from functools import partial
+
 from pyinfra import host, inventory
 
 from operations import attempt, driver, gateway, gpu, link, lock, serving
@@ -107,13 +109,15 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
         serving.replica(name="Serving: the replicas are stopped", sglang=sglang, present=False)
         # A running TP group that is to change, or whose link a driver swap will take
         # away, stops here as a whole; it starts again together in step 6.
-        serving.tp_rank_stopped_for_change(
-            name="Serving: the TP ranks stop if they or the driver under them are to change",
-            sglang=sglang,
-            speculative=state.speculative,
-            driver_changes=lambda: bool(
-                driver.driver_problems(state.driver, candidate, host.data.run_dir)),
-        )
+        serving.tp_rank_stopped_for_change(name="Serving: the TP ranks stop if they are to change",
+                                           sglang=sglang, speculative=state.speculative)
+        if workstation:
+            # The driver layer's own answer, asked when the step runs: the swap of step 4.
+            serving.tp_rank(
+                name="Serving: the TP ranks stop if the driver under them is to change",
+                sglang=sglang, present=False,
+                _if=[run.healthy, partial(driver.swap_planned, state.driver, candidate)],
+            )
         # The outage has begun: the user's route must survive it before the GPUs are borrowed.
         gateway.roles_proven(name="Gateway: small answers through the fallback while the replicas "
                                   "are down", proxy=proxy, target=state)

@@ -392,6 +392,23 @@ def candidate_loaded(module: dict | None, candidate: CandidateModule) -> bool:
     )
 
 
+def swap_planned(loaded: Driver, candidate: CandidateModule) -> bool:
+    """
+    Whether :func:`module` would reload ``thunderbolt_net`` on this host now,
+    taking the link away: the one answer its swap acts on and the TP ranks
+    above it stop for. Leftovers it only tidies (a staged copy, a persistent
+    option) cut nothing.
+    """
+    current = host.get_fact(LoadedModule, module=candidate.name)
+    if loaded == "candidate":
+        return not candidate_loaded(current, candidate)
+    if current is None or "tx_e2e" in current["parameters"]:
+        return True
+    stock_file = host.get_fact(ModprobeTarget, module=candidate.name)
+    stock_build = host.get_fact(ModuleFileBuildId, path=stock_file) if stock_file else None
+    return current["build_id"] != stock_build
+
+
 # Operations
 
 
@@ -456,8 +473,8 @@ def module(
             candidate=CandidateModule("/srv/tb/thunderbolt_net.ko", "9f2c…"),
         )
     """
-    current = host.get_fact(LoadedModule, module=candidate.name)
     staged = staged_path(run_dir, candidate)
+    swap = swap_planned(loaded, candidate)
     if loaded == "candidate":
         # Only the file is checked again here: the peer's capabilities vanish while the
         # other workstation reloads in this same step, and preflight proved them.
@@ -470,16 +487,15 @@ def module(
         yield from files.put._inner(
             src=candidate.path, dest=staged, mode="0600", create_remote_dir=False
         )
-        if not candidate_loaded(current, candidate):
+        if swap:
             yield StringCommand("sh", "-c", QuoteString(SWAP_TO_CANDIDATE), "-",
                                 QuoteString(candidate.name), QuoteString(staged))
         else:
             host.noop("the candidate is loaded with tx_e2e=Y")
         return
-    stock_file = host.get_fact(ModprobeTarget, module=candidate.name)
-    stock_build = host.get_fact(ModuleFileBuildId, path=stock_file) if stock_file else None
-    if current is None or current["build_id"] != stock_build or "tx_e2e" in current["parameters"]:
-        unload = ["rmmod", QuoteString(candidate.name), "&&"] if current else []
+    if swap:
+        loaded_now = host.get_fact(LoadedModule, module=candidate.name)
+        unload = ["rmmod", QuoteString(candidate.name), "&&"] if loaded_now else []
         # Should udev load the stock module first, modprobe finds it loaded: the same end.
         yield StringCommand(*unload, "modprobe", QuoteString(candidate.name))
     else:

@@ -643,32 +643,28 @@ def tp_rank(sglang: Sglang | None, speculative: Speculative | None = None, prese
 
 
 @operation()
-def tp_rank_stopped_for_change(
-    sglang: Sglang | None, speculative: Speculative | None = None,
-    driver_changes: Callable[[], bool] = lambda: False,
-) -> Iterator[PyinfraCommand]:
+def tp_rank_stopped_for_change(sglang: Sglang | None,
+                               speculative: Speculative | None) -> Iterator[PyinfraCommand]:
     """
-    Stop this workstation's TP rank before anything under it changes: its own
-    service (say, another speculative setting) or, as ``driver_changes()`` says
-    when the operation runs, the driver and so the link. A rank that runs as the
-    target declares, over a driver that stays, is left alone.
+    Stop this workstation's TP rank before its own service changes (say, another
+    speculative setting). A rank that runs as the target declares is left alone;
+    one whose driver is to change is stopped by ``tp_rank(present=False)`` under
+    the driver layer's ``swap_planned``, in deploy.py.
 
     Both ranks stop in this step and start together later: restarting a running
     group rank by rank races, each new rank losing the other's old one.
 
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
     + speculative: the target state's speculative decoder, or ``None``
-    + driver_changes: called when the operation runs; whether the driver will be swapped
 
     **Example:**
 
     .. code:: python
 
         serving.tp_rank_stopped_for_change(
-            name="Serving: the TP ranks stop if what they run on is to change",
+            name="Serving: the TP ranks stop if they are to change",
             sglang=Sglang.from_host(host),
             speculative=None,
-            driver_changes=lambda: False,
         )
     """
     if elsewhere(sglang, "workstation"):
@@ -679,9 +675,8 @@ def tp_rank_stopped_for_change(
     if not running:
         host.noop("no TP rank runs")
         return
-    if (running == [wanted.name] and not services.rendered_differs(wanted, sglang.init_system)
-            and not driver_changes()):
-        host.noop(f"{wanted.name} runs as declared over a driver that stays")
+    if running == [wanted.name] and not services.rendered_differs(wanted, sglang.init_system):
+        host.noop(f"{wanted.name} runs as declared")
         return
     for name in running:
         yield from services.absent._inner(service=name, init_system=sglang.init_system)

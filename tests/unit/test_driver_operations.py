@@ -233,3 +233,31 @@ def test_a_signed_candidate_loads_where_the_kernel_enforces_signatures(candidate
     assert pinned.signed and not candidate.signed
     assert run_operation(driver.admissible, facts(pinned, enforcement=["lockdown=integrity"]),
                          loaded="candidate", candidate=pinned) == []
+
+
+class SwapJudge:
+    """``driver.swap_planned`` asked the way deploy.py's ``_if`` asks it: on the host."""
+
+    @staticmethod
+    def _inner(**arguments):
+        yield f"swap planned: {driver.swap_planned(**arguments)}"
+
+
+@pytest.mark.parametrize(("loaded", "wanted", "staged", "swaps"), [
+    ("stock", "stock", False, False),
+    ("stock", "candidate", False, True),
+    ("candidate", "candidate", True, False),
+    ("candidate", "stock", True, True),
+    (None, "stock", False, True),
+    # A staged copy left over is tidied, not reloaded for: the TP ranks need not stop.
+    ("stock", "stock", True, False),
+])
+def test_the_ranks_stop_for_exactly_the_swaps_the_driver_step_makes(candidate, loaded, wanted,
+                                                                     staged, swaps) -> None:
+    situation = facts(candidate, loaded, staged=staged)
+    [answer] = run_operation(SwapJudge, situation, loaded=wanted, candidate=candidate)
+    reloads = [command for command in run_operation(driver.module, situation, loaded=wanted,
+                                                    candidate=candidate)
+               if "modprobe" in command or "insmod" in command]
+    assert answer == f"'swap planned: {swaps}'"
+    assert bool(reloads) is swaps

@@ -260,16 +260,11 @@ def test_a_tp_rank_running_as_declared_over_a_staying_driver_is_left_alone() -> 
     host = FakeHost({services.RunningServices: ["sglang-tp2-rank0"],
                      Sha1File: lambda path: sha if path == rendered else None})
     done = commands(serving.tp_rank_stopped_for_change, host, sglang=RANK0,
-                    speculative=NEXTN_3_1_4, driver_changes=lambda: False)
+                    speculative=NEXTN_3_1_4)
     assert done == [] and re.search("runs as declared", host.noops[0])
 
 
-@pytest.mark.parametrize("speculative, driver_changes", [
-    (None, False),          # the speculative setting changes
-    (NEXTN_3_1_4, True),    # the driver under it changes
-])
-def test_a_tp_rank_that_is_to_change_is_stopped_first(speculative, driver_changes,
-                                                      monkeypatch) -> None:
+def test_a_tp_rank_whose_speculative_setting_changes_is_stopped_first(monkeypatch) -> None:
     wanted = tp_rank_service(RANK0, NEXTN_3_1_4)
     sha = hashlib.sha1(services.render(wanted, "systemd").encode()).hexdigest()
     stopped: list[str] = []
@@ -280,8 +275,7 @@ def test_a_tp_rank_that_is_to_change_is_stopped_first(speculative, driver_change
 
     host = FakeHost({services.RunningServices: ["sglang-tp2-rank0"], Sha1File: sha})
     monkeypatch.setattr(services.absent, "_inner", absent)
-    done = commands(serving.tp_rank_stopped_for_change, host, sglang=RANK0,
-                    speculative=speculative, driver_changes=lambda: driver_changes)
+    done = commands(serving.tp_rank_stopped_for_change, host, sglang=RANK0, speculative=None)
     assert stopped == ["sglang-tp2-rank0"] and done == ["stop sglang-tp2-rank0"]
 
 
