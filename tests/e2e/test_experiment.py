@@ -9,7 +9,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from e2e_helpers import PYTHON, REPO, deploy
+from e2e_helpers import PYTHON, REPO, deploy, inventory
 
 # One short window keeps the whole file within a few minutes.
 SHORT = ("--window", "single", "--single-tokens", "64")
@@ -55,6 +55,15 @@ def test_tp2_e2e_is_observed_and_measured_with_the_link_counters_in_its_window(
     assert 1 < single["server"]["accept_length"] <= 4
     for host in report["hosts"].values():
         assert host["driver_parameters"]["tx_e2e"] == "Y" and host["rx_rate_gbps"] == 20.0
+    # Each workstation reads the TP group's own socket to the peer's Thunderbolt
+    # address, alive through the whole window.
+    peers = {entry.name: entry.data["peer_thunderbolt_address"] for entry in inventory()
+             if "workstations" in entry.groups}
+    for name, delta in single["link"]["delta"].items():
+        assert delta["sockets"]["count"] >= 1 and delta["sockets"]["closed"] == [], name
+        for key in single["link"]["after"][name]["sockets"]:
+            assert key.partition(">")[2].startswith(f"{peers[name]}:"), key
+    assert single["link"]["totals"]["socket_retransmissions"] is not None
 
 
 def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
@@ -74,3 +83,6 @@ def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
     assert single["summary"]["completion_tokens"] == 64
     assert single["server"]["accept_length"] is None
     assert "matches: production" in report["observed"]["verdict"]
+    # The replicas talk to nobody across the link: no TP socket, so no per-socket figure.
+    assert single["link"]["totals"]["socket_retransmissions"] == 0
+    assert single["link"]["totals"]["max_socket_retransmissions"] is None

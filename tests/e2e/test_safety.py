@@ -150,6 +150,27 @@ def test_the_link_layer_applies_the_address_a_reload_took_when_nothing_else_does
             assert f"{address}/16" in ssh(host, "ip -br addr show thunderbolt0")
 
 
+def test_a_system_owned_address_is_waited_for_and_named_when_no_manager_applies_it() -> None:
+    """
+    ``link.address_owner = system`` leaves the address to the host's network
+    manager: with one (the lab's default) the round trip passes; with none, the
+    bounded wait ends naming the address, and production is restored.
+    """
+    system = ("--data", "link_address_owner=system")
+    run = deploy("tp2_e2e", *system)
+    assert run.returncode == 0, run.output[-3000:]
+    restored = deploy("production", *system)
+    assert restored.returncode == 0, restored.output[-3000:]
+    assert_production_verified()
+    with fault("no_network_manager"):
+        failed = deploy("tp2_e2e", *system)
+        assert failed.returncode != 0
+        assert "link layer:" in failed.output and "169.254.77." in failed.output
+        assert "(link.address_owner = system) has not applied it" in failed.output
+        assert "production was restored and verified" in failed.output, failed.output[-3000:]
+    assert_production_verified()
+
+
 def test_the_swap_ends_on_the_candidate_though_udev_loads_the_stock_module_again() -> None:
     with round_trip_verified(under="udev_autoload"):
         pass
