@@ -143,12 +143,16 @@ class RouteInterface(FactBase):
 
 def link_problems(interface: str, address: str, peer_address: str,
                   expected_rate_gbps: float, expected_lanes: int,
-                  address_owner: str = "twinbolt") -> tuple[list[str], bool]:
+                  address_owner: str = "twinbolt",
+                  traffic: bool = True) -> tuple[list[str], bool]:
     """
     What keeps the link from being trained and usable, and whether waiting can help.
 
     Waiting helps while the link is down or the peer is silent; a link that came
-    up at the wrong rate or width will stay that way.
+    up at the wrong rate or width will stay that way. Without ``traffic`` only
+    the cable and the peer are judged, not the addresses and the traffic across
+    them: those are the link step's own work, which a run cut after a reload
+    leaves undone on either host.
     """
     xdomain = host.get_fact(XDomainLink)
     interface_state = host.get_fact(InterfaceState, interface=interface)
@@ -172,6 +176,8 @@ def link_problems(interface: str, address: str, peer_address: str,
             "(check the cable and the ports)"
         )
         return found, False
+    if not traffic:
+        return found, True
     if address not in interface_state["addresses"]:
         # A load creates the interface without one: it is applied (or, with
         # address_owner = system, the host's network manager applies it) soon.
@@ -259,8 +265,9 @@ def trained(interface: str, address: str, peer_address: str, expected_rate_gbps:
     answering across it.
 
     With ``wait`` (after a driver change) a link that is still coming up is waited
-    for, with progress, up to ``timeout`` seconds; without it (preflight and
-    verification) any shortfall is an error at once. While waiting, the link
+    for, with progress, up to ``timeout`` seconds; without it (preflight) a cable
+    or peer shortfall is an error at once, and the address and the traffic are
+    left to the step that waits. While waiting, the link
     layer owns the interface's address: a load creates the interface without
     one, and the declared address is applied as soon as it appears, unless the
     host's own network manager owns it (then a missing address is waited for,
@@ -292,12 +299,17 @@ def trained(interface: str, address: str, peer_address: str, expected_rate_gbps:
     """
     arguments = (interface, address, peer_address, expected_rate_gbps, expected_lanes,
                  address_owner)
+    if not wait:
+        found, _ = link_problems(*arguments, traffic=False)
+        if found:
+            refuse("link", found)
+        host.noop(f"{interface} is trained at {expected_rate_gbps:g} Gb/s to one peer; its "
+                  "address and the peer's answer are the link step's to make and prove")
+        return
     found, worth_waiting = link_problems(*arguments)
     if not found:
         host.noop(f"{interface} is up at {expected_rate_gbps:g} Gb/s and the peer answers")
         return
-    if not wait:
-        refuse("link", found)
     # While pyinfra only predicts, an earlier driver change has not happened yet:
     # predict the wait rather than judge a link that is about to retrain.
     if not worth_waiting and executing():

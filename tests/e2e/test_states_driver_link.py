@@ -22,6 +22,23 @@ def test_production_to_tp2_e2e_and_back_each_verified() -> None:
         assert checks.returncode == 0, checks.stdout[-3000:]
 
 
+def test_a_run_cut_between_the_reload_and_the_address_converges_when_run_again() -> None:
+    """
+    A run killed right after the driver reload leaves ``thunderbolt0`` without its
+    address, and the peer unanswered on the other host; the next run's preflight
+    must leave both to the link step, which applies the address.
+    """
+    run = deploy("tp2_e2e")
+    assert run.returncode == 0, run.output[-3000:]
+    ssh("wsa", "ip addr flush dev thunderbolt0")
+    assert "169.254.77.1" not in ssh("wsa", "ip -brief addr show dev thunderbolt0")
+    again = deploy("tp2_e2e")
+    assert again.returncode == 0, again.output[-3000:]
+    assert "169.254.77.1/16" in ssh("wsa", "ip -brief addr show dev thunderbolt0")
+    checks = verify("tp2_e2e")
+    assert checks.returncode == 0, checks.stdout[-3000:]
+
+
 def test_a_second_run_changes_nothing_and_dry_predicts_nothing() -> None:
     first = deploy("production")
     assert first.returncode == 0, first.output[-3000:]

@@ -145,12 +145,36 @@ def test_a_fresh_interface_without_its_address_gets_it_and_only_then() -> None:
         assert shell == []
 
 
-def test_an_address_that_a_reload_took_is_waited_for_not_failed_at_once() -> None:
-    def no_address(cls, kwargs):
-        if cls is InterfaceState:
-            return {"exists": True, "carrier": True, "addresses": []}
-        return facts()(cls, kwargs)
+def no_address(cls, kwargs):
+    if cls is InterfaceState:
+        return {"exists": True, "carrier": True, "addresses": []}
+    return facts()(cls, kwargs)
+
+
+class Problems:
+    """``link_problems`` on its own, as an operation body: what the wait would report."""
+
+    found: list[str] = []
+
+    @classmethod
+    def _inner(cls, **kwargs: object) -> Iterator[object]:
+        cls.found, _ = link.link_problems(*LINK.values(), 20.0, 1, **kwargs)
+        yield from ()
+
+
+def test_an_address_that_a_reload_took_is_waited_for_and_named_by_its_owner() -> None:
     assert run_operation(link.trained, no_address, **LINK) == ["call wait_until"]
-    with pytest.raises(OperationError, match="thunderbolt0 lacks its address 169.254.77.1 "
-                                             r"\(has none\); the host's network manager"):
-        run_operation(link.trained, no_address, wait=False, address_owner="system", **LINK)
+    run_operation(Problems, no_address, address_owner="system")
+    assert Problems.found == ["thunderbolt0 lacks its address 169.254.77.1 (has none); the "
+                              "host's network manager (link.address_owner = system) has not "
+                              "applied it"]
+
+
+def test_preflight_leaves_the_addresses_and_the_traffic_to_the_link_step() -> None:
+    """A run cut after a reload leaves either host bare: the rerun must not refuse it."""
+    for owner in ("twinbolt", "system"):
+        assert run_operation(link.trained, no_address, wait=False, address_owner=owner,
+                             **LINK) == []
+    assert run_operation(link.trained, facts(answers=False), wait=False, **LINK) == []
+    run_operation(Problems, no_address, traffic=False)
+    assert Problems.found == []
