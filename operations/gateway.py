@@ -44,9 +44,9 @@ from pyinfra.operations import files, server
 
 from operations import probes, services, venvs
 from operations.attempt import failing, refuse
-from operations.phase import executing
-from operations.services import InitSystem, Service
-from operations.serving import Router, elsewhere, log_tails
+from operations.phase import elsewhere, executing
+from operations.services import InitSystem, Service, log_tails
+from operations.serving import Router
 from operations.states import State
 
 LAYER = "gateway"

@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pyinfra import host
-from pyinfra.api import FactBase, QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, Host, QuoteString, StringCommand, operation
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.util import get_template
 from pyinfra.facts.files import Sha1File
@@ -40,6 +40,10 @@ RUNIT_SOURCEDIR = "/etc/sv"
 RUNIT_SVDIR = "/etc/service"
 LOG_DIR = "/var/log/twinbolt"
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# How much of a service's log an error message quotes.
+LOG_LINES = 15
+# uvicorn's access log, as SGLang (and the lab's simulator) write it.
+ACCESS_LOG_LINE = re.compile(r'"(GET|POST|PUT|DELETE|HEAD|PRI) \S+ HTTP/[\d.]+" \d{3}\s*$')
 
 
 EnvironmentName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
@@ -355,3 +359,23 @@ def absent(service: str, init_system: InitSystem) -> Iterator[PyinfraCommand]:
     yield from runit.manage._inner(
         service=name, managed=False, svdir=RUNIT_SVDIR, sourcedir=RUNIT_SOURCEDIR
     )
+
+
+def log_tails(workstations: list[tuple[Host, str, InitSystem]]) -> str:
+    """
+    The last lines of each named service's log, host by host, for an error message.
+
+    HTTP access lines are left out: the acceptance probes' own requests would
+    push out what the server said about loading, joining and crashing.
+    """
+    sections = []
+    for other, name, init_system in workstations:
+        lines = other.get_fact(ServiceLog, service=name, init_system=init_system,
+                               lines=LOG_LINES * 20)
+        lines = [line for line in lines if not ACCESS_LOG_LINE.search(line)][-LOG_LINES:]
+        where = (log_path(name) if init_system == "runit"
+                 else f"journalctl -u {name}.service")
+        body = "\n".join(f"    | {line}" for line in lines) or "    (empty)"
+        sections.append(f"  {other.name} {name}, last lines of {where} (requests left out):"
+                        f"\n{body}")
+    return "\n".join(sections)

@@ -25,7 +25,6 @@ simulator (a package run with ``-m``). Nothing is started and no GPU is touched.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -44,8 +43,8 @@ from pyinfra.facts.files import Directory
 
 from operations import probes, services, venvs
 from operations.attempt import failing, refuse
-from operations.phase import executing
-from operations.services import InitSystem, Service, ServiceLog, ServiceProcess
+from operations.phase import elsewhere, executing
+from operations.services import InitSystem, Service, ServiceProcess, log_tails
 from operations.states import Speculative, State
 
 LAYER = "serving"
@@ -62,9 +61,6 @@ REPORTED_ALGORITHM = {"NEXTN": "EAGLE"}
 ACCEPTANCE_TOKENS = 32
 # One acceptance request may take this long; a slower one counts as a hang.
 REQUEST_TIMEOUT_SECONDS = 30.0
-LOG_LINES = 15
-# uvicorn's access log, as SGLang (and the lab's simulator) write it.
-ACCESS_LOG_LINE = re.compile(r'"(GET|POST|PUT|DELETE|HEAD|PRI) \S+ HTTP/[\d.]+" \d{3}\s*$')
 
 # What a bounded wait polls: given the seconds left, what is still wrong and
 # whether waiting can still help (see probes.wait_until).
@@ -394,26 +390,6 @@ def server_info(url: str) -> probes.Answer:
     return answer
 
 
-def log_tails(workstations: list[tuple[Host, str, InitSystem]]) -> str:
-    """
-    The last lines of each named service's log, host by host, for an error message.
-
-    HTTP access lines are left out: the acceptance probes' own requests would
-    push out what the server said about loading, joining and crashing.
-    """
-    sections = []
-    for other, name, init_system in workstations:
-        lines = other.get_fact(ServiceLog, service=name, init_system=init_system,
-                               lines=LOG_LINES * 20)
-        lines = [line for line in lines if not ACCESS_LOG_LINE.search(line)][-LOG_LINES:]
-        where = (services.log_path(name) if init_system == "runit"
-                 else f"journalctl -u {name}.service")
-        body = "\n".join(f"    | {line}" for line in lines) or "    (empty)"
-        sections.append(f"  {other.name} {name}, last lines of {where} (requests left out):"
-                        f"\n{body}")
-    return "\n".join(sections)
-
-
 def tp_log_tails() -> str:
     """Both ranks' logs: a TP failure is often visible only on the other rank."""
     return log_tails([
@@ -509,21 +485,6 @@ def accept(what: str, check: Check, timeout: float,
     yield FunctionCommand(probes.wait_until, (what, check, timeout, outcome), {})
     if outcome.get("found"):
         yield failing(LAYER, [f"{what}: no", *outcome["found"], tails()])
-
-
-def elsewhere(settings: Sglang | Router | None, role: str) -> bool:
-    """
-    Whether this host has no part in an operation (its settings are ``None``).
-
-    deploy.py calls the serving operations on every host, a workstation passing
-    its :class:`Sglang` and the gateway its :class:`Router`: pyinfra orders
-    operations across hosts only through the operations they share, so a
-    gateway-only step could otherwise run before the workstations' steps above it.
-    """
-    if settings is None:
-        host.noop(f"this host is not a {role}")
-        return True
-    return False
 
 
 # Operations

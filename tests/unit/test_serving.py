@@ -245,9 +245,9 @@ def test_only_a_real_completion_of_the_requested_length_counts() -> None:
 
 
 def test_access_log_lines_are_left_out_of_the_evidence() -> None:
-    assert serving.ACCESS_LOG_LINE.search(
+    assert services.ACCESS_LOG_LINE.search(
         '[2026-11-29 13:40:37 TP0] 10.66.0.1:45686 - "POST /v1/chat/completions HTTP/1.1" 503')
-    assert not serving.ACCESS_LOG_LINE.search("[TP0] Waiting for rank 1 to join (55 s)")
+    assert not services.ACCESS_LOG_LINE.search("[TP0] Waiting for rank 1 to join (55 s)")
 
 
 # Operations, given facts
