@@ -4,9 +4,9 @@ twinbolt's operations, one module per layer or shared concern.
 The layers, in the runbook's order: ``gpu``, ``driver``, ``link``, ``serving``
 and ``gateway``, each with its facts, its judgements and its operations. What
 they share: ``states`` (the declared states), ``site`` and ``hosts`` (the
-inventory's data), ``services`` (long-running services on runit or systemd, and their logs),
-``venvs`` (pinned Python packages), ``probes`` (real requests and bounded
-waits), ``phase`` (executing or only planning, and
-which hosts an operation concerns), ``lock`` (one run at a time)
-and ``attempt`` (a failure after a change ends in a verified production).
+inventory's data), ``services`` (long-running services on runit or systemd, and
+their logs), ``venvs`` (pinned Python packages), ``probes`` (real requests and
+bounded waits), ``phase`` (executing or only planning, and which hosts an
+operation concerns), ``lock`` (one run at a time) and ``attempt`` (a failure
+after a change ends in a verified production).
 """
