@@ -44,7 +44,6 @@ PLAN = ("tp2_stock_nospec", "tp2_stock", "tp2_e2e", "tp2_e2e_nospec")
 # The general fallback keeps the user's route answering whenever the replicas
 # are down: it comes and goes with the serving layer, by design, and is not a
 # variable of the experiment (nothing measured goes through it).
-SAFETY_NET = "gateway_fallback"
 TAIL_LINES = 40
 REASON_LINES = 12
 HEARTBEAT_SECONDS = 15.0
@@ -59,14 +58,6 @@ class StepFailed(RuntimeError):
     """A step of the campaign failed; the message is the evidence."""
 
 
-def step_layers(before: State, after: State) -> list[str]:
-    """The layers a step changes, the safety net counted with the serving layer."""
-    layers = layers_changed(before, after)
-    if "serving" in layers and SAFETY_NET in layers:
-        layers.remove(SAFETY_NET)
-    return layers
-
-
 def check_plan(steps: Sequence[str], baseline: bool = True) -> list[State]:
     """
     The campaign's states, production first; :class:`CampaignRefused` if a step
@@ -79,7 +70,7 @@ def check_plan(steps: Sequence[str], baseline: bool = True) -> list[State]:
     except UnknownState as error:
         raise CampaignRefused(str(error)) from None
     for index, (before, after) in enumerate(pairwise(states)):
-        layers = step_layers(before, after)
+        layers = layers_changed(before, after)
         if len(layers) > 1 and (baseline or index > 0):
             raise CampaignRefused(
                 f"the step {before.name} -> {after.name} changes {' and '.join(layers)}: a "
@@ -216,7 +207,7 @@ class Campaign:
             if self.baseline:
                 await self.step(f"measure {BASELINE}", self.measure(BASELINE))
             for previous, state in pairwise(self.plan):
-                layers = ", ".join(step_layers(previous, state))
+                layers = ", ".join(layers_changed(previous, state))
                 await self.step(f"deploy {state.name} (changes {layers})",
                                 self.deploy(state.name))
                 await self.step(f"verify {state.name}", self.verify(state.name))

@@ -5,11 +5,11 @@ by host: the reconcile loop's "observed" and "diff", read-only.
 Each layer is read with its own facts (one SSH round trip per host, see
 :mod:`harness.remote`) and, for the speculative decoder, from rank 0's or the
 replicas' ``/server_info`` (what runs, not what a unit file says). The observed
-layers form a :class:`State` compared with every declared one by
-:func:`layers_changed`, the same function that keeps the campaign to one layer
-per step. A layer the hosts disagree on, or that cannot be read, is
-:class:`Unknown`: it matches no declared value, so the hosts are reported
-"drifted" with the evidence rather than rounded to the nearest state.
+layers are compared with every declared state's, layer by layer, the gateway's
+fallback too, though a declared state derives it. A layer the hosts disagree
+on, or that cannot be read, is :class:`Unknown`: it matches no declared value,
+so the hosts are reported "drifted" with the evidence rather than rounded to
+the nearest state.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from operations.gateway import LiveRouting, ProxyConfig
 from operations.link import InterfaceState, XDomainLink
 from operations.services import RunningServices
 from operations.serving import REPLICA, REPORTED_ALGORITHM, ROUTER, SGLANG_SERVICES, TP_RANKS
-from operations.states import LAYERS, STATES, Speculative, State, layers_changed
+from operations.states import LAYERS, STATES, Speculative, State
 
 SERVER_INFO_TIMEOUT_SECONDS = 5.0
 ALGORITHM_OF_REPORTED = {reported: declared for declared, reported in REPORTED_ALGORITHM.items()}
@@ -57,8 +57,9 @@ class Status:
     rows: list[tuple[str, str, str]] = field(default_factory=list)
 
     def differences(self, declared: State) -> list[str]:
-        observed = State.model_construct(name="observed", **self.layers)
-        return layers_changed(observed, declared)
+        # All four layers, the derived fallback too: a run cut midway can leave
+        # the gateway where the serving layer says otherwise.
+        return [layer for layer in LAYERS if self.layers[layer] != getattr(declared, layer)]
 
     @property
     def match(self) -> str | None:

@@ -45,25 +45,36 @@ class State(_Value):
     + serving: ``replicas`` (one single-GPU server per workstation, behind the
       router) or ``tp2`` (one server split across both workstations)
     + speculative: the speculative decoder's settings, or ``None`` for none
-    + gateway_fallback: whether the gateway carries the temporary general
-      fallback ``small -> large`` that keeps the ``small`` role answering while
-      the replicas are down
+
+    Everything else is derived from these three, never declared beside them:
+    a TP2 state is the one that uses the link and the one whose replicas are
+    down, so the gateway's temporary fallback follows from ``serving``.
     """
 
     name: str
     driver: Literal["stock", "candidate"]
     serving: Literal["replicas", "tp2"]
     speculative: Speculative | None
-    gateway_fallback: bool
 
     @property
     def uses_link(self) -> bool:
         """Only a TP group talks across the Thunderbolt link; the replicas never do."""
         return self.serving == "tp2"
 
+    @property
+    def gateway_fallback(self) -> bool:
+        """
+        Whether the gateway carries the temporary general fallback ``small ->
+        large``: exactly while the replicas that serve ``small`` are down.
+        """
+        return self.serving == "tp2"
 
-# In DESIGN.md's order, which is also the order a transition changes them in.
-LAYERS = ("driver", "serving", "speculative", "gateway_fallback")
+
+# The axes a state is declared by, in DESIGN.md's order, which is also the order
+# a transition changes them in; and its four layers, the gateway's fallback
+# following from the serving layer.
+AXES = ("driver", "serving", "speculative")
+LAYERS = (*AXES, "gateway_fallback")
 
 STATES: dict[str, State] = {
     state.name: state
@@ -73,21 +84,18 @@ STATES: dict[str, State] = {
             driver="stock",
             serving="replicas",
             speculative=None,
-            gateway_fallback=False,
         ),
         State(
             name="tp2_stock",
             driver="stock",
             serving="tp2",
             speculative=NEXTN_3_1_4,
-            gateway_fallback=True,
         ),
         State(
             name="tp2_e2e",
             driver="candidate",
             serving="tp2",
             speculative=NEXTN_3_1_4,
-            gateway_fallback=True,
         ),
         # The two _nospec states are the matched controls the field report lacked:
         # they separate the driver's effect from the speculative decoder's.
@@ -96,14 +104,12 @@ STATES: dict[str, State] = {
             driver="stock",
             serving="tp2",
             speculative=None,
-            gateway_fallback=True,
         ),
         State(
             name="tp2_e2e_nospec",
             driver="candidate",
             serving="tp2",
             speculative=None,
-            gateway_fallback=True,
         ),
     )
 }
@@ -134,10 +140,11 @@ def resolve_state(name: str | None) -> State:
 
 def layers_changed(a: State, b: State) -> list[str]:
     """
-    The layers that differ between two states, in :data:`LAYERS` order.
+    The declared layers that differ between two states, in :data:`AXES` order.
 
-    The campaign refuses a step that changes more than one layer, so that every
-    measured difference has a single cause.
+    The campaign refuses a step that changes more than one, so that every
+    measured difference has a single cause; the gateway's fallback is no cause
+    of its own, it follows the serving layer.
     """
 
-    return [layer for layer in LAYERS if getattr(a, layer) != getattr(b, layer)]
+    return [axis for axis in AXES if getattr(a, axis) != getattr(b, axis)]

@@ -36,7 +36,7 @@ def test_a_step_changing_two_layers_is_refused():
 
 def test_leaving_production_counts_the_fallback_with_the_serving_layer():
     production, nospec = campaign.check_plan(["tp2_stock_nospec"])
-    assert campaign.step_layers(production, nospec) == ["serving"]
+    assert campaign.layers_changed(production, nospec) == ["serving"]
 
 
 def test_the_command_line_refuses_before_reading_the_inventory():

@@ -54,7 +54,15 @@ def test_states_are_frozen_values():
 
 def test_a_state_rejects_an_unknown_layer_value():
     with pytest.raises(ValidationError, match="'stock' or 'candidate'"):
-        State(name="x", driver="patched", serving="tp2", speculative=None, gateway_fallback=True)
+        State(name="x", driver="patched", serving="tp2", speculative=None)
+
+
+def test_the_fallback_follows_the_serving_layer_and_cannot_be_declared_beside_it():
+    assert [state.gateway_fallback for state in STATES.values()] == [
+        state.serving == "tp2" for state in STATES.values()]
+    with pytest.raises(ValidationError, match="gateway_fallback"):
+        State(name="x", driver="stock", serving="replicas", speculative=None,
+              gateway_fallback=True)
 
 
 @pytest.mark.parametrize("name", ["tp2", "", "Production", 1, ["production"]])
@@ -81,8 +89,8 @@ def test_unknown_state_is_a_value_error():
         ("tp2_stock", "tp2_e2e", ["driver"]),
         ("tp2_stock", "tp2_stock_nospec", ["speculative"]),
         ("tp2_e2e_nospec", "tp2_stock_nospec", ["driver"]),
-        ("production", "tp2_stock_nospec", ["serving", "gateway_fallback"]),
-        ("production", "tp2_e2e", ["driver", "serving", "speculative", "gateway_fallback"]),
+        ("production", "tp2_stock_nospec", ["serving"]),
+        ("production", "tp2_e2e", ["driver", "serving", "speculative"]),
     ],
 )
 def test_layers_changed(a, b, changed):
