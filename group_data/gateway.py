@@ -6,6 +6,7 @@ from operations.site import GatewayRoles, LargeBackend, site_default
 
 gateway_roles_router_port = site_default(GatewayRoles, "router_port")
 gateway_roles_litellm_port = site_default(GatewayRoles, "litellm_port")
+gateway_roles_listen_address = str(site_default(GatewayRoles, "listen_address"))
 gateway_roles_master_key_file = site_default(GatewayRoles, "master_key_file")
 gateway_roles_litellm_config_file = site_default(GatewayRoles, "litellm_config_file")
 gateway_roles_litellm_venv = site_default(GatewayRoles, "litellm_venv")

@@ -1,7 +1,7 @@
 """Each lab host's private files, laid out before the host boots.
 
-A host's ``/etc/sv``, ``/etc/service``, ``/var/log``, ``/var/lib`` and
-``/lib/modules`` (and, on workstations, ``/sys/module``, ``/sys/bus``, the
+A host's ``/etc/hosts``, ``/etc/sv``, ``/etc/service``, ``/var/log``,
+``/var/lib`` and ``/lib/modules`` (and, on workstations, ``/sys/module``, ``/sys/bus``, the
 link's statistics and the simulated commands in ``/usr/local/sbin``) are
 directories here, bind-mounted by ``lab.hostinit``.
 """
@@ -52,6 +52,10 @@ def prepare(host: LabHost) -> None:
     shutil.rmtree(host.root, ignore_errors=True)
     for directory in ("etc-sv", "etc-service", "var-log", "var-lib", "lib/modules"):
         (host.root / directory).mkdir(parents=True)
+    # Debian's and Ubuntu's layout: the host's own name is 127.0.1.1, so a
+    # service bound to that name listens on loopback only.
+    (host.root / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{host.name}\n"
+                                     "::1\tlocalhost ip6-localhost ip6-loopback\n")
     for model in MODEL_DIRS[host.workstation]:
         model_dir = host.root / "var-lib" / "models" / model
         model_dir.mkdir(parents=True)

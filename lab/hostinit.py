@@ -20,6 +20,7 @@ from lab.topology import LINK_INTERFACE, LabHost, host_named
 def private_mounts(host: LabHost) -> list[tuple[Path, str]]:
     """The host's own directories, bind-mounted over the real paths."""
     mounts = [
+        (host.root / "hosts", "/etc/hosts"),
         (host.root / "etc-sv", "/etc/sv"),
         (host.root / "etc-service", "/etc/service"),
         (host.root / "var-log", "/var/log"),
@@ -46,13 +47,13 @@ def boot(host: LabHost) -> None:
     for directory in ("/run/sshd", "/run/lab-gpu"):
         os.makedirs(directory, exist_ok=True)
     for source, target in private_mounts(host):
-        if not target.startswith("/sys/"):
-            # A fresh machine may lack a mount point (this kernel has no /lib/modules).
-            os.makedirs(target, exist_ok=True)
-        elif not os.path.isdir(target):
+        if target.startswith("/sys/") and not os.path.isdir(target):
             # No thunderbolt0 while the driver is unloaded: the lab kernel binds its
             # statistics when a load creates it.
             continue
+        if source.is_dir():
+            # A fresh machine may lack a mount point (this kernel has no /lib/modules).
+            os.makedirs(target, exist_ok=True)
         mount("--bind", str(source), target)
     subprocess.run(
         ["/usr/sbin/sshd", "-f", str(sshd_config_path(host)), "-E", "/var/log/sshd.log"],

@@ -104,12 +104,14 @@ class Proxy:
     """
     The LiteLLM proxy on the gateway (host data ``gateway_roles_*``) and its two roles.
 
-    ``address`` is where clients reach it: the host's ``ssh_hostname``.
+    ``address`` is where clients reach it: the host's ``ssh_hostname``;
+    ``listen_address`` is what it binds (``gateway_roles_listen_address``).
     ``secret_files`` are the environment variables the service reads from files
     on the gateway when it starts, the master key first.
     """
 
     address: str
+    listen_address: str
     port: int
     venv: str
     user: str
@@ -134,6 +136,7 @@ class Proxy:
             large_key = f"os.environ/{data.gateway_roles_large_api_key_env}"
         return cls(
             address=data.get("ssh_hostname") or gateway.name,
+            listen_address=data.gateway_roles_listen_address,
             port=data.gateway_roles_litellm_port,
             venv=data.gateway_roles_litellm_venv,
             user=data.gateway_roles_litellm_user,
@@ -161,7 +164,7 @@ def proxy_service(proxy: Proxy) -> Service:
             "/bin/sh", "-c", SECRETS_LOADER, SERVICE,
             *(f"{name}={path}" for name, path in proxy.secret_files), "--",
             f"{proxy.venv}/bin/litellm", "--config", proxy.config_file,
-            "--host", proxy.address, "--port", str(proxy.port),
+            "--host", proxy.listen_address, "--port", str(proxy.port),
         ],
         environment=OFFLINE_ENVIRONMENT,
         user=proxy.user,
@@ -242,24 +245,6 @@ class ProxyConfig(FactBase):
 
     def process(self, output: list[str]) -> dict:
         return routing(yaml.safe_load("\n".join(output)) or {})
-
-
-class ProxyReady(FactBase):
-    """Whether the proxy at ``url`` answers ``/health/readiness`` with 200 (it needs no key)."""
-
-    default = bool
-
-    def requires_command(self, url: str) -> str:
-        return "curl"
-
-    def command(self, url: str) -> StringCommand:
-        return StringCommand(
-            "curl", "-s", "-o", "/dev/null", "-m", "5", "-w", "%{http_code}",
-            QuoteString(f"{url}/health/readiness"), "||", "true",
-        )
-
-    def process(self, output: list[str]) -> bool:
-        return output[0].strip() == "200"
 
 
 def authorized_curl(script: str) -> str:
@@ -417,8 +402,12 @@ def routing_problems(what: str, observed: dict | None, wanted: dict, why: str) -
 
 def live_problems(proxy: Proxy, wanted: dict) -> list[str]:
     """What keeps the running proxy from serving ``wanted``: not ready, or routing otherwise."""
-    if not host.get_fact(ProxyReady, url=proxy.url):
-        return [f"the proxy at {proxy.url} does not answer /health/readiness with 200"]
+    # Asked from here, the clients' side: a proxy that listens only on the
+    # gateway's loopback would pass a check made on the gateway.
+    readiness = probes.get(f"{proxy.url}/health/readiness")
+    if not readiness.ok:
+        return [f"the proxy at {proxy.url} does not answer /health/readiness from this "
+                f"machine (the clients' side): {readiness.describe()}"]
     live = host.get_fact(LiveRouting, url=proxy.url, master_key_file=proxy.master_key_file)
     if live is None:
         return [f"the proxy at {proxy.url} does not answer /v1/model/info with the master key "

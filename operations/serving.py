@@ -140,9 +140,15 @@ class Sglang:
 
 @dataclass(frozen=True)
 class Router:
-    """sglang-router on the gateway (host data ``gateway_roles_*``) and its workers."""
+    """
+    sglang-router on the gateway (host data ``gateway_roles_*``) and its workers.
+
+    ``address`` is where clients reach it (the host's ``ssh_hostname``);
+    ``listen_address`` is what it binds (``gateway_roles_listen_address``).
+    """
 
     address: str
+    listen_address: str
     port: int
     venv: str
     user: str
@@ -158,6 +164,7 @@ class Router:
         data = gateway.data
         return cls(
             address=data.get("ssh_hostname") or gateway.name,
+            listen_address=data.gateway_roles_listen_address,
             port=data.gateway_roles_router_port,
             venv=data.gateway_roles_router_venv,
             user=data.gateway_roles_router_user,
@@ -268,7 +275,7 @@ def router_service(router: Router) -> Service:
             f"{router.venv}/bin/python", "-m", "sglang_router.launch_router",
             "--worker-urls", *router.workers,
             "--policy", "cache_aware",
-            "--host", router.address,
+            "--host", router.listen_address,
             "--port", str(router.port),
         ],
         user=router.user,

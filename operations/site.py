@@ -27,6 +27,7 @@ from pydantic import (
     ConfigDict,
     Field,
     HttpUrl,
+    IPvAnyAddress,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -209,6 +210,9 @@ class GatewayRoles(_Section):
     # may run a backend too (the lab's does).
     router_port: Port = 30080
     litellm_port: Port = 4000
+    # Where the router and the proxy listen. Not the gateway's own name: Debian
+    # and Ubuntu map it to 127.0.1.1, where no client elsewhere can connect.
+    listen_address: IPvAnyAddress = IPv4Address("0.0.0.0")
     # A path on the gateway; LiteLLM refuses to start without a master key.
     master_key_file: Text = "/etc/twinbolt/litellm_master_key"
     # A path on the gateway; the config holds no secret.

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
+from functools import partial
 
-from lab_helpers import ssh, wait_until
+from lab_helpers import listening, ssh, wait_until
 
 from lab.ssh import CLIENT_CONFIG
 from lab.topology import PYTHON
@@ -75,3 +77,23 @@ def test_runit_supervises_services_in_each_host() -> None:
     finally:
         ssh("wsb", "rm -f /etc/service/lab-test; sv exit /etc/sv/lab-test; rm -rf /etc/sv/lab-test",
             check=False)
+
+
+def test_a_service_bound_to_the_hosts_own_name_is_out_of_the_clients_reach() -> None:
+    """
+    As on Debian and Ubuntu, a host's own name is 127.0.1.1: what binds that
+    name (as the router and the proxy once did) listens on loopback only.
+    """
+    assert ssh("gw", "getent hosts gw").stdout.split() == ["127.0.1.1", "gw"]
+    port = 39123
+    for bind, bound, reachable in (("gw", "127.0.1.1", False), ("0.0.0.0", "0.0.0.0", True)):
+        server = ssh("gw", f"{PYTHON} -c 'import socket, time; s = socket.create_server("
+                           f"(\"{bind}\", {port})); time.sleep(30)' >/dev/null 2>&1 & echo $!")
+        pid = server.stdout.strip()
+        try:
+            wait_until(partial(listening, "gw", bound, port), what=f"a listener on {bound}")
+            with socket.socket() as client:
+                client.settimeout(5)
+                assert (client.connect_ex(("10.66.0.13", port)) == 0) is reachable, bind
+        finally:
+            ssh("gw", f"kill {pid}", check=False)

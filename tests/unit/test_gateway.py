@@ -21,7 +21,7 @@ from operations.gateway import (
     Deployment,
     LiveRouting,
     Proxy,
-    ProxyReady,
+    ProxyConfig,
     RoleAnswer,
     parse_answer,
     proxy_service,
@@ -36,7 +36,8 @@ REPO = Path(__file__).resolve().parents[2]
 KEY_FILE = "/etc/twinbolt/litellm_master_key"
 
 PROXY = Proxy(
-    address="10.66.0.13", port=4000, venv="/opt/twinbolt/litellm", user="litellm",
+    address="10.66.0.13", listen_address="0.0.0.0", port=4000, venv="/opt/twinbolt/litellm",
+    user="litellm",
     init_system="runit", config_file="/etc/twinbolt/litellm.yaml", master_key_file=KEY_FILE,
     small=Deployment("small-router", "qwen", "http://10.66.0.13:30080/v1", "unused"),
     large=Deployment("large-backend", "large", "http://10.66.0.13:31000/v1",
@@ -118,7 +119,7 @@ def test_the_service_carries_no_secret_and_reads_its_keys_from_files() -> None:
     assert f"LITELLM_MASTER_KEY={KEY_FILE}" in service.command
     assert service.command[service.command.index("--") + 1:] == [
         "/opt/twinbolt/litellm/bin/litellm", "--config", "/etc/twinbolt/litellm.yaml",
-        "--host", "10.66.0.13", "--port", "4000"]
+        "--host", "0.0.0.0", "--port", "4000"]
     assert service.environment["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
     assert service.user == "litellm"
 
@@ -205,7 +206,6 @@ def test_the_live_routing_is_read_from_the_proxys_own_api() -> None:
     output[1] = f"general small {missing % 'small'} 404"
     assert LiveRouting().process(output) == wanted_routing(PROXY, False)
     assert LiveRouting().process(["models  000", *output[1:]]) is None
-    assert ProxyReady().process(["200"]) is True and ProxyReady().process(["000"]) is False
 
 
 # Proofs, given what the proxy answers
@@ -316,7 +316,6 @@ def converged_gateway(fallback: bool, live: dict | None):
         RunitManaged: {"litellm"},
         RunitStatus: {"litellm": True},
         LiveRouting: live,
-        ProxyReady: True,
         TmpDir: "/tmp",
     }
 
@@ -365,3 +364,23 @@ def test_during_an_experiment_small_falls_back_without_retrying_its_stopped_back
     policy = {"small": {"DefaultRetries": 0}}
     assert experiment["router_settings"]["model_group_retry_policy"] == policy
     assert "model_group_retry_policy" not in production["router_settings"]
+
+
+def test_a_proxy_ready_only_on_the_gateways_loopback_fails_verify_from_the_clients_side(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bound to the gateway's own name (127.0.1.1 on Debian), curl there would say ready."""
+    asked: list[str] = []
+
+    def refused(url: str, timeout: float = 5.0) -> probes.Answer:
+        asked.append(url)
+        return probes.Answer(url, error="[Errno 111] Connection refused")
+    monkeypatch.setattr(probes, "get", refused)
+    routing = wanted_routing(PROXY, True)
+
+    def facts(cls: type, kwargs: dict) -> object:
+        return {ProxyConfig: routing, LiveRouting: routing}[cls]
+    [failure] = run_operation(gateway.verified, facts, proxy=PROXY, target=STATES["tp2_e2e"])
+    assert asked == ["http://10.66.0.13:4000/health/readiness"]
+    assert failure.startswith("fail: gateway layer: the proxy at http://10.66.0.13:4000 does "
+                              "not answer /health/readiness from this machine (the clients' "
+                              "side): http://10.66.0.13:4000/health/readiness: [Errno 111]")

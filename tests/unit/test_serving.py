@@ -118,7 +118,8 @@ def test_every_rendered_command_passes_sglangs_strict_parser(state) -> None:
 
 
 def test_the_router_fronts_only_the_replicas_with_cache_aware_policy() -> None:
-    router = Router(address="10.66.0.13", port=30080, venv="/opt/twinbolt/sglang-router",
+    router = Router(address="10.66.0.13", listen_address="0.0.0.0", port=30080,
+                    venv="/opt/twinbolt/sglang-router",
                     user="nobody", init_system="systemd",
                     workers=("http://10.66.0.11:30000", "http://10.66.0.12:30000"),
                     served_model_name="qwen", start_timeout=900)
@@ -127,7 +128,8 @@ def test_the_router_fronts_only_the_replicas_with_cache_aware_policy() -> None:
                                    "sglang_router.launch_router"]
     parsed = parse_router_args(service.command[3:])
     assert parsed.worker_urls == list(router.workers)
-    assert (parsed.policy, parsed.host, parsed.port) == ("cache_aware", "10.66.0.13", 30080)
+    # It binds the listening address, never the gateway's name (127.0.1.1 on Debian).
+    assert (parsed.policy, parsed.host, parsed.port) == ("cache_aware", "0.0.0.0", 30080)
 
 
 def test_the_router_pin_is_the_projects_pin() -> None:
