@@ -37,6 +37,8 @@ def test_minimal_site_loads_with_the_defaults(write_site):
     assert site.serving.port == 30000
     assert site.serving.init_system == "systemd"
     assert site.gateway_roles.litellm_port == 4000
+    assert str(site.gateway_roles.listen_address) == "0.0.0.0"
+    assert dict(site.gateway_hosts())["gw0"]["gateway_roles_listen_address"] == "0.0.0.0"
 
 
 def test_example_site_loads():
@@ -126,6 +128,12 @@ def test_malformed_toml(write_site):
             edited('user = "sglang"', 'user = "sglang"\ndist_init_port = 30000'),
             "serving: port and dist_init_port must differ",
             id="port clash",
+        ),
+        pytest.param(
+            edited("[gateway_roles.large]",
+                   '[gateway_roles]\nlisten_address = "gw0.lab"\n\n[gateway_roles.large]'),
+            "gateway_roles.listen_address: value is not a valid IPv4 or IPv6 address",
+            id="a name to listen on",
         ),
         pytest.param(
             edited('name = "gw0"', 'name = "ws0"'),
