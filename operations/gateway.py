@@ -45,7 +45,7 @@ from pyinfra.operations import files, server
 from operations import probes, services, venvs
 from operations.attempt import failing, refuse
 from operations.phase import elsewhere, executing
-from operations.services import InitSystem, Service, log_tails
+from operations.services import GatewayService, Service, log_tails
 from operations.serving import Router
 from operations.states import State
 
@@ -100,22 +100,14 @@ class Deployment:
 
 
 @dataclass(frozen=True)
-class Proxy:
+class Proxy(GatewayService):
     """
     The LiteLLM proxy on the gateway (host data ``gateway_roles_*``) and its two roles.
 
-    ``address`` is where clients reach it: the host's ``ssh_hostname``;
-    ``listen_address`` is what it binds (``gateway_roles_listen_address``).
     ``secret_files`` are the environment variables the service reads from files
     on the gateway when it starts, the master key first.
     """
 
-    address: str
-    listen_address: str
-    port: int
-    venv: str
-    user: str
-    init_system: InitSystem
     config_file: str
     master_key_file: str
     small: Deployment
@@ -135,12 +127,7 @@ class Proxy:
             # A variable the site puts in the proxy's environment itself.
             large_key = f"os.environ/{data.gateway_roles_large_api_key_env}"
         return cls(
-            address=data.get("ssh_hostname") or gateway.name,
-            listen_address=data.gateway_roles_listen_address,
-            port=data.gateway_roles_litellm_port,
-            venv=data.gateway_roles_litellm_venv,
-            user=data.gateway_roles_litellm_user,
-            init_system=data.gateway_roles_init_system,
+            **GatewayService.settings(gateway, "litellm"),
             config_file=data.gateway_roles_litellm_config_file,
             master_key_file=data.gateway_roles_master_key_file,
             small=Deployment(DEPLOYMENTS["small"], router.served_model_name,
@@ -149,10 +136,6 @@ class Proxy:
                              str(data.gateway_roles_large_api_base).rstrip("/"), large_key),
             secret_files=tuple(secret_files),
         )
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.address}:{self.port}"
 
 
 def proxy_service(proxy: Proxy) -> Service:

@@ -19,8 +19,9 @@ import hashlib
 import re
 import shlex
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pyinfra import host
@@ -74,6 +75,39 @@ class Service(BaseModel):
     user: str = "root"
     working_directory: str = "/"
     at_boot: bool = True
+
+
+@dataclass(frozen=True)
+class GatewayService:
+    """
+    A service of the gateway's own (sglang-router, the LiteLLM proxy): where
+    clients reach it (the host's ``ssh_hostname``), what it binds
+    (``gateway_roles_listen_address``), and how it runs.
+    """
+
+    address: str
+    listen_address: str
+    port: int
+    venv: str
+    user: str
+    init_system: InitSystem
+
+    @staticmethod
+    def settings(gateway: Host, key: str) -> dict[str, Any]:
+        """These fields from host data, for the service whose site keys start ``key_``."""
+        data = gateway.data
+        return {
+            "address": data.get("ssh_hostname") or gateway.name,
+            "listen_address": data.gateway_roles_listen_address,
+            "port": data.get(f"gateway_roles_{key}_port"),
+            "venv": data.get(f"gateway_roles_{key}_venv"),
+            "user": data.get(f"gateway_roles_{key}_user"),
+            "init_system": data.gateway_roles_init_system,
+        }
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
 
 
 def unit_path(name: str) -> str:

@@ -44,7 +44,7 @@ from pyinfra.facts.files import Directory
 from operations import probes, services, venvs
 from operations.attempt import failing, refuse
 from operations.phase import elsewhere, executing
-from operations.services import InitSystem, Service, ServiceProcess, log_tails
+from operations.services import GatewayService, InitSystem, Service, ServiceProcess, log_tails
 from operations.states import Speculative, State
 
 LAYER = "serving"
@@ -139,20 +139,9 @@ class Sglang:
 
 
 @dataclass(frozen=True)
-class Router:
-    """
-    sglang-router on the gateway (host data ``gateway_roles_*``) and its workers.
+class Router(GatewayService):
+    """sglang-router on the gateway (host data ``gateway_roles_router_*``) and its workers."""
 
-    ``address`` is where clients reach it (the host's ``ssh_hostname``);
-    ``listen_address`` is what it binds (``gateway_roles_listen_address``).
-    """
-
-    address: str
-    listen_address: str
-    port: int
-    venv: str
-    user: str
-    init_system: InitSystem
     workers: tuple[str, ...]
     served_model_name: str
     start_timeout: float
@@ -161,22 +150,12 @@ class Router:
     def from_hosts(cls, gateway: Host, workstations: list[Host]) -> Router:
         """The gateway's settings, with every workstation's replica as a worker."""
         replicas = [Sglang.from_host(workstation) for workstation in workstations]
-        data = gateway.data
         return cls(
-            address=data.get("ssh_hostname") or gateway.name,
-            listen_address=data.gateway_roles_listen_address,
-            port=data.gateway_roles_router_port,
-            venv=data.gateway_roles_router_venv,
-            user=data.gateway_roles_router_user,
-            init_system=data.gateway_roles_init_system,
+            **GatewayService.settings(gateway, "router"),
             workers=tuple(replica.url for replica in replicas),
             served_model_name=replicas[0].served_model_name,
             start_timeout=max(replica.start_timeout for replica in replicas),
         )
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.address}:{self.port}"
 
 
 def server_command(sglang: Sglang) -> list[str]:
