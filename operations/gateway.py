@@ -254,13 +254,18 @@ class LiveRouting(FactBase):
         return "curl"
 
     def command(self, url: str, master_key_file: str) -> StringCommand:
-        # One line each: a tag, the body on one line, the HTTP status.
+        # The five requests at once, each into its own file; then one line each,
+        # in order: a tag, the body on one line, the HTTP status.
+        kinds = " ".join(FALLBACK_KINDS.values())
         script = authorized_curl(
-            'url=$2; shift 2; '
-            'echo "models $(ask -s -m 5 -w " %{http_code}" "$url/v1/model/info" | tr -d "\\n")"; '
-            'for role in "$@"; do for kind in ' + " ".join(FALLBACK_KINDS.values()) + "; do "
-            'echo "$kind $role $(ask -s -m 5 -w " %{http_code}" '
-            '"$url/fallback/$role?fallback_type=$kind" | tr -d "\\n")"; done; done'
+            'url=$2; shift 2; out=$(mktemp -d) || exit 1; trap \'rm -rf "$out"\' EXIT; '
+            'ask -s -m 5 -w " %{http_code}" "$url/v1/model/info" > "$out/models" & '
+            f'for role in "$@"; do for kind in {kinds}; do '
+            'ask -s -m 5 -w " %{http_code}" "$url/fallback/$role?fallback_type=$kind" '
+            '> "$out/$kind.$role" & done; done; wait; '
+            'echo "models $(tr -d "\\n" < "$out/models")"; '
+            f'for role in "$@"; do for kind in {kinds}; do '
+            'echo "$kind $role $(tr -d "\\n" < "$out/$kind.$role")"; done; done'
         )
         return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(master_key_file),
                              QuoteString(url), *ROLES)

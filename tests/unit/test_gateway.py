@@ -384,3 +384,32 @@ def test_a_proxy_ready_only_on_the_gateways_loopback_fails_verify_from_the_clien
     assert failure.startswith("fail: gateway layer: the proxy at http://10.66.0.13:4000 does "
                               "not answer /health/readiness from this machine (the clients' "
                               "side): http://10.66.0.13:4000/health/readiness: [Errno 111]")
+
+
+def test_the_live_routing_script_asks_everything_at_once_and_prints_in_order(
+        tmp_path: Path) -> None:
+    """The fact's own script, run with a curl that answers each URL after a pause."""
+    (tmp_path / "key").write_text("sk-test\n")
+    curl = tmp_path / "bin" / "curl"
+    curl.parent.mkdir()
+    # The last argument is the URL; the header arrives on stdin.
+    curl.write_text('#!/bin/sh\nfor a; do url=$a; done\nread -r header\n'
+                    'case "$url" in */v1/model/info) sleep 0.2 ;; esac\n'
+                    'printf "{\\"url\\": \\"%s\\", \\"auth\\": \\"%s\\"}\\n 200" "$url" "$header"\n'
+                    'echo "$url" >> "$0.log"\n')
+    curl.chmod(0o755)
+    command = LiveRouting().command("http://gw:4000", str(tmp_path / "key")).get_raw_value()
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30,
+                            env={"PATH": f"{curl.parent}:{os.defpath}", "TMPDIR": str(scratch)})
+    lines = result.stdout.splitlines()
+    assert [line.split(" {")[0] for line in lines] == [
+        "models", "general small", "context_window small", "general large",
+        "context_window large"]
+    assert lines[0].endswith('"url": "http://gw:4000/v1/model/info", '
+                             '"auth": "Authorization: Bearer sk-test"} 200')
+    # The slow model-info request was sent first yet logged last: the five ran at once.
+    assert (tmp_path / "bin" / "curl.log").read_text().splitlines()[-1] == \
+        "http://gw:4000/v1/model/info"
+    assert list(scratch.iterdir()) == []  # its answers' directory is gone
