@@ -347,7 +347,9 @@ def started_once(name: str, restarted: bool) -> Iterator[PyinfraCommand]:
     A runit service that runs once when started: ``sv up`` (and so pyinfra's own
     start and restart) would have runsv restart it whenever it exits.
     """
-    running = host.get_fact(RunitStatus, service=name, svdir=RUNIT_SVDIR).get(name)
+    # runit's status of a service it does not manage yet is an error, not "down".
+    managed = name in host.get_fact(RunitManaged, service=name, svdir=RUNIT_SVDIR)
+    running = managed and host.get_fact(RunitStatus, service=name, svdir=RUNIT_SVDIR).get(name)
     # Managed, its down file keeping runsvdir from starting it at boot.
     yield from runit.service._inner(service=name, running=None, enabled=False,
                                     svdir=RUNIT_SVDIR, sourcedir=RUNIT_SOURCEDIR)
