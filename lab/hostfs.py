@@ -56,6 +56,11 @@ def prepare(host: LabHost) -> None:
     # service bound to that name listens on loopback only.
     (host.root / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{host.name}\n"
                                      "::1\tlocalhost ip6-localhost ip6-loopback\n")
+    # Ubuntu's root .bashrc (from /etc/skel) returns at once unless interactive;
+    # bash reads it for every command sshd runs, so this machine's own, which
+    # sets up pyenv, would add its cost to every remote command.
+    (host.root / "bashrc").write_text("# ~/.bashrc: as /etc/skel/.bashrc begins\n"
+                                      "case $- in *i*) ;; *) return;; esac\n")
     for model in MODEL_DIRS[host.workstation]:
         model_dir = host.root / "var-lib" / "models" / model
         model_dir.mkdir(parents=True)

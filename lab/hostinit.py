@@ -21,6 +21,7 @@ def private_mounts(host: LabHost) -> list[tuple[Path, str]]:
     """The host's own directories, bind-mounted over the real paths."""
     mounts = [
         (host.root / "hosts", "/etc/hosts"),
+        (host.root / "bashrc", "/root/.bashrc"),
         (host.root / "etc-sv", "/etc/sv"),
         (host.root / "etc-service", "/etc/service"),
         (host.root / "var-log", "/var/log"),
