@@ -29,6 +29,7 @@ from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import files
 
 from operations.attempt import failing, refuse
+from operations.facts import EmptyMeansSomething
 from operations.phase import executing
 
 Driver = Literal["stock", "candidate"]
@@ -151,7 +152,7 @@ class PeerCapabilities(FactBase):
         return None
 
 
-class PersistentModuleCopies(FactBase):
+class PersistentModuleCopies(EmptyMeansSomething):
     """
     Every ``<name>.ko*`` under ``/lib/modules`` with its sha256, and every line of
     modprobe, modules-load or initramfs configuration that names the module.
@@ -181,7 +182,7 @@ class PersistentModuleCopies(FactBase):
         return copies
 
 
-class SignatureEnforcement(FactBase):
+class SignatureEnforcement(EmptyMeansSomething):
     """
     Whether this kernel refuses unsigned modules, and why: module signature
     enforcement (``sig_enforce``, set by Secure Boot or ``module.sig_enforce=1``),

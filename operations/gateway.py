@@ -44,6 +44,7 @@ from pyinfra.operations import files, server
 
 from operations import probes, services, venvs
 from operations.attempt import failing, refuse
+from operations.facts import EmptyMeansSomething
 from operations.phase import elsewhere, executing
 from operations.services import GatewayService, Service, log_tails
 from operations.serving import Router
@@ -220,7 +221,7 @@ def serving_deployments(target: State) -> dict[str, str]:
 # Facts
 
 
-class ProxyConfig(FactBase):
+class ProxyConfig(EmptyMeansSomething):
     """The :func:`routing` of the LiteLLM config file at ``path``; ``None`` without the file."""
 
     def command(self, path: str) -> StringCommand:
@@ -293,7 +294,7 @@ class LiveRouting(FactBase):
         return live
 
 
-class RoleAnswer(FactBase):
+class RoleAnswer(EmptyMeansSomething):
     """
     One real chat completion through a role of the proxy, asked on the gateway
     with curl (``forced_fallback`` adds ``mock_testing_fallbacks``), as a

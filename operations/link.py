@@ -24,6 +24,7 @@ from pyinfra.api.command import PyinfraCommand
 
 from operations import probes
 from operations.attempt import failing, failure_message, refuse
+from operations.facts import EmptyMeansSomething
 from operations.phase import executing
 
 SPEED = re.compile(r"([0-9.]+)\s*Gb/s")
@@ -74,7 +75,7 @@ class XDomainLink(FactBase):
         return {**peers[0], "others": [peer["device"] for peer in peers[1:]]}
 
 
-class InterfaceState(FactBase):
+class InterfaceState(EmptyMeansSomething):
     """
     Carrier and IPv4 addresses of a network interface; ``exists`` is false without it.
 
@@ -102,7 +103,7 @@ class InterfaceState(FactBase):
         return state
 
 
-class PeerAnswers(FactBase):
+class PeerAnswers(EmptyMeansSomething):
     """
     Whether ``address`` answers a ping sent out of ``interface`` within two seconds.
 

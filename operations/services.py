@@ -32,6 +32,8 @@ from pyinfra.facts.files import Sha1File
 from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.operations import files, runit, systemd
 
+from operations.facts import EmptyMeansSomething
+
 InitSystem = Literal["systemd", "runit"]
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
@@ -167,7 +169,7 @@ def rendered_differs(service: Service, init_system: InitSystem) -> bool:
 # Facts
 
 
-class ServiceProcess(FactBase):
+class ServiceProcess(EmptyMeansSomething):
     """
     The process an init system runs for a service, read from ``/proc``: its argv and
     environment are what actually runs, whatever the rendered file now says.
@@ -178,8 +180,6 @@ class ServiceProcess(FactBase):
          "seconds": 73.2, "argv": ["/opt/sglang/bin/python", "-m", "sglang.launch_server", ...],
          "environment": {"NCCL_IB_DISABLE": "1", ...}}
     """
-
-    default = dict
 
     def command(self, service: str, init_system: InitSystem) -> StringCommand:
         script = (

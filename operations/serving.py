@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 from pyinfra import host, inventory
 from pyinfra.api import (
-    FactBase,
     FunctionCommand,
     Host,
     QuoteString,
@@ -43,6 +42,7 @@ from pyinfra.facts.files import Directory
 
 from operations import probes, services, venvs
 from operations.attempt import failing, refuse
+from operations.facts import EmptyMeansSomething
 from operations.phase import elsewhere, executing
 from operations.services import GatewayService, InitSystem, Service, ServiceProcess, log_tails
 from operations.states import Speculative, State
@@ -264,7 +264,7 @@ def router_service(router: Router) -> Service:
 # Facts
 
 
-class SglangVersion(FactBase):
+class SglangVersion(EmptyMeansSomething):
     """
     The version of the SGLang that ``python -m module`` would run, or the error.
 

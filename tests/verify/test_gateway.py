@@ -43,11 +43,11 @@ def proxy(gateway, workstations) -> Proxy:
 
 
 def fact(inventory_host, cls: type[FactBase], **arguments: Any) -> Any:
-    """A gateway fact, its command run over testinfra's SSH and parsed by the fact itself."""
+    """A gateway fact, its command run over testinfra's SSH and read as pyinfra reads it."""
     result = inventory_host.host.run(cls().command(**arguments).get_raw_value())
     assert result.rc == 0, f"{inventory_host.name}: {cls.__name__}: {result.stderr}"
     lines = result.stdout.splitlines()
-    return cls().process(lines) if lines else None
+    return cls().process(lines) if lines else cls().default()
 
 
 def test_the_config_has_the_fallbacks_the_state_declares(gateway, proxy: Proxy,
