@@ -1,9 +1,10 @@
 """Each lab host's private files, laid out before the host boots.
 
-A host's ``/etc/hosts``, ``/etc/sv``, ``/etc/service``, ``/var/log``,
-``/var/lib`` and ``/lib/modules`` (and, on workstations, ``/sys/module``, ``/sys/bus``, the
+A host's ``/etc/sv``, ``/etc/service``, ``/var/log``, ``/var/lib`` and
+``/lib/modules`` (and, on workstations, ``/sys/module``, ``/sys/bus``, the
 link's statistics and the simulated commands in ``/usr/local/sbin``) are
-directories here, bind-mounted by ``lab.hostinit``.
+directories here, and its ``/etc/hosts`` and ``/root/.bashrc`` files here,
+all bind-mounted by ``lab.hostinit``.
 """
 
 from __future__ import annotations

@@ -55,6 +55,10 @@ def boot(host: LabHost) -> None:
         if source.is_dir():
             # A fresh machine may lack a mount point (this kernel has no /lib/modules).
             os.makedirs(target, exist_ok=True)
+        elif not os.path.exists(target):
+            # A file needs a file to cover; creating one would touch the machine.
+            # Without root's .bashrc there is no cost to hide anyway.
+            continue
         mount("--bind", str(source), target)
     subprocess.run(
         ["/usr/sbin/sshd", "-f", str(sshd_config_path(host)), "-E", "/var/log/sshd.log"],
