@@ -41,9 +41,6 @@ from operations.states import State, UnknownState, layers_changed, resolve_state
 FORMAT = "twinbolt-campaign/1"
 BASELINE = "production"
 PLAN = ("tp2_stock_nospec", "tp2_stock", "tp2_e2e", "tp2_e2e_nospec")
-# The general fallback keeps the user's route answering whenever the replicas
-# are down: it comes and goes with the serving layer, by design, and is not a
-# variable of the experiment (nothing measured goes through it).
 TAIL_LINES = 40
 REASON_LINES = 12
 HEARTBEAT_SECONDS = 15.0
