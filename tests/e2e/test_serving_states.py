@@ -1,16 +1,16 @@
-"""The serving layer, end to end: every state from production and back, each
-verified, and a TP start that crashes or hangs failing in bounded time with the
-layer, the host and both ranks' logs named."""
+"""The serving layer, end to end: every state, one layer at a time, and back to
+production, each verified; and a TP start that crashes or hangs failing in
+bounded time with the layer, the host and both ranks' logs named."""
 
 from __future__ import annotations
 
 import subprocess
 import time
 
-import pytest
 from e2e_helpers import PYINFRA, REPO, deploy, fault, lab, ssh, verify
 
 # tp2_e2e's round trip is test_states_driver_link's; together they cover every state.
+# Each step changes one layer, as a campaign's do: the decoder, then the driver under TP.
 OTHER_TP_STATES = ("tp2_stock", "tp2_stock_nospec", "tp2_e2e_nospec")
 # The lab's start bound is 60 s; a hang need not cost a whole minute to prove.
 SHORT_START = ("--data", "serving_start_timeout_seconds=20")
@@ -42,10 +42,9 @@ def converged(state: str) -> None:
     assert checks.returncode == 0, checks.stdout[-4000:]
 
 
-@pytest.mark.parametrize("state", OTHER_TP_STATES)
-def test_a_state_is_reached_from_production_and_production_restored(state: str) -> None:
-    converged(state)
-    converged("production")
+def test_every_other_state_is_reached_one_layer_at_a_time_and_production_restored() -> None:
+    for state in (*OTHER_TP_STATES, "production"):
+        converged(state)
 
 
 def test_an_old_sglang_is_refused_before_any_change_naming_host_and_versions() -> None:
