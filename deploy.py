@@ -51,6 +51,7 @@ if workstation:
         expected_lanes=host.data.link_expected_lanes,
         address_owner=host.data.link_address_owner,
         prefix_length=host.data.link_prefix_length,
+        timeout=host.data.link_wait_seconds,
     )
 
 # Serving runs on both kinds of host; each gets its own settings and None for the

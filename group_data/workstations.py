@@ -15,6 +15,7 @@ link_expected_rate_gbps = site_default(Link, "expected_rate_gbps")
 link_expected_lanes = site_default(Link, "expected_lanes")
 link_address_owner = site_default(Link, "address_owner")
 link_prefix_length = site_default(Link, "prefix_length")
+link_wait_seconds = site_default(Link, "wait_seconds")
 
 candidate_module_name = site_default(Candidate, "module_name")
 

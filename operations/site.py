@@ -142,6 +142,9 @@ class Link(_Section):
     # host's own network manager does (matched by name), and twinbolt waits for it.
     address_owner: Literal["twinbolt", "system"] = "twinbolt"
     prefix_length: Annotated[int, Field(ge=8, le=30)] = 16
+    # How long a link may take to come back after a load: retraining, the peer's
+    # XDomain service, the address (a slow network manager's above all).
+    wait_seconds: PositiveInt = 30
 
 
 class Candidate(_Section):

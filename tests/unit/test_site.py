@@ -32,6 +32,7 @@ def test_minimal_site_loads_with_the_defaults(write_site):
     assert site.link.interface == "thunderbolt0"
     assert site.link.expected_rate_gbps == 20.0
     assert site.link.expected_lanes == 1
+    assert dict(site.workstation_hosts())["ws0"]["link_wait_seconds"] == 30
     assert site.candidate.module_name == "thunderbolt_net"
     assert site.serving.quantization == "modelopt_fp4"
     assert site.serving.port == 30000
