@@ -29,7 +29,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from harness import compare, report
+from harness import caveats, compare, report
 from harness.measure import NotMeasurable, failures, measure_state
 from harness.progress import reporting, say
 from harness.status import observe
@@ -246,6 +246,7 @@ class Campaign:
             "reports": [path.name for path in self.reports],
             "comparison": table,
             "chart": chart.name if chart else None,
+            "does_not_prove": caveats.does_not_prove(measured) if measured else [],
         }
         (self.directory / "campaign.json").write_text(json.dumps(result, indent=1) + "\n")
         (self.directory / "campaign.md").write_text(markdown(result))
@@ -279,4 +280,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "## Comparison", "", result["comparison"]]
     if result["chart"]:
         lines += [f"![comparison]({result['chart']})"]
+    if result["does_not_prove"]:
+        lines += ["", "## What this does not prove", ""]
+        lines += [f"- {bullet}" for bullet in result["does_not_prove"]]
     return "\n".join(lines) + "\n"

@@ -4,6 +4,10 @@ Measurements side by side: a Markdown table with ratios, and a PNG chart.
 Each ratio is taken against a reference row: by default the row above, so that
 in a campaign (one layer changed per step) every ratio is the effect of the one
 layer the "changed" column names; or against a named baseline state.
+
+Below it, the stock driver and the candidate are set beside the field report's
+own figures, so a reader sees which of its claims the measurements reproduce,
+and which it never made.
 """
 
 from __future__ import annotations
@@ -28,6 +32,29 @@ COLUMNS = (
 )
 CHARTED = ("single_tok_s", "aggregate_tok_s", "accept_length", "receiver_errors",
            "socket_retransmissions", "gib_per_1k_tokens")
+DIGITS = {key: digits for key, _, digits, _ in COLUMNS}
+
+# The field report compares these two states: the stock driver, then the
+# candidate with tx_e2e=1, both with TP2 and NEXTN.
+CONTROL, CANDIDATE = "tp2_stock", "tp2_e2e"
+# The field report's own figures, (CONTROL, CANDIDATE), as DESIGN.md gives them:
+# "raised one-stream generation from 48.4 to 77.1 tok/s". It gives no other
+# figure, so every other measure is "not reported", never a number made up.
+FIELD_REPORT: dict[str, tuple[float, float]] = {"single_tok_s": (48.4, 77.1)}
+# (headline key, what the row measures), in the order the issue names them.
+SIDE_BY_SIDE = (
+    ("single_tok_s", "single-stream tok/s"),
+    ("aggregate_tok_s", "aggregate tok/s"),
+    ("max_socket_retransmissions", "max retransmissions of one TP socket"),
+    ("receiver_errors", "receiver errors"),
+)
+NOT_REPORTED = "not reported"
+SIDE_BY_SIDE_NOTE = (
+    f"× : {CANDIDATE} / {CONTROL}. *Field*: the field report's figures (DESIGN.md); it "
+    "reports one-stream generation only. *Max retransmissions of one TP socket*: the most "
+    "any one of the TP group's sockets retransmitted in one window. *Receiver errors*: "
+    "`rx_errors` of the link on both workstations, over every window."
+)
 
 
 def ratio(value: float | None, reference: float | None, digits: int) -> str:
@@ -38,6 +65,11 @@ def ratio(value: float | None, reference: float | None, digits: int) -> str:
     if value is None or reference is None or round(reference, digits) == 0:
         return "—"
     return f"{value / reference:.2f}×"
+
+
+def figure(value: float | None, digits: int) -> str:
+    """A cell: a counter (no digits) as a whole number, anything else to ``digits``."""
+    return number(int(value) if digits == 0 and value is not None else value, digits)
 
 
 def changed(previous: str, current: str) -> str:
@@ -63,15 +95,48 @@ def comparison(reports: list[dict[str, Any]], baseline: str | None = None) -> st
         cells = [row["state"], changed(states[index - 1], row["state"]) if index else "—"]
         for key, _, digits, with_ratio in COLUMNS:
             value = row[key]
-            cells.append(number(int(value) if digits == 0 and value is not None else value,
-                                digits))
+            cells.append(figure(value, digits))
             if with_ratio:
                 cells.append(ratio(value, reference.get(key), digits))
         cells.append(f"{row['long_prefill'] or '—'} ({number(row['long_ttft_s'], 2)} s TTFT)"
                      if row["long_prefill"] else "—")
         body.append(cells)
     against = f"the {baseline} row" if baseline else "the row above"
-    return "\n".join([*table(header, body), "", f"× : ratio to {against}."]) + "\n"
+    return "\n".join([*table(header, body), "", f"× : ratio to {against}.", "",
+                      *side_by_side(reports)]) + "\n"
+
+
+def latest(reports: list[dict[str, Any]], state: str) -> dict[str, Any] | None:
+    """The last report of ``state``: a campaign's only one, or the last one ``compare`` got."""
+    return next((report for report in reversed(reports) if report["state"] == state), None)
+
+
+def side_by_side(reports: list[dict[str, Any]]) -> list[str]:
+    """
+    The control and the candidate next to the field report, measure by measure.
+    Without a report of both, no ratio can be set beside the field report's: the
+    section says which is missing rather than comparing something else.
+    """
+    lines = ["### The field report side by side", ""]
+    found = {state: latest(reports, state) for state in (CONTROL, CANDIDATE)}
+    missing = [state for state, report in found.items() if report is None]
+    if missing:
+        have = ", ".join(dict.fromkeys(report["state"] for report in reports))
+        return [*lines, f"No report of {' or '.join(missing)} (have {have}): the field report "
+                        f"compares {CONTROL} with {CANDIDATE}."]
+    stock, e2e = (headline(found[state]) for state in (CONTROL, CANDIDATE))
+    body = []
+    for key, title in SIDE_BY_SIDE:
+        digits = DIGITS[key]
+        field = FIELD_REPORT.get(key)
+        reported = ([figure(field[0], digits), figure(field[1], digits),
+                     ratio(field[1], field[0], digits)] if field
+                    else [NOT_REPORTED, NOT_REPORTED, "—"])
+        body.append([title, figure(stock[key], digits), figure(e2e[key], digits),
+                     ratio(e2e[key], stock[key], digits), *reported])
+    header = ["measure", CONTROL, CANDIDATE, "×", f"field {CONTROL}", f"field {CANDIDATE}",
+              "field ×"]
+    return [*lines, *table(header, body), "", SIDE_BY_SIDE_NOTE]
 
 
 def chart(reports: list[dict[str, Any]], path: Path) -> Path:

@@ -2,11 +2,12 @@
 One measurement as a JSON file (everything, raw samples included) and a
 Markdown summary (the figures a reader compares), side by side.
 
-The JSON holds the state, the hosts with their driver build-ids, the
-configuration (window sizes, the throughput definition, the server's
-``/server_info`` with credentials redacted), every raw sample, and the link and
-server counters before, after and as deltas, per window. No secret is ever
-read by the harness, so none can be written.
+The JSON holds the state, the hosts with their inventory groups (the embedded
+lab's are in ``lab``) and driver build-ids, the configuration (window sizes,
+the throughput definition, the server's ``/server_info`` with credentials
+redacted), every raw sample, and the link and server counters before, after and
+as deltas, per window. No secret is ever read by the harness, so none can be
+written.
 """
 
 from __future__ import annotations
@@ -53,13 +54,18 @@ def build(state: str, observed: dict[str, Any] | None, topology: Topology | None
 
 
 def hosts(topology: Topology | None, windows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each workstation's rank, address, and driver and link as the first window found them."""
+    """
+    Each workstation's rank, address, inventory groups (which say whether it is
+    the embedded lab's, so a reader of the figures knows whose they are), and
+    driver and link as the first window found them.
+    """
     if topology is None:
         return {}
     first = windows[0]["link"]["before"] if windows else {}
     return {
         entry.name: {
             "rank": entry.data.get("rank"),
+            "groups": list(entry.groups),
             "address": entry.data.get("ssh_hostname"),
             "driver_build_id": first.get(entry.name, {}).get("driver_build_id"),
             "driver_parameters": first.get(entry.name, {}).get("driver_parameters"),

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import copy
+import json
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from harness import compare, counters, remote, report, server_stats
+from harness import campaign, caveats, compare, counters, remote, report, server_stats
 from harness.counters import LinkCounters, LinkSnapshot
 from harness.server_stats import ServerSnapshot
-from harness.topology import Endpoint
+from harness.topology import Endpoint, Topology
 from harness.windows import WindowSettings
+from operations.hosts import InventoryEntry
 from operations.link import XDomainLink
 
 SNMP = [
@@ -153,32 +156,34 @@ def test_metrics_are_summed_over_label_sets_and_secrets_are_redacted():
 
 
 def window(name: str, summary: dict, tokens: int, moved: int, errors: int, retrans: int,
-           accept: float | None = None) -> dict:
+           accept: float | None = None, max_socket: int | None = None) -> dict:
     return {
         "name": name, "started_at": "t", "seconds": 2.0, "summary": summary, "errors": [],
         "samples": [{"completion_tokens": tokens}],
         "link": {"before": {}, "after": {}, "delta": {},
                  "totals": {"bytes_moved": moved, "receiver_errors": errors,
-                            "retransmissions": retrans}},
+                            "retransmissions": retrans,
+                            "max_socket_retransmissions": max_socket}},
         "server": {"accept_length": accept, "generated_tokens": tokens},
     }
 
 
 def measurement(state: str, single: float, aggregate: float, errors: int, retrans: int,
-                accept: float | None) -> dict:
+                accept: float | None, max_socket: int | None = None,
+                topology: Topology | None = None) -> dict:
     endpoint = Endpoint("http://wsa:30000", "qwen", ("http://wsa:30000",), "TP rank 0 on wsa")
     windows = [
         window("single", {"output_tok_s": single, "ttft_seconds": 0.05, "seconds": 5.0,
                           "completion_tokens": 512, "tokens_per_chunk": accept}, 512,
-               512 << 20, errors, retrans, accept),
+               512 << 20, errors, retrans, accept, max_socket),
         window("concurrent", {"aggregate_output_tok_s": aggregate, "seconds": 4.0,
                               "completion_tokens": 1536, "requests": 6,
                               "per_request_output_tok_s": {"mean": aggregate / 6, "min": 1,
                                                            "max": 2},
                               "ttft_seconds": {"mean": 0.1, "min": 0.1, "max": 0.1}}, 1536,
-               1536 << 20, 0, 0),
+               1536 << 20, 0, 0, max_socket=None if max_socket is None else 0),
     ]
-    return report.build(state, {"verdict": f"matches: {state}"}, None, endpoint,
+    return report.build(state, {"verdict": f"matches: {state}"}, topology, endpoint,
                         WindowSettings(), {"tp_size": 2}, windows)
 
 
@@ -238,3 +243,116 @@ def test_a_reset_window_shows_its_problem_in_the_summary():
     reset["windows"][0]["link"]["delta"] = {"wsa": counters.delta(snap(0, tx_bytes=5),
                                                                   snap(1, tx_bytes=1))}
     assert "a counter went backwards" in report.markdown(reset)
+
+
+def inventory(*groups: str) -> Topology:
+    """Two workstations in ``groups``, as the inventory would give them."""
+    return Topology(tuple(InventoryEntry(name, ("workstations", *groups),
+                                         {"rank": rank, "ssh_hostname": f"10.66.0.1{rank}"})
+                          for rank, name in enumerate(("wsa", "wsb"))), None, Path("ssh_config"))
+
+
+def stock_and_candidate(topology: Topology | None = None) -> list[dict]:
+    """A campaign's control and candidate, with figures unlike the field report's."""
+    return [measurement("production", 60.0, 250.0, 0, 2, None, 0, topology),
+            measurement("tp2_stock", 40.0, 200.0, 120, 300, 3.8, 9, topology),
+            measurement("tp2_e2e", 70.0, 310.0, 0, 20, 3.8, 0, topology)]
+
+
+def section(text: str, title: str) -> list[str]:
+    """The lines of a Markdown section, up to the next heading."""
+    lines = text.splitlines()
+    start = lines.index(title) + 1
+    end = next((index for index in range(start, len(lines)) if lines[index].startswith("#")),
+               len(lines))
+    return lines[start:end]
+
+
+def test_the_field_report_is_set_beside_this_campaigns_stock_and_candidate():
+    lines = section(compare.comparison(stock_and_candidate()), "### The field report side by side")
+    rows = [line for line in lines if line.startswith("| ")]
+    assert rows[0] == ("| measure | tp2_stock | tp2_e2e | × | field tp2_stock | field tp2_e2e "
+                       "| field × |")
+    assert rows[1:] == [
+        # Measured 40 -> 70 here; the field report's 48.4 -> 77.1 stays its own.
+        "| single-stream tok/s | 40.0 | 70.0 | 1.75× | 48.4 | 77.1 | 1.59× |",
+        "| aggregate tok/s | 200.0 | 310.0 | 1.55× | not reported | not reported | — |",
+        "| max retransmissions of one TP socket | 9 | 0 | 0.00× | not reported | not reported "
+        "| — |",
+        "| receiver errors | 120 | 0 | 0.00× | not reported | not reported | — |",
+    ]
+    assert compare.SIDE_BY_SIDE_NOTE in lines
+
+
+def test_the_field_table_takes_the_last_report_of_a_state_and_no_ratio_to_zero():
+    reports = [*stock_and_candidate(),
+               measurement("tp2_stock", 50.0, 100.0, 0, 0, 3.8, 0)]
+    rows = section(compare.comparison(reports), "### The field report side by side")
+    assert "| single-stream tok/s | 50.0 | 70.0 | 1.40× | 48.4 | 77.1 | 1.59× |" in rows
+    # Both ends counted nothing: a ratio to zero means nothing.
+    assert "| receiver errors | 0 | 0 | — | not reported | not reported | — |" in rows
+
+
+def test_without_a_stock_and_a_candidate_report_the_section_names_the_missing_state():
+    production, stock, _ = stock_and_candidate()
+    nospec = measurement("tp2_e2e_nospec", 30.0, 150.0, 0, 10, None)
+    lines = section(compare.comparison([stock, nospec]), "### The field report side by side")
+    assert lines == ["", "No report of tp2_e2e (have tp2_stock, tp2_e2e_nospec): the field "
+                         "report compares tp2_stock with tp2_e2e."]
+    text = compare.comparison([production])
+    assert "No report of tp2_stock or tp2_e2e (have production)" in text
+    assert "| single-stream tok/s |" not in text
+
+
+def test_a_report_records_whether_its_workstations_are_the_labs():
+    lab = stock_and_candidate(inventory("lab"))
+    assert lab[1]["hosts"]["wsb"]["groups"] == ["workstations", "lab"]
+    assert caveats.ran_on(lab) == "lab"
+    assert caveats.ran_on(stock_and_candidate(inventory())) == "site"
+    # Built without an inventory, or from a report that predates the record: unknown.
+    assert caveats.ran_on(stock_and_candidate()) is None
+    older = copy.deepcopy(lab)
+    del older[0]["hosts"]["wsa"]["groups"]
+    assert caveats.ran_on(older) is None
+    assert caveats.ran_on([lab[1], stock_and_candidate(inventory())[2]]) is None
+
+
+def test_what_this_does_not_prove_says_whose_figures_they_are():
+    lab = caveats.does_not_prove(stock_and_candidate(inventory("lab")))
+    assert any("ran on the embedded lab" in bullet and "simulator's, not a GPU's" in bullet
+               for bullet in lab)
+    assert any("not that the candidate driver helps real hardware" in bullet for bullet in lab)
+    assert any("losses are injected (iptables drops" in bullet for bullet in lab)
+    site = caveats.does_not_prove(stock_and_candidate(inventory()))
+    assert any("ran on a site's workstations" in bullet for bullet in site)
+    assert not any("simulat" in bullet for bullet in site)
+    unknown = caveats.does_not_prove(stock_and_candidate())
+    assert unknown[0].startswith("These reports do not record where they ran. If on the "
+                                 "embedded lab")
+    assert not any("ran on" in bullet for bullet in unknown)
+    # The candidate's two windows of 2 s each: the bound is said for 4 s.
+    assert "tp2_e2e's windows lasted 4 s in all" in lab[-2]
+    assert "below about 3 per 4 s (95%)" in lab[-2]
+    assert lab[-1] == caveats.ONCE
+
+
+def test_the_campaign_report_sets_the_field_report_beside_it_and_says_what_it_does_not_prove(
+        tmp_path):
+    run = campaign.Campaign(None, campaign.check_plan(["tp2_stock_nospec", "tp2_stock",
+                                                       "tp2_e2e"]),
+                            ["single", "concurrent"], WindowSettings(), tmp_path)
+    run.reports = [report.write(built, tmp_path)
+                   for built in stock_and_candidate(inventory("lab"))]
+    result = run.finish("t", restored=True)
+    text = (tmp_path / "campaign.md").read_text()
+    assert "| single-stream tok/s | 40.0 | 70.0 | 1.75× | 48.4 | 77.1 | 1.59× |" in text
+    bullets = section(text, "## What this does not prove")
+    assert bullets == ["", *(f"- {bullet}" for bullet in result["does_not_prove"])]
+    assert result["does_not_prove"] == caveats.does_not_prove(
+        [report.load(path) for path in run.reports])
+    assert json.loads((tmp_path / "campaign.json").read_text())["does_not_prove"] == \
+        result["does_not_prove"]
+    # Nothing measured: nothing to caution about.
+    empty = campaign.Campaign(None, run.plan, ["single"], WindowSettings(), tmp_path / "empty")
+    empty.finish("t", restored=None)
+    assert "What this does not prove" not in (tmp_path / "empty" / "campaign.md").read_text()

@@ -1,0 +1,83 @@
+"""
+What a campaign does not prove, said next to what it measured.
+
+A ratio beside the field report's invites the reading "the candidate driver is
+confirmed". The embedded lab simulates the GPUs, the SGLang server and the
+stock driver's corruption, and every window is short: each bullet names one
+reading the figures do not support. Where the reports say where they ran (their
+workstations' inventory groups), the bullets say it; where they do not, the
+caveats are stated for either case, claiming neither.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.compare import CANDIDATE, CONTROL, latest
+
+# inventory.py puts the embedded lab's hosts in this group; a site's never are.
+LAB_GROUP = "lab"
+
+WHERE = {
+    "lab": [
+        "These reports ran on the embedded lab (every workstation is in the inventory's "
+        f"`{LAB_GROUP}` group): its GPUs and SGLang servers are simulated, so every tok/s here "
+        "is the simulator's, not a GPU's.",
+        f"A {CANDIDATE} / {CONTROL} ratio here says the harness sees the difference the lab "
+        "builds in between the two drivers, not that the candidate driver helps real hardware.",
+        "The lab's link never corrupts a frame: the stock driver's losses are injected (iptables "
+        "drops at a fixed rate per workstation). Fewer retransmissions and receiver errors with "
+        "the candidate show that the harness counts them, not that the driver is right.",
+    ],
+    "site": [
+        f"These reports ran on a site's workstations (none is in the `{LAB_GROUP}` group): the "
+        "figures are this pair's, with its cable, kernel and firmware; another pair may differ.",
+        "Retransmissions and receiver errors count only what TCP and the interface noticed: "
+        "low counts do not show that the candidate driver delivers every frame intact.",
+    ],
+    None: [
+        "These reports do not record where they ran. If on the embedded lab, its GPUs and "
+        "SGLang servers are simulated, so tok/s are the simulator's, not a GPU's; a ratio says "
+        "the harness sees the difference, not that the candidate driver helps real hardware; "
+        "and the stock driver's losses there are injected, so fewer retransmissions with the "
+        "candidate do not validate the driver.",
+    ],
+}
+ONCE = ("Each state was measured once, and its single-stream window is one request: no "
+        "run-to-run spread is known, so a ratio near 1.00× may be noise.")
+
+
+def ran_on(reports: list[dict[str, Any]]) -> str | None:
+    """
+    ``"lab"`` when every workstation of every report is in the lab's group,
+    ``"site"`` when none is; ``None`` when a report does not say (it predates
+    the record, or was built without an inventory) or the reports disagree.
+    """
+    groups = [host.get("groups") for report in reports for host in report["hosts"].values()]
+    if not groups or None in groups:
+        return None
+    if all(LAB_GROUP in each for each in groups):
+        return "lab"
+    if not any(LAB_GROUP in each for each in groups):
+        return "site"
+    return None
+
+
+def window_bound(reports: list[dict[str, Any]]) -> str:
+    """
+    A counter read over a short window bounds a rare fault's rate; it does not
+    measure it. With the candidate's windows at hand, say how short they were.
+    """
+    claim = "A short window bounds a rare fault's rate; it does not measure it"
+    candidate = latest(reports, CANDIDATE)
+    if candidate is None:
+        return f"{claim}: a fault rarer than the windows are long may not have come at all."
+    seconds = f"{sum(window['seconds'] for window in candidate['windows']):.0f} s"
+    return (f"{claim}: {CANDIDATE}'s windows lasted {seconds} in all. A fault rarer than that "
+            f"may not have come at all; seeing none puts its rate below about 3 per {seconds} "
+            "(95%), not at zero.")
+
+
+def does_not_prove(reports: list[dict[str, Any]]) -> list[str]:
+    """The bullets of a campaign report's "What this does not prove", from its reports."""
+    return [*WHERE[ran_on(reports)], window_bound(reports), ONCE]
