@@ -20,51 +20,11 @@ from harness import remote
 from harness.topology import Topology
 from operations.driver import LoadedModule
 from operations.link import XDomainLink
+from operations.transport import INTERFACE_COUNTERS, RETRANSMISSIONS, LinkCounters
 
-INTERFACE_COUNTERS = (
-    "rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_crc_errors", "rx_missed_errors",
-    "rx_length_errors", "rx_over_errors", "rx_errors",
-)
 # rx_errors is the sum of the others (plus allocation failures): the one to total.
 RECEIVER_ERRORS = "rx_errors"
-RETRANSMISSIONS = "retrans_segs"
 SOCKET_COUNTERS = ("retrans", "bytes_retrans", "lost")
-
-
-class LinkCounters(FactBase):
-    """
-    An interface's statistics and the TCP retransmissions of the host's network
-    stack (``/proc/net/snmp`` ``Tcp: RetransSegs``, per network namespace). The
-    interface counters are absent while the interface is (a driver reload).
-
-    .. code:: python
-
-        {"rx_bytes": 91234, "tx_bytes": 88123, ..., "rx_errors": 12, "retrans_segs": 40}
-    """
-
-    default = dict
-
-    def command(self, interface: str) -> StringCommand:
-        script = (
-            'cd "/sys/class/net/$1/statistics" 2>/dev/null && '
-            f'for c in {" ".join(INTERFACE_COUNTERS)}; do echo "$c $(cat "$c")"; done; '
-            "grep '^Tcp:' /proc/net/snmp"
-        )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(interface))
-
-    def process(self, output: list[str]) -> dict[str, int]:
-        counters: dict[str, int] = {}
-        tcp: list[list[str]] = []
-        for line in output:
-            if line.startswith("Tcp:"):
-                tcp.append(line.split()[1:])
-            else:
-                name, _, value = line.partition(" ")
-                counters[name] = int(value)
-        # Two rows: the field names, then the values.
-        if len(tcp) == 2:
-            counters[RETRANSMISSIONS] = int(dict(zip(*tcp, strict=True))["RetransSegs"])
-        return counters
 
 
 class PeerSockets(FactBase):

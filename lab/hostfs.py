@@ -9,6 +9,7 @@ all bind-mounted by ``lab.hostinit``.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -28,6 +29,13 @@ SIMULATED_COMMANDS = {
     "nvidia-smi": "lab.gpu_sim",
 }
 MODEL_DIRS = {True: ("qwen", "qwen-nextn"), False: ("large",)}
+# The weights' config.json, which is all of the weights the simulator reads: the
+# shape sets what TP2 all-reduces. The numbers are Qwen3-32B's published
+# config.json (a dense Qwen of the field's size class; its exact 27B config is
+# not at hand), not fitted to any figure of the field report.
+MODEL_CONFIG = json.dumps({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 5120,
+                           "num_hidden_layers": 64, "torch_dtype": "bfloat16",
+                           "num_nextn_predict_layers": 1}) + "\n"
 
 
 def _script(path: Path, body: str) -> None:
@@ -65,7 +73,7 @@ def prepare(host: LabHost) -> None:
     for model in MODEL_DIRS[host.workstation]:
         model_dir = host.root / "var-lib" / "models" / model
         model_dir.mkdir(parents=True)
-        (model_dir / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"]}\n')
+        (model_dir / "config.json").write_text(MODEL_CONFIG)
     modules.install_stock(host.root / "lib" / "modules")
     if host.workstation:
         (host.root / "sys-module" / "thunderbolt").mkdir(parents=True)

@@ -25,6 +25,8 @@ ACCEPTANCE_PROMPT = "twinbolt acceptance: describe the cable between the two wor
 # Each wait prints where it stands this often, so a long start is never silent.
 PROGRESS_SECONDS = 5.0
 POLL_SECONDS = 1.0
+# How long one proof's request may take.
+REQUEST_TIMEOUT_SECONDS = 30.0
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ simulator (a package run with ``-m``). Nothing is started and no GPU is touched.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -40,7 +41,7 @@ from pyinfra.api import (
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.facts.files import Directory
 
-from operations import probes, services, venvs
+from operations import probes, services, transport, venvs
 from operations.attempt import failing, refuse
 from operations.facts import EmptyMeansSomething
 from operations.phase import elsewhere, executing
@@ -59,8 +60,9 @@ ROUTER_REQUIREMENT = "sglang-router==0.3.2"
 # SGLang reports the NEXTN drafter under the name of the worker that runs it.
 REPORTED_ALGORITHM = {"NEXTN": "EAGLE"}
 ACCEPTANCE_TOKENS = 32
+# How long a link's byte counters may lag the traffic (drivers that refresh them on a timer).
+COUNTER_LAG_SECONDS = 2.0
 # One acceptance request may take this long; a slower one counts as a hang.
-REQUEST_TIMEOUT_SECONDS = 30.0
 
 # What a bounded wait polls: given the seconds left, what is still wrong and
 # whether waiting can still help (see probes.wait_until).
@@ -76,13 +78,15 @@ class Sglang:
     SGLang on one workstation, as the site describes it (host data ``serving_*``).
 
     ``address`` is where the router, the acceptance probes and clients reach the
-    server: the host's ``ssh_hostname``. ``rank0_link_address`` is rank 0's
-    address on the Thunderbolt link, where the TP group meets.
+    server: the host's ``ssh_hostname``. ``link_address`` and
+    ``peer_link_address`` are this host's and its peer's addresses on the
+    Thunderbolt link, where the TP group meets and talks.
     """
 
     address: str
     rank: int
-    rank0_link_address: str
+    link_address: str
+    peer_link_address: str
     interface: str
     python: str
     module: str
@@ -108,9 +112,8 @@ class Sglang:
         return cls(
             address=data.get("ssh_hostname") or workstation.name,
             rank=rank,
-            rank0_link_address=(
-                data.thunderbolt_address if rank == 0 else data.peer_thunderbolt_address
-            ),
+            link_address=data.thunderbolt_address,
+            peer_link_address=data.peer_thunderbolt_address,
             interface=data.link_interface,
             python=data.serving_python,
             module=data.serving_sglang_module,
@@ -136,6 +139,10 @@ class Sglang:
     @property
     def tp_rank_name(self) -> str:
         return TP_RANKS[self.rank]
+
+    @property
+    def rank0_link_address(self) -> str:
+        return self.link_address if self.rank == 0 else self.peer_link_address
 
 
 @dataclass(frozen=True)
@@ -196,14 +203,18 @@ def speculative_args(speculative: Speculative | None, draft_model_path: str | No
     return argv
 
 
-def tp_environment(interface: str) -> dict[str, str]:
-    """NCCL and Gloo on the Thunderbolt link only, over plain TCP."""
+def tp_environment(interface: str, address: str) -> dict[str, str]:
+    """Every socket of the TP group on the Thunderbolt link only, over plain TCP."""
     return {
         # A leading "=" is an exact name: without it NCCL takes any interface
         # whose name starts with "thunderbolt0".
         "NCCL_SOCKET_IFNAME": f"={interface}",
+        # The link-local address is IPv4; NCCL would otherwise try IPv6 first.
+        "NCCL_SOCKET_FAMILY": "AF_INET",
         # Gloo takes one concrete name, not NCCL's prefix or exclusion lists.
         "GLOO_SOCKET_IFNAME": interface,
+        # SGLang's own sockets take the host's default address unless told.
+        "SGLANG_HOST_IP": address,
         "NCCL_IB_DISABLE": "1",
         "NCCL_NET": "Socket",
     }
@@ -236,7 +247,7 @@ def tp_rank_service(sglang: Sglang, speculative: Speculative | None) -> Service:
             "--dist-init-addr", f"{sglang.rank0_link_address}:{sglang.dist_init_port}",
             *speculative_args(speculative, sglang.draft_model_path),
         ],
-        environment=tp_environment(sglang.interface),
+        environment=tp_environment(sglang.interface, sglang.link_address),
         user=sglang.user,
         working_directory=sglang.working_directory,
         # A rank needs its peer: alone after a reboot, or restarted after a crash, it
@@ -398,7 +409,7 @@ def stuck(sglang: Sglang, service: Service, tokens: int = ACCEPTANCE_TOKENS) -> 
             or process_problems(process, service)):
         return []
     answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
-                                    timeout=REQUEST_TIMEOUT_SECONDS)
+                                    timeout=probes.REQUEST_TIMEOUT_SECONDS)
     return probes.completion_problems(answer, tokens)
 
 
@@ -411,7 +422,7 @@ def server_check(sglang: Sglang, service: Service, tp_size: int,
     """
     first_pid: list[int] = []
 
-    def check(seconds_left: float = REQUEST_TIMEOUT_SECONDS) -> tuple[list[str], bool]:
+    def check(seconds_left: float = probes.REQUEST_TIMEOUT_SECONDS) -> tuple[list[str], bool]:
         process = host.get_fact(ServiceProcess, service=service.name,
                                 init_system=sglang.init_system)
         found = process_problems(process, service)
@@ -425,7 +436,7 @@ def server_check(sglang: Sglang, service: Service, tp_size: int,
             return [f"{service.name} exited and was restarted (pid {first_pid[0]} -> "
                     f"{process['pid']})"], False
         answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
-                                        timeout=min(REQUEST_TIMEOUT_SECONDS, seconds_left))
+                                        timeout=min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left))
         found = probes.completion_problems(answer, tokens)
         if found:
             health = probes.get(f"{sglang.url}/health")
@@ -438,10 +449,49 @@ def server_check(sglang: Sglang, service: Service, tp_size: int,
     return check
 
 
+def transport_check(sglang: Sglang, service: Service, tokens: int) -> Check:
+    """
+    The TP group's transport (:mod:`operations.transport`), as a check for
+    :func:`probes.wait_until`: a completion of ``tokens`` tokens bracketed by the
+    link's byte counters, and the rank's connections. Waiting cannot mend a
+    wrong interface, so a failure is final.
+    """
+
+    def carried() -> int:
+        counters = host.get_fact(transport.LinkCounters, interface=sglang.interface)
+        return counters.get("rx_bytes", 0) + counters.get("tx_bytes", 0)
+
+    def check(seconds_left: float = probes.REQUEST_TIMEOUT_SECONDS) -> tuple[list[str], bool]:
+        shape = host.get_fact(transport.ModelShape, model_path=sglang.model_path)
+        if shape is None:
+            return [f"{sglang.model_path}/config.json gives no model shape (num_hidden_layers, "
+                    "hidden_size): the TP group's transport cannot be proven"], False
+        before = carried()
+        answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
+                                        timeout=min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left))
+        if found := probes.completion_problems(answer, tokens):
+            return found, True
+        # A driver may refresh its statistics on a timer: give them time to catch up.
+        deadline = time.monotonic() + COUNTER_LAG_SECONDS
+        while ((moved := carried() - before) < transport.one_way_bytes(shape, tokens)
+               and time.monotonic() < deadline):
+            time.sleep(probes.POLL_SECONDS / 5)
+        process = host.get_fact(ServiceProcess, service=service.name,
+                                init_system=sglang.init_system)
+        connections = (transport.connections_of(host.get_fact(transport.Connections),
+                                                process["pid"]) if process["pid"] else [])
+        return (transport.connection_problems(connections, sglang.link_address,
+                                              sglang.peer_link_address, sglang.port,
+                                              sglang.interface)
+                + transport.volume_problems(moved, shape, tokens, sglang.interface)), False
+
+    return check
+
+
 def router_check(router: Router, tokens: int) -> Check:
     """The router's acceptance: running, ready with a healthy worker, and serving."""
 
-    def check(seconds_left: float = REQUEST_TIMEOUT_SECONDS) -> tuple[list[str], bool]:
+    def check(seconds_left: float = probes.REQUEST_TIMEOUT_SECONDS) -> tuple[list[str], bool]:
         process = host.get_fact(ServiceProcess, service=ROUTER, init_system=router.init_system)
         found = process_problems(process, router_service(router), argv=False)
         if found:
@@ -451,7 +501,7 @@ def router_check(router: Router, tokens: int) -> Check:
         if not readiness.ok:
             return [f"the router is not ready: {readiness.describe()}"], True
         answer = probes.chat_completion(router.url, router.served_model_name, tokens,
-                                        timeout=min(REQUEST_TIMEOUT_SECONDS, seconds_left))
+                                        timeout=min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left))
         return probes.completion_problems(answer, tokens), True
 
     return check
@@ -517,7 +567,7 @@ def admissible(sglang: Sglang | None, target: State,
                                 init_system=sglang.init_system)
         if REPLICA in running:
             answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
-                                            timeout=REQUEST_TIMEOUT_SECONDS)
+                                            timeout=probes.REQUEST_TIMEOUT_SECONDS)
             found += [f"production's replica fails before the experiment (converge "
                       f"production first, which restarts a hung replica): {problem}"
                       for problem in probes.completion_problems(answer, tokens)]
@@ -709,10 +759,18 @@ def tp_accepted(sglang: Sglang | None, speculative: Speculative | None = None,
     if sglang.rank != 0:
         host.noop("rank 1 is accepted through rank 0, never by its own dummy /health")
         return
+    service = tp_rank_service(sglang, speculative)
+    serves = server_check(sglang, service, tp_size=2, speculative=speculative, tokens=tokens)
+    over_the_link = transport_check(sglang, service, tokens)
+
+    def check(seconds_left: float = probes.REQUEST_TIMEOUT_SECONDS) -> tuple[list[str], bool]:
+        found, worth_waiting = serves(seconds_left)
+        return (found, worth_waiting) if found else over_the_link(seconds_left)
+
     yield from accept(
-        f"TP rank 0 at {sglang.url} serves a real completion as tp_size 2",
-        server_check(sglang, tp_rank_service(sglang, speculative), tp_size=2,
-                     speculative=speculative, tokens=tokens),
+        f"TP rank 0 at {sglang.url} serves a real completion as tp_size 2 over "
+        f"{sglang.interface}",
+        check,
         sglang.start_timeout,
         tp_log_tails,
     )

@@ -10,8 +10,9 @@ Started exactly like the real server, with only the module swapped::
 It accepts the real flag names (strictly: an unknown flag exits 2), serves the
 real endpoints with the real shapes, and spends time where the real server does:
 a prefill proportional to the uncached prompt, then decode steps of fixed compute
-plus, in TP2, one all-reduce payload sent to the peer rank over TCP and back. The
-TP link is therefore the lab's real veth, and its drops and retransmissions set
+plus, in TP2, the step's all-reduce volume (from the model's ``config.json``:
+layers, hidden size, dtype) sent to the peer rank over TCP and back. The TP
+link is therefore the lab's real veth, and its drops and retransmissions set
 the token rate.
 
 Tokens are whitespace-separated words, so ``"x " * 120_000`` is a 120,000-token
@@ -23,7 +24,6 @@ Lab knobs (environment; what real hardware would decide):
 - ``LAB_SGLANG_LOAD_SECONDS`` (2.0): weight loading time before ``/health`` is 200.
 - ``LAB_SGLANG_TOKEN_SECONDS`` (0.01): compute time of one decode step.
 - ``LAB_SGLANG_PREFILL_TOKENS_PER_SECOND`` (200000): prefill speed on uncached tokens.
-- ``LAB_SGLANG_ALLREDUCE_BYTES`` (524288): payload each way per decode step in TP2.
 - ``LAB_SGLANG_SPEC_ACCEPT_RATE`` (0.966): chance that each draft token is accepted;
   the default gives a mean accept length of about 3.8 with NEXTN 3/1/4.
 - ``LAB_SGLANG_PEER_TIMEOUT_SECONDS`` (600): how long rank 0 waits on a stalled peer
@@ -33,15 +33,17 @@ Lab knobs (environment; what real hardware would decide):
 - ``LAB_FAULTS_DIR`` (``$TWINBOLT_LAB_STATE/faults``, else ``<repo>/.lab/faults``):
   where lab faults are switched on, one file per fault.
 
-``NCCL_SOCKET_IFNAME`` (``name`` or ``=name``) binds the TP sockets to that
-interface, as NCCL's Socket transport does.
+``NCCL_SOCKET_IFNAME`` (``name`` or ``=name``) binds NCCL's connection to that
+interface, as NCCL's Socket transport does; unset, NCCL picks the first
+interface that is neither loopback nor docker (the LAN port, on a workstation).
 
 Files: ``$LAB_SGLANG_GPU_DIR/<pid>`` holds the MiB of GPU memory the process
 uses while its model is loaded (read by the lab's nvidia-smi); removed on SIGTERM.
 
 Faults, read when they would bite: ``draft_init_crash`` (a speculative server
-crashes while initializing its draft model) and ``rank_hang`` (``/health`` stays
-200 but no generation completes).
+crashes while initializing its draft model), ``rank_hang`` (``/health`` stays
+200 but no generation completes) and ``wrong_interface`` (``NCCL_SOCKET_IFNAME``
+does not reach NCCL, which picks an interface itself).
 """
 
 __version__ = "0.5.9"

@@ -18,12 +18,13 @@ import traceback
 from collections.abc import Callable
 
 from lab.sglang_sim.api import Leader, dummy_health_app
-from lab.sglang_sim.args import check_model_path, parse_server_args, split_host_port
+from lab.sglang_sim.args import parse_server_args, split_host_port
 from lab.sglang_sim.engine import Scheduler, Speculation
 from lab.sglang_sim.gpu import GpuMemory
 from lab.sglang_sim.httpd import serve
 from lab.sglang_sim.knobs import Knobs
 from lab.sglang_sim.link import READY, accept_peer, connect_peer, socket_ifname
+from lab.sglang_sim.model import ModelShape
 from lab.sglang_sim.stats import Stats
 
 logger = logging.getLogger("lab.sglang_sim")
@@ -81,11 +82,19 @@ def load_model(args: argparse.Namespace, knobs: Knobs, gpu: GpuMemory) -> None:
             raise RuntimeError("Lab fault draft_init_crash: the draft worker failed to start")
 
 
+def nccl_ifname(knobs: Knobs, ifname: str | None) -> str | None:
+    """``NCCL_SOCKET_IFNAME``'s interface, unless the lab's ``wrong_interface`` fault hides it."""
+    if knobs.fault_on("wrong_interface"):
+        logger.warning("Lab fault wrong_interface: NCCL_SOCKET_IFNAME does not reach NCCL")
+        return None
+    return ifname
+
+
 def boot_rank0(args: argparse.Namespace, knobs: Knobs, ifname: str | None, gpu: GpuMemory,
                leader: Leader, scheduler: Scheduler, shutdown: Shutdown) -> None:
     link = None
     if args.nnodes > 1:
-        link = accept_peer(*split_host_port(args.dist_init_addr), ifname)
+        link = accept_peer(*split_host_port(args.dist_init_addr), nccl_ifname(knobs, ifname))
     load_model(args, knobs, gpu)
     if link:
         link.expect(READY)
@@ -98,15 +107,15 @@ def boot_rank0(args: argparse.Namespace, knobs: Knobs, ifname: str | None, gpu: 
 
 def boot_rank1(args: argparse.Namespace, knobs: Knobs, ifname: str | None,
                gpu: GpuMemory) -> None:
-    link = connect_peer(*split_host_port(args.dist_init_addr), ifname)
+    link = connect_peer(*split_host_port(args.dist_init_addr), nccl_ifname(knobs, ifname))
     load_model(args, knobs, gpu)
     link.send(READY)
     logger.info("Loaded; serving rank 0's all-reduces")
     link.echo_forever()
 
 
-def start(args: argparse.Namespace, knobs: Knobs, ifname: str | None, gpu: GpuMemory,
-          shutdown: Shutdown) -> None:
+def start(args: argparse.Namespace, knobs: Knobs, shape: ModelShape, ifname: str | None,
+          gpu: GpuMemory, shutdown: Shutdown) -> None:
     """Serve HTTP on this rank and boot it in the background."""
     if args.node_rank > 0:
         serve(dummy_health_app(), args.host, args.port)
@@ -117,7 +126,7 @@ def start(args: argparse.Namespace, knobs: Knobs, ifname: str | None, gpu: GpuMe
     if args.speculative_algorithm:
         speculation = Speculation(args.speculative_num_steps,
                                   args.speculative_num_draft_tokens, knobs.spec_accept_rate)
-    scheduler = Scheduler(knobs, stats, speculation)
+    scheduler = Scheduler(knobs, shape, stats, speculation)
     leader = Leader(args, knobs, stats, scheduler)
     serve(leader.app(), args.host, args.port)
     shutdown.spawn(boot_rank0, args, knobs, ifname, gpu, leader, scheduler, shutdown)
@@ -126,10 +135,13 @@ def start(args: argparse.Namespace, knobs: Knobs, ifname: str | None, gpu: GpuMe
 def main(argv: list[str] | None = None) -> int:
     args = parse_server_args(argv)
     configure_logging(args)
+    # SGLang's first line: everything a log reader needs to tell one start from the last.
+    logger.info("server_args=ServerArgs(%s)",
+                ", ".join(f"{name}={value!r}" for name, value in vars(args).items()))
     try:
         knobs = Knobs.from_env()
         ifname = socket_ifname(os.environ.get("NCCL_SOCKET_IFNAME")) if args.nnodes > 1 else None
-        check_model_path(args.model_path)
+        shape = ModelShape.read(args.model_path)
     except (ValueError, OSError) as error:
         logger.error("%s: %s", type(error).__name__, error)
         return 1
@@ -138,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda number, frame: shutdown.request(0))
     gpu = GpuMemory(knobs.gpu_dir, args.mem_fraction_static)
     try:
-        start(args, knobs, ifname, gpu, shutdown)
+        start(args, knobs, shape, ifname, gpu, shutdown)
     except OSError as error:
         logger.error("Cannot serve on %s:%d: %s", args.host, args.port, error)
         return 1

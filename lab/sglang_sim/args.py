@@ -5,7 +5,6 @@ a rendered service fails here the way it would on a real workstation.
 """
 
 import argparse
-from pathlib import Path
 
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 QUANTIZATIONS = (
@@ -100,11 +99,3 @@ def split_host_port(address: str) -> tuple[str, int]:
         raise ValueError(f"expected HOST:PORT, got {address!r}")
     return host.removeprefix("[").removesuffix("]"), int(port)
 
-
-def check_model_path(model_path: str) -> None:
-    """Fail like the real loader when the weights are not where the service says."""
-    if not Path(model_path).is_dir():
-        raise OSError(
-            f"Can't load the configuration of '{model_path}'. Make sure '{model_path}' "
-            "is the correct path to a directory containing a config.json file"
-        )

@@ -2,10 +2,12 @@
 
 New requests are prefilled together (time proportional to their uncached
 tokens), then every running request advances by one decode step at a time. A
-step costs fixed compute plus, in TP2, one all-reduce over the link. With
-speculative decoding a step verifies the draft tokens and yields one token plus
-the drafts accepted before the first rejection, so it yields more tokens per
-step for the same cost.
+step costs fixed compute plus, in TP2, the step's all-reduce volume over the
+link, from the model's shape (:mod:`lab.sglang_sim.model`), sent as one
+payload each way. With speculative decoding a step verifies the draft tokens,
+so each request's positions widen to ``num_draft_tokens``, and the draft's own
+passes add theirs; it yields one token plus the drafts accepted before the
+first rejection, so more tokens per step for a wider exchange.
 """
 
 import logging
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 
 from lab.sglang_sim.knobs import Knobs
 from lab.sglang_sim.link import PeerLink
+from lab.sglang_sim.model import ModelShape
 from lab.sglang_sim.stats import Stats
 from lab.sglang_sim.tokens import PrefixCache
 
@@ -133,8 +136,10 @@ class DecodeLog:
 class Scheduler:
     """Runs requests in batches, step by step, on its own thread."""
 
-    def __init__(self, knobs: Knobs, stats: Stats, speculation: Speculation | None) -> None:
+    def __init__(self, knobs: Knobs, shape: ModelShape, stats: Stats,
+                 speculation: Speculation | None) -> None:
         self._knobs = knobs
+        self._shape = shape
         self._stats = stats
         self._speculation = speculation
         self._waiting: queue.SimpleQueue[Sequence] = queue.SimpleQueue()
@@ -205,7 +210,7 @@ class Scheduler:
         started = time.monotonic()
         time.sleep(self._knobs.token_seconds)
         if link:
-            self._stats.record_allreduce(link.allreduce(self._knobs.allreduce_bytes))
+            self._stats.record_allreduce(link.allreduce(self._step_bytes(len(running))))
         tokens = 0
         for seq in running:
             first = seq.first_token_at is None
@@ -218,6 +223,16 @@ class Scheduler:
             if not seq.remaining:
                 self._finish(seq)
         self._decode_log.step(started, len(running), tokens)
+
+    def _step_bytes(self, requests: int) -> int:
+        """The all-reduce volume of one decode step for ``requests`` running requests."""
+        if not self._speculation:
+            return self._shape.allreduce_bytes(requests)
+        # The draft runs num_steps passes of one position each, then the target
+        # verifies num_draft_tokens positions per request.
+        draft = self._shape.allreduce_bytes(requests * self._speculation.num_steps,
+                                            layers=self._shape.draft_layers)
+        return draft + self._shape.allreduce_bytes(requests * self._speculation.num_draft_tokens)
 
     def _accept_length(self, seq: Sequence) -> int:
         return self._speculation.accept_length(seq.rng) if self._speculation else 1

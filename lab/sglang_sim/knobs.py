@@ -35,7 +35,6 @@ class Knobs:
     load_seconds: float = 2.0
     token_seconds: float = 0.01
     prefill_tokens_per_second: float = field(default=200_000.0, metadata={"positive": True})
-    allreduce_bytes: int = 512 * 1024
     spec_accept_rate: float = 0.966
     peer_timeout_seconds: float = field(default=600.0, metadata={"positive": True})
     version: str = __version__

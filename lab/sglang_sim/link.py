@@ -1,14 +1,23 @@
-"""The TP2 link: rendezvous at ``--dist-init-addr`` and one all-reduce per decode step.
+"""The TP2 link: rendezvous at ``--dist-init-addr``, then NCCL's own connection.
 
-NCCL's Socket transport is plain TCP on the interface named by
-``NCCL_SOCKET_IFNAME``; so is this. Rank 0 sends each step's payload and waits
-for rank 1 to send as much back, so a step takes as long as the real link needs
-to carry it, retransmissions included. A broken connection aborts both ranks,
-as an NCCL error does.
+The rendezvous (torch.distributed's store) is a TCP connection to
+``--dist-init-addr``, wherever the routing table sends it. NCCL's Socket
+transport then opens its own connection, plain TCP on the interface
+``NCCL_SOCKET_IFNAME`` names; unset, NCCL picks one itself: the first that is
+neither loopback nor docker, in the kernel's order, which on a workstation is
+the LAN port, not ``thunderbolt0`` (created later, at hotplug). Rank 0 tells
+rank 1 its NCCL address through the store, as NCCL's bootstrap does.
 
-Frames are a kind byte and a length; the payload is that many zero bytes.
+Every decode step's all-reduces travel on NCCL's connection: rank 0 sends the
+step's payload and waits for rank 1 to send as much back, so a step takes as
+long as the real link needs to carry it, retransmissions included. A broken
+connection aborts both ranks, as an NCCL error does.
+
+Frames are a kind byte and a length; the payload is that many zero bytes, or
+for ``ENDPOINT`` rank 0's NCCL address as ``ip:port``.
 """
 
+import fcntl
 import logging
 import socket
 import struct
@@ -16,8 +25,10 @@ import time
 
 logger = logging.getLogger(__name__)
 
-READY, ALLREDUCE, HEARTBEAT = 1, 2, 3
+READY, ALLREDUCE, HEARTBEAT, ENDPOINT = 1, 2, 3, 4
 HEADER = struct.Struct("!BQ")
+# ioctl(2) request for an interface's IPv4 address (linux/sockios.h).
+SIOCGIFADDR = 0x8915
 RENDEZVOUS_TIMEOUT_SECONDS = 120.0
 PROGRESS_SECONDS = 5.0
 CONNECT_RETRY_SECONDS = 0.5
@@ -41,8 +52,31 @@ def socket_ifname(value: str | None) -> str | None:
     return name
 
 
-def _tcp_socket(family: int, ifname: str | None) -> socket.socket:
-    sock = socket.socket(family, socket.SOCK_STREAM)
+def interface_address(ifname: str) -> str:
+    """The interface's IPv4 address (``OSError`` if it has none)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        request = struct.pack("256s", ifname.encode()[:15])
+        answer = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, request)
+    return socket.inet_ntoa(answer[20:24])
+
+
+def nccl_interface(ifname: str | None) -> str:
+    """The interface NCCL's Socket transport uses: ``ifname``, else NCCL's own pick."""
+    if ifname:
+        return ifname
+    for _, name in socket.if_nameindex():
+        if name.startswith(("lo", "docker")):
+            continue
+        try:
+            interface_address(name)
+        except OSError:
+            continue
+        return name
+    return "lo"
+
+
+def _tcp_socket(ifname: str | None = None) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     if ifname:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ifname.encode())
@@ -53,78 +87,97 @@ def _tcp_socket(family: int, ifname: str | None) -> socket.socket:
     return sock
 
 
-def _address(host: str, port: int) -> tuple[int, tuple]:
-    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    return family, sockaddr
+def _address(host: str, port: int) -> tuple:
+    return socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)[0][4]
 
 
-def _log_interface(ifname: str | None) -> None:
-    if ifname:
-        logger.info("NCCL_SOCKET_IFNAME: using interface %s for the TP group", ifname)
-    else:
-        logger.info("NCCL_SOCKET_IFNAME is not set: the TP group uses the default route")
+def _nccl_endpoint(ifname: str | None) -> tuple[str, str]:
+    """NCCL's interface and its address, logged as NCCL_DEBUG=INFO logs them."""
+    if not ifname:
+        logger.info("NCCL_SOCKET_IFNAME is not set: NCCL picks the interface itself")
+    chosen = nccl_interface(ifname)
+    address = interface_address(chosen)
+    logger.info("NCCL INFO NET/Socket : Using [0]%s:%s<0>", chosen, address)
+    return chosen, address
 
 
 def accept_peer(host: str, port: int, ifname: str | None) -> "PeerLink":
-    """Rank 0: listen at the rendezvous address until rank 1 joins."""
-    _log_interface(ifname)
-    family, sockaddr = _address(host, port)
-    with _tcp_socket(family, ifname) as listener:
+    """Rank 0: listen at the rendezvous address until rank 1 joins, then let NCCL connect."""
+    with _tcp_socket() as listener:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(sockaddr)
+        listener.bind(_address(host, port))
         listener.listen(1)
-        listener.settimeout(PROGRESS_SECONDS)
-        started = time.monotonic()
-        while True:
-            try:
-                sock, peer = listener.accept()
-                break
-            except TimeoutError:
-                waited = time.monotonic() - started
-                if waited >= RENDEZVOUS_TIMEOUT_SECONDS:
-                    raise TimeoutError(
-                        f"rank 1 did not join at {host}:{port} within {waited:.0f} s"
-                    ) from None
-                logger.info("Waiting for rank 1 to join at %s:%d (%.0f s)", host, port, waited)
-    logger.info("Rank 1 joined from %s:%d", peer[0], peer[1])
-    return PeerLink(sock)
+        store = PeerLink(_accept(listener, f"rank 1 to join at {host}:{port}")[0])
+    chosen, address = _nccl_endpoint(ifname)
+    with _tcp_socket(chosen) as listener:
+        listener.bind((address, 0))
+        listener.listen(1)
+        store.send_text(ENDPOINT, f"{address}:{listener.getsockname()[1]}")
+        sock, peer = _accept(listener, f"rank 1's NCCL connection at {address}")
+    logger.info("Rank 1 joined; NCCL connected from %s:%d", peer[0], peer[1])
+    return PeerLink(sock, store)
+
+
+def _accept(listener: socket.socket, what: str) -> tuple[socket.socket, tuple]:
+    """The next connection, with progress, bounded by the rendezvous timeout."""
+    listener.settimeout(PROGRESS_SECONDS)
+    started = time.monotonic()
+    while True:
+        try:
+            return listener.accept()
+        except TimeoutError:
+            waited = time.monotonic() - started
+            if waited >= RENDEZVOUS_TIMEOUT_SECONDS:
+                raise TimeoutError(f"no {what} within {waited:.0f} s") from None
+            logger.info("Waiting for %s (%.0f s)", what, waited)
 
 
 def connect_peer(host: str, port: int, ifname: str | None) -> "PeerLink":
-    """Rank 1: connect to rank 0's rendezvous, retrying while it is not up yet."""
-    _log_interface(ifname)
-    family, sockaddr = _address(host, port)
+    """Rank 1: join rank 0's rendezvous, retrying while it is not up yet; then connect NCCL."""
+    store = PeerLink(_connect(_address(host, port), None, f"rank 0 at {host}:{port}"))
+    chosen, address = _nccl_endpoint(ifname)
+    endpoint = store.receive_text(ENDPOINT)
+    peer_address, _, peer_port = endpoint.rpartition(":")
+    sock = _connect((peer_address, int(peer_port)), chosen, f"rank 0's NCCL at {endpoint}",
+                    source=address)
+    logger.info("Joined rank 0 at %s:%d; NCCL connected to %s from %s", host, port, endpoint,
+                sock.getsockname()[0])
+    return PeerLink(sock, store)
+
+
+def _connect(sockaddr: tuple, ifname: str | None, what: str,
+             source: str | None = None) -> socket.socket:
     started = last_report = time.monotonic()
     while True:
-        sock = _tcp_socket(family, ifname)
+        sock = _tcp_socket(ifname)
         sock.settimeout(PROGRESS_SECONDS)
         try:
+            if source:
+                sock.bind((source, 0))
             sock.connect(sockaddr)
         except OSError as error:
             sock.close()
             now = time.monotonic()
             if now - started >= RENDEZVOUS_TIMEOUT_SECONDS:
-                raise TimeoutError(
-                    f"rank 0 did not answer at {host}:{port} within {now - started:.0f} s: "
-                    f"{error}"
-                ) from error
+                raise TimeoutError(f"{what} did not answer within {now - started:.0f} s: "
+                                   f"{error}") from error
             if now - last_report >= PROGRESS_SECONDS:
-                logger.info("Waiting for rank 0 at %s:%d (%.0f s): %s",
-                            host, port, now - started, error)
+                logger.info("Waiting for %s (%.0f s): %s", what, now - started, error)
                 last_report = now
             time.sleep(CONNECT_RETRY_SECONDS)
             continue
-        logger.info("Joined rank 0 at %s:%d from %s", host, port, sock.getsockname()[0])
         sock.settimeout(None)
-        return PeerLink(sock)
+        return sock
 
 
 class PeerLink:
     """One TCP connection between the two ranks, carrying framed zero payloads."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, store: "PeerLink | None" = None) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
+        # The rendezvous stays open for the group's life, as torch's store does.
+        self._store = store
         self._zeros = memoryview(bytes(CHUNK_BYTES))
         self._scratch = memoryview(bytearray(CHUNK_BYTES))
 
@@ -139,6 +192,19 @@ class PeerLink:
                 self._sock.sendall(self._zeros[:min(CHUNK_BYTES, nbytes - start)])
         except OSError as error:
             raise PeerLost(f"send to peer rank failed: {error}") from error
+
+    def send_text(self, kind: int, text: str) -> None:
+        data = text.encode()
+        try:
+            self._sock.sendall(HEADER.pack(kind, len(data)) + data)
+        except OSError as error:
+            raise PeerLost(f"send to peer rank failed: {error}") from error
+
+    def receive_text(self, kind: int) -> str:
+        received, nbytes = HEADER.unpack(self._read(HEADER.size))
+        if received != kind:
+            raise PeerLost(f"protocol error: expected frame {kind}, got {received}")
+        return self._read(nbytes).decode()
 
     def receive(self) -> tuple[int, int]:
         """The next frame's kind and payload length; the payload itself is discarded."""

@@ -124,3 +124,18 @@ def test_a_rank_that_hangs_behind_a_green_health_fails_the_deploy_in_bounded_tim
         assert elapsed < 150, f"the deploy, its rollback included, took {elapsed:.0f}s"
     finally:
         reached("production")
+
+
+def test_a_tp_group_whose_traffic_misses_the_link_fails_naming_the_transport() -> None:
+    # NCCL_SOCKET_IFNAME does not reach the ranks' NCCL: it picks eth0, the management
+    # network, and the group forms and serves there; only the transport proof can tell.
+    with fault("wrong_interface"):
+        run = deploy("tp2_stock")
+    assert run.returncode != 0
+    assert "wsa: serving layer: TP rank 0" in run.output, run.output[-4000:]
+    assert "the TP group's transport is not thunderbolt0: its connections 10.66.0.11:" in run.output
+    assert "run outside 169.254.77.1 <-> 169.254.77.2" in run.output
+    assert "thunderbolt0 carried" in run.output and "need at least" in run.output
+    assert "production was restored and verified" in run.output, run.output[-4000:]
+    checks = verify("production")
+    assert checks.returncode == 0, checks.stdout[-4000:]

@@ -5,6 +5,7 @@ A local SGLang simulator for the harness's unit tests: one process on
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -21,6 +22,15 @@ REPO = Path(__file__).resolve().parents[2]
 NEXTN = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
 START_SECONDS = 15.0
+# A small model keeps the loopback exchanges quick: 2 x 4 x 256 x 2 = 4 KiB per position.
+SHAPE = {"num_hidden_layers": 4, "hidden_size": 256, "torch_dtype": "bfloat16"}
+
+
+def model_dir(directory: Path) -> Path:
+    """A model directory as the simulator reads it: its config.json alone."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(SHAPE))
+    return directory
 
 
 def free_port() -> int:
@@ -32,8 +42,7 @@ def free_port() -> int:
 @contextmanager
 def simulator(directory: Path, *flags: str, **knobs: str) -> Iterator[str]:
     """A ready simulator serving ``qwen`` with metrics and cache report; yields its URL."""
-    model = directory / "model"
-    model.mkdir(parents=True, exist_ok=True)
+    model = model_dir(directory / "model")
     port = free_port()
     environment = {name: value for name, value in os.environ.items()
                    if not name.startswith(("LAB_", "NCCL_"))}

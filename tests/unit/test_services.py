@@ -110,7 +110,7 @@ def test_unit_quote(word: str, quoted: str) -> None:
 def analyzable_services() -> list[Service]:
     """The services twinbolt really renders, with an interpreter this machine has."""
     workstation = serving.Sglang(
-        address="10.66.0.11", rank=0, rank0_link_address="169.254.77.1",
+        address="10.66.0.11", rank=0, link_address="169.254.77.1", peer_link_address="169.254.77.2",
         interface="thunderbolt0", python=sys.executable, module="sglang.launch_server",
         model_path="/srv/models/qwen", served_model_name="qwen", quantization="modelopt_fp4",
         context_length=32768, mem_fraction_static=0.85, draft_model_path=None, port=30000,

@@ -34,14 +34,16 @@ from operations.states import NEXTN_3_1_4, STATES
 REPO = Path(__file__).resolve().parents[2]
 
 RANK0 = Sglang(
-    address="10.66.0.11", rank=0, rank0_link_address="169.254.77.1", interface="thunderbolt0",
+    address="10.66.0.11", rank=0, link_address="169.254.77.1", peer_link_address="169.254.77.2",
+    interface="thunderbolt0",
     python="/opt/sglang/bin/python", module="sglang.launch_server",
     model_path="/srv/models/qwen", served_model_name="qwen", quantization="modelopt_fp4",
     context_length=32768, mem_fraction_static=0.85, draft_model_path=None, port=30000,
     dist_init_port=5757, min_version="0.5.9", user="sglang", init_system="systemd",
     working_directory="/", start_timeout=900,
 )
-RANK1 = replace(RANK0, address="10.66.0.12", rank=1)
+RANK1 = replace(RANK0, address="10.66.0.12", rank=1, link_address="169.254.77.2",
+                peer_link_address="169.254.77.1")
 
 
 def flags(argv: list[str]) -> dict[str, str | None]:
@@ -69,7 +71,8 @@ def test_a_replica_is_one_gpu_with_metrics_and_cache_report() -> None:
 
 
 @pytest.mark.parametrize("workstation", [RANK0, RANK1], ids=["rank0", "rank1"])
-def test_a_tp_rank_meets_at_rank_0s_link_address_with_nccl_pinned(workstation: Sglang) -> None:
+def test_a_tp_rank_meets_at_rank_0s_link_address_with_every_socket_pinned(
+        workstation: Sglang) -> None:
     service = tp_rank_service(workstation, NEXTN_3_1_4)
     assert service.name == f"sglang-tp2-rank{workstation.rank}"
     parsed = flags(service.command)
@@ -77,7 +80,8 @@ def test_a_tp_rank_meets_at_rank_0s_link_address_with_nccl_pinned(workstation: S
     assert parsed["--node-rank"] == str(workstation.rank)
     assert parsed["--dist-init-addr"] == "169.254.77.1:5757"
     assert service.environment == {
-        "NCCL_SOCKET_IFNAME": "=thunderbolt0", "GLOO_SOCKET_IFNAME": "thunderbolt0",
+        "NCCL_SOCKET_IFNAME": "=thunderbolt0", "NCCL_SOCKET_FAMILY": "AF_INET",
+        "GLOO_SOCKET_IFNAME": "thunderbolt0", "SGLANG_HOST_IP": workstation.link_address,
         "NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket",
     }
 
@@ -222,7 +226,9 @@ def test_process_problems_compare_what_runs_with_what_is_rendered() -> None:
     unpinned = {**running, "environment": {"NCCL_SOCKET_IFNAME": "eth0"}}
     found = process_problems(unpinned, service)
     assert "NCCL_SOCKET_IFNAME=eth0, not =thunderbolt0" in found[0]
-    assert "GLOO_SOCKET_IFNAME=(unset)" in found[1]
+    assert "NCCL_SOCKET_FAMILY=(unset)" in found[1]
+    assert "GLOO_SOCKET_IFNAME=(unset)" in found[2]
+    assert "SGLANG_HOST_IP=(unset), not 169.254.77.1" in found[3]
     assert process_problems({"running": False, "status": "down: 3s"}, service) == [
         "sglang-tp2-rank0 is not running (down: 3s)"]
     renamed = {**running, "argv": ["sglang::router"]}

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from simulator import SHAPE, model_dir
 
 from lab.sglang_sim.engine import Speculation
 from lab.sglang_sim.link import socket_ifname
+from lab.sglang_sim.model import ModelShape
 
 REPO = Path(__file__).resolve().parents[2]
-ALLREDUCE_BYTES = 65536
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 
@@ -77,10 +78,8 @@ class Sim:
 
 @pytest.fixture
 def lab_dirs(tmp_path):
-    model = tmp_path / "models" / "qwen"
-    model.mkdir(parents=True)
-    return {"model": model, "gpu": tmp_path / "gpu", "faults": tmp_path / "faults",
-            "logs": tmp_path}
+    return {"model": model_dir(tmp_path / "models" / "qwen"), "gpu": tmp_path / "gpu",
+            "faults": tmp_path / "faults", "logs": tmp_path}
 
 
 @pytest.fixture
@@ -93,7 +92,8 @@ def launch(lab_dirs):
         "PYTHONPATH": str(REPO),
         "LAB_SGLANG_LOAD_SECONDS": "0.2",
         "LAB_SGLANG_TOKEN_SECONDS": "0.002",
-        "LAB_SGLANG_ALLREDUCE_BYTES": str(ALLREDUCE_BYTES),
+        # NCCL's own pick would be this machine's LAN port.
+        "NCCL_SOCKET_IFNAME": "lo",
         "LAB_SGLANG_GPU_DIR": str(lab_dirs["gpu"]),
         "LAB_FAULTS_DIR": str(lab_dirs["faults"]),
     })
@@ -162,6 +162,18 @@ def test_missing_model_path_exits_1_naming_it(lab_dirs, tmp_path):
     result = run_sim("--model-path", str(missing), "--port", str(free_port()))
     assert result.returncode == 1
     assert str(missing) in result.stderr
+
+
+def test_the_model_shape_comes_from_config_json_as_the_loader_reads_it(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"text_config": {**SHAPE, "torch_dtype": "float32"}, "vision_config": {}}))
+    shape = ModelShape.read(str(tmp_path))
+    assert (shape.layers, shape.hidden_size, shape.activation_bytes) == (4, 256, 4)
+    assert shape.allreduce_bytes(3) == 2 * 4 * 256 * 4 * 3
+    assert shape.allreduce_bytes(1, layers=shape.draft_layers) == 2 * 1 * 256 * 4
+    (tmp_path / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"]}')
+    with pytest.raises(OSError, match="no usable model shape"):
+        ModelShape.read(str(tmp_path))
 
 
 def test_nccl_socket_ifname_accepts_one_exact_name():
@@ -318,7 +330,12 @@ def test_tp2_ranks_exchange_payloads_and_fail_together(launch):
     meta = rank0.post("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 64}}
                       ).json()["meta_info"]
     after = rank0.get("/server_info").json()["internal_states"][0]["allreduce_bytes"]
-    assert after - before == meta["spec_verify_ct"] * 2 * ALLREDUCE_BYTES
+    # Each step: the draft's 3 one-position passes over its one layer, then 4 positions
+    # verified over all 4 layers; as much comes back.
+    per_position = 2 * 256 * 2
+    step = 3 * 1 * per_position + 4 * 4 * per_position
+    assert after - before == meta["spec_verify_ct"] * 2 * step
+    assert "NCCL INFO NET/Socket : Using [0]lo:127.0.0.1<0>" in rank0.log()
 
     rank1.proc.kill()
     assert rank0.wait_exit() != 0

@@ -11,12 +11,9 @@ proxy's readiness, which needs no key, is asked from here, the clients' side.
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
 import pytest
-from pyinfra.api import FactBase
-from verify_helpers import InventoryView
+from verify_helpers import InventoryView, fact
 
 from operations.gateway import (
     DEPLOYMENTS,
@@ -40,14 +37,6 @@ TOKENS = 16
 def proxy(gateway, workstations) -> Proxy:
     router = Router.from_hosts(InventoryView(gateway), [InventoryView(w) for w in workstations])
     return Proxy.from_host(InventoryView(gateway), router)
-
-
-def fact(inventory_host, cls: type[FactBase], **arguments: Any) -> Any:
-    """A gateway fact, its command run over testinfra's SSH and read as pyinfra reads it."""
-    result = inventory_host.host.run(cls().command(**arguments).get_raw_value())
-    assert result.rc == 0, f"{inventory_host.name}: {cls.__name__}: {result.stderr}"
-    lines = result.stdout.splitlines()
-    return cls().process(lines) if lines else cls().default()
 
 
 def test_the_config_has_the_fallbacks_the_state_declares(gateway, proxy: Proxy,

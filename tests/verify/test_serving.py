@@ -13,11 +13,12 @@ import shlex
 
 import httpx
 import pytest
-from verify_helpers import InventoryView
+from verify_helpers import InventoryView, fact
 
 from operations.services import Service
-from operations.serving import Sglang, replica_service, tp_rank_service
+from operations.serving import Sglang, replica_service, tp_environment, tp_rank_service
 from operations.states import State
+from operations.transport import Connections, connection_problems, connections_of
 
 REPLICA = "sglang-replica"
 TP_RANKS = ("sglang-tp2-rank0", "sglang-tp2-rank1")
@@ -270,18 +271,19 @@ def test_only_the_declared_server_holds_the_gpu(workstation, servers, declared: 
 
 def test_tp_ranks_talk_over_the_thunderbolt_link_only(workstation, servers,
                                                       state: State) -> None:
+    """Every socket of the group pinned to the link, and its connections really on it."""
     if state.serving != "tp2":
         pytest.skip(f"{state.name} runs no TP group")
-    interface = workstation.data["link_interface"]
-    rank = workstation.data["rank"]
-    server = servers[TP_RANKS[rank]]
-    assert server is not None, f"{workstation.name}: {TP_RANKS[rank]} does not run"
-    environment = server["environment"]
-    pinned = {key: environment.get(key) for key in
-              ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_NET")}
-    assert pinned == {"NCCL_SOCKET_IFNAME": f"={interface}", "GLOO_SOCKET_IFNAME": interface,
-                      "NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket"}, (
-        f"{workstation.name}: rank {rank} (pid {server['pid']}) has {pinned}")
+    sglang = Sglang.from_host(InventoryView(workstation))
+    server = servers[sglang.tp_rank_name]
+    assert server is not None, f"{workstation.name}: {sglang.tp_rank_name} does not run"
+    pins = tp_environment(sglang.interface, sglang.link_address)
+    pinned = {key: server["environment"].get(key) for key in pins}
+    rank = f"{workstation.name}: rank {sglang.rank} (pid {server['pid']})"
+    assert pinned == pins, f"{rank} has {pinned}"
+    connections = connections_of(fact(workstation, Connections), server["pid"])
+    assert connection_problems(connections, sglang.link_address, sglang.peer_link_address,
+                               sglang.port, sglang.interface) == [], rank
 
 
 def test_clients_servers_answer_real_completions(workstations, gateway, state: State) -> None:

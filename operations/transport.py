@@ -1,0 +1,202 @@
+"""
+The TP group's transport: proof that its bytes cross the Thunderbolt link.
+
+Environment variables say where NCCL, Gloo and SGLang should send; they do not
+say where the bytes went. Users of comparable tools keep finding their traffic
+elsewhere: SGLang's own sockets take the host's default address unless
+``SGLANG_HOST_IP`` is set, NCCL picks the first interface that is neither
+loopback nor docker when ``NCCL_SOCKET_IFNAME`` does not reach it (and a
+network plugin can fall back to sockets silently), and ``thunderbolt0``,
+created at hotplug, is rarely first. A TP group on the management network
+passes every other check. So a TP state is accepted only when
+
+- every connection of rank 0's process tree, other than its HTTP clients' and
+  loopback, runs between the two Thunderbolt addresses, and at least one does;
+- during a completion of N tokens, ``thunderbolt0`` carries at least what N
+  tokens' all-reduces must.
+
+That volume follows from the model's own ``config.json``: every layer ends in
+two row-parallel projections (attention's output, the MLP's down projection),
+each followed by an all-reduce of ``hidden_size`` activations per token, in the
+model's dtype (NVFP4 quantizes the weights; activations stay bf16). A ring
+all-reduce across two ranks sends about as much as it receives, so rank 0's
+``rx_bytes + tx_bytes`` rises by about twice the one-way volume; the bound asks
+for the one-way volume only, which leaves room for counters that lag.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from ipaddress import ip_address
+from typing import Any
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+from operations.facts import EmptyMeansSomething
+
+INTERFACE_COUNTERS = (
+    "rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_crc_errors", "rx_missed_errors",
+    "rx_length_errors", "rx_over_errors", "rx_errors",
+)
+RETRANSMISSIONS = "retrans_segs"
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+MIB = 1 << 20
+
+
+class LinkCounters(FactBase):
+    """
+    An interface's statistics and the TCP retransmissions of the host's network
+    stack (``/proc/net/snmp`` ``Tcp: RetransSegs``, per network namespace). The
+    interface counters are absent while the interface is (a driver reload).
+
+    .. code:: python
+
+        {"rx_bytes": 91234, "tx_bytes": 88123, ..., "rx_errors": 12, "retrans_segs": 40}
+    """
+
+    default = dict
+
+    def command(self, interface: str) -> StringCommand:
+        script = (
+            'cd "/sys/class/net/$1/statistics" 2>/dev/null && '
+            f'for c in {" ".join(INTERFACE_COUNTERS)}; do echo "$c $(cat "$c")"; done; '
+            "grep '^Tcp:' /proc/net/snmp"
+        )
+        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(interface))
+
+    def process(self, output: list[str]) -> dict[str, int]:
+        counters: dict[str, int] = {}
+        tcp: list[list[str]] = []
+        for line in output:
+            if line.startswith("Tcp:"):
+                tcp.append(line.split()[1:])
+            else:
+                name, _, value = line.partition(" ")
+                counters[name] = int(value)
+        # Two rows: the field names, then the values.
+        if len(tcp) == 2:
+            counters[RETRANSMISSIONS] = int(dict(zip(*tcp, strict=True))["RetransSegs"])
+        return counters
+
+
+class ModelShape(FactBase):
+    """
+    The model's shape from ``config.json`` in its directory, as SGLang's loader
+    reads it (a multimodal checkpoint keeps it under ``text_config``); ``None``
+    without one.
+
+    .. code:: python
+
+        {"layers": 64, "hidden_size": 5120, "activation_bytes": 2}
+    """
+
+    def command(self, model_path: str) -> StringCommand:
+        return StringCommand("cat", QuoteString(f"{model_path.rstrip('/')}/config.json"))
+
+    def process(self, output: list[str]) -> dict[str, int] | None:
+        try:
+            config = json.loads("\n".join(output))
+            config = config.get("text_config", config)
+            return {"layers": int(config["num_hidden_layers"]),
+                    "hidden_size": int(config["hidden_size"]),
+                    "activation_bytes": DTYPE_BYTES[config.get("torch_dtype", "bfloat16")]}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+
+class Connections(EmptyMeansSomething):
+    """
+    The host's established TCP connections with the processes holding them, and
+    the process tree (``ss -tnp`` and ``ps``): enough to find every connection of
+    a service, whichever of its processes (SGLang's TP workers) holds it.
+
+    .. code:: python
+
+        {"parents": {4242: 1, 4250: 4242},
+         "connections": [{"local": "169.254.77.1:5757", "peer": "169.254.77.2:40112",
+                          "pids": [4250]}]}
+    """
+
+    def requires_command(self) -> str:
+        return "ss"
+
+    def command(self) -> str:
+        return "ps -e -o pid=,ppid= && echo @@ && ss -tnpH state established"
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        parents: dict[int, int] = {}
+        connections: list[dict[str, Any]] = []
+        lines = iter(output)
+        for line in lines:
+            if line == "@@":
+                break
+            pid, ppid = line.split()
+            parents[int(pid)] = int(ppid)
+        for line in lines:
+            # Recv-Q Send-Q Local Peer Process
+            fields = line.split()
+            if len(fields) >= 4:
+                connections.append({"local": fields[2], "peer": fields[3],
+                                    "pids": sorted(map(int, re.findall(r"pid=(\d+)", line)))})
+        return {"parents": parents, "connections": connections}
+
+
+def endpoint(text: str) -> tuple[str, int]:
+    """``ss``'s ``addr:port``, ``addr%dev:port`` or ``[v6]:port`` as an address and a port."""
+    address, _, port = text.rpartition(":")
+    address = address.removeprefix("[").removesuffix("]").partition("%")[0]
+    return address.removeprefix("::ffff:"), int(port)
+
+
+def connections_of(reading: dict[str, Any], pid: int) -> list[dict[str, Any]]:
+    """The connections held by ``pid`` or any of its descendants."""
+    tree = {pid}
+    grew = True
+    while grew:
+        children = {child for child, parent in reading["parents"].items() if parent in tree}
+        grew = not children <= tree
+        tree |= children
+    return [connection for connection in reading["connections"]
+            if tree.intersection(connection["pids"])]
+
+
+def connection_problems(connections: list[dict[str, Any]], address: str, peer_address: str,
+                        http_port: int, interface: str) -> list[str]:
+    """What is wrong with a TP rank's connections: any off the link, or none on it."""
+    group, off_link = [], []
+    for connection in connections:
+        (local, port), (peer, _) = endpoint(connection["local"]), endpoint(connection["peer"])
+        if port == http_port or ip_address(local).is_loopback:
+            continue  # its HTTP clients, and its own processes talking among themselves
+        if (local, peer) == (address, peer_address):
+            group.append(connection)
+        else:
+            off_link.append(f"{connection['local']} -> {connection['peer']}")
+    found = []
+    if off_link:
+        found.append(f"the TP group's transport is not {interface}: its connections "
+                     f"{', '.join(off_link)} run outside {address} <-> {peer_address} "
+                     f"(NCCL, Gloo or SGLang took another interface: check NCCL_SOCKET_IFNAME, "
+                     "GLOO_SOCKET_IFNAME and SGLANG_HOST_IP in the rank's environment, and "
+                     "NCCL's 'NET/Socket : Using' line with NCCL_DEBUG=INFO)")
+    if not group:
+        found.append(f"the TP group has no connection between {address} and {peer_address} "
+                     f"on {interface}")
+    return found
+
+
+def one_way_bytes(shape: dict[str, int], tokens: int) -> int:
+    """What ``tokens`` generated tokens' all-reduces carry one way, at the least."""
+    return 2 * shape["layers"] * shape["hidden_size"] * shape["activation_bytes"] * tokens
+
+
+def volume_problems(carried: int, shape: dict[str, int], tokens: int,
+                    interface: str) -> list[str]:
+    minimum = one_way_bytes(shape, tokens)
+    if carried >= minimum:
+        return []
+    return [f"the TP group's transport is not {interface}: {interface} carried "
+            f"{carried / MIB:.1f} MiB during a {tokens}-token completion; its all-reduces need "
+            f"at least {minimum / MIB:.1f} MiB (2 per layer x {shape['layers']} layers x "
+            f"{shape['hidden_size']} x {shape['activation_bytes']} bytes per token)"]
