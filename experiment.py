@@ -2,6 +2,7 @@
 The experiment, from the operator's chair:
 
     python experiment.py status                  # which declared state the hosts are in
+    python experiment.py diagnose [--json]       # every rung from the route to the cable
     python experiment.py measure [--window NAME ...] [--out DIR]
     python experiment.py campaign [--states A,B,...] [--no-baseline] [--out DIR]
     python experiment.py compare A.json B.json ... [--baseline STATE]
@@ -25,6 +26,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from harness import campaign, compare, report
+from harness.diagnose import diagnose
 from harness.measure import NotMeasurable, failures, measure_state
 from harness.status import observe
 from harness.topology import Topology
@@ -58,6 +60,12 @@ async def status(arguments: argparse.Namespace, topology: Topology) -> int:
     observed = await observe(topology)
     print(json.dumps(observed.to_json(), indent=1) if arguments.json else observed.render())
     return 0 if observed.match else 1
+
+
+async def run_diagnose(arguments: argparse.Namespace, topology: Topology) -> int:
+    found = await diagnose(topology)
+    print(json.dumps(found.to_json(), indent=1) if arguments.json else found.render())
+    return 1 if found.cause else 0
 
 
 async def measure(arguments: argparse.Namespace, topology: Topology) -> int:
@@ -100,6 +108,11 @@ def parser() -> argparse.ArgumentParser:
     status_parser = commands.add_parser("status", help="the state the hosts are observed in")
     status_parser.add_argument("--json", action="store_true", help="print JSON")
 
+    diagnose_parser = commands.add_parser(
+        "diagnose", help="read-only: every rung from the user's route down to the cable, "
+                         "and the lowest one that fails")
+    diagnose_parser.add_argument("--json", action="store_true", help="print JSON")
+
     measure_parser = commands.add_parser("measure", help="measure the current state")
     measure_parser.add_argument("--state", choices=list(STATES),
                                 help="the state the hosts must be in")
@@ -127,7 +140,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def with_topology(arguments: argparse.Namespace) -> int:
-    command = {"status": status, "measure": measure, "campaign": run_campaign}[arguments.command]
+    command = {"status": status, "diagnose": run_diagnose, "measure": measure,
+               "campaign": run_campaign}[arguments.command]
     with tempfile.TemporaryDirectory(prefix="twinbolt-") as directory:
         return await command(arguments, Topology.load(Path(directory)))
 
@@ -137,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if arguments.command == "compare":
             return run_compare(arguments)
-        if arguments.command != "status":
+        if arguments.command not in ("status", "diagnose"):
             window_settings(arguments)
         if arguments.command == "campaign":
             # Refused before the inventory is read, let alone a host touched.

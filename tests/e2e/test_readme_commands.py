@@ -23,6 +23,7 @@ READ_ONLY = [
     "pyinfra inventory.py deploy.py --data state=production --dry",
     "pytest tests/verify --state production",
     "python experiment.py status",
+    "python experiment.py diagnose",
 ]
 
 

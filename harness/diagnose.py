@@ -1,0 +1,434 @@
+"""
+The field report's ladder, walked for the operator: from the user's route down
+to the cable, every rung read and judged, read-only, in any state.
+
+1. route: each gateway role answers, and which deployment answered;
+2. serving: rank 0 (or the replicas and the router) serves a real completion;
+   ``/server_info`` agrees with the state;
+3. ranks: the servers' processes run, and their logs hold no NCCL error or timeout;
+4. sockets: the TP group's connections run between the Thunderbolt addresses;
+   each socket's retransmissions;
+5. thunderbolt0: carrier, address, the peer answering across it, and the
+   receiver errors that rose while the probes ran;
+6. driver: which build is loaded, its parameters, the peer's E2E bit;
+7. xdomain: the link's rate x lanes, and the peer's name;
+8. host: the GPU, the lock, signature enforcement.
+
+Every rung is judged whatever the others say, so the printout is the whole
+ladder. Failures above a failing rung are usually its symptoms (a stalled link
+fails rank 0's completion too), so the cause named is the lowest failing rung,
+the first boundary from the cable up that does not hold, with its fix.
+
+The hosts are read twice, one SSH round trip per host each time, around the
+bounded probes (the completions and the gateway's requests): the counters'
+difference is the probe window's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from harness import remote
+from harness.counters import RECEIVER_ERRORS, PeerSockets, socket_deltas
+from harness.status import Status, classify_driver, observe
+from harness.topology import Topology, server_url
+from operations import probes, transport
+from operations.driver import (
+    TBNET_E2E,
+    CandidateModule,
+    LoadedModule,
+    ModuleFileBuildId,
+    PeerCapabilities,
+    SignatureEnforcement,
+)
+from operations.gateway import ROLES, RoleAnswer, answer_problems, serving_deployments
+from operations.gpu import Gpus
+from operations.link import InterfaceState, PeerAnswers, XDomainLink
+from operations.lock import HostLock
+from operations.services import ServiceLog, ServiceProcess
+from operations.serving import REPLICA, TP_RANKS, server_info_problems
+from operations.states import STATES, State
+
+PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
+# Each probe is bounded: a hung rank must not hang the diagnosis.
+PROBE_TOKENS = 8
+PROBE_TIMEOUT_SECONDS = 10.0
+LOG_LINES = 200
+# What a rank's log says when the group is in trouble (since its last start).
+TROUBLE = re.compile(r"NCCL WARN|NCCL error|[Tt]imed? ?out|watchdog|[Ee]xception|PeerLost|"
+                     r"connection closed|[Tt]raceback")
+FIXES = {
+    "route": "converge the state again (pyinfra inventory.py deploy.py --data state=STATE); "
+             "if the large role fails, its backend is down: docs/troubleshooting.md",
+    "serving": "read both ranks' logs (rung 3); a hung or crashed group is repaired by "
+               "converging production",
+    "ranks": "read the log lines above; converge production, then the state again",
+    "sockets": "pin every socket of the group to the link: docs/troubleshooting.md, "
+               "'The TP group's traffic is not on thunderbolt0'",
+    "thunderbolt0": "traffic does not cross the link: with the candidate a TX credit stall "
+                    "(converge production; this controller pairing cannot run tx_e2e); "
+                    "without an address, converge the state again",
+    "driver": "converge the state again; with the candidate, the peer must advertise E2E "
+              "(run the candidate on both workstations)",
+    "xdomain": "re-seat the cable in both ports (a 10 Gb/s or single-lane link will not "
+               "retrain by itself): docs/troubleshooting.md",
+    "host": "free the GPU, or wait for the run that holds the lock to end",
+}
+
+
+@dataclass
+class Rung:
+    """One rung's verdict and the evidence it was judged on."""
+
+    number: int
+    name: str
+    verdict: str = PASS
+    evidence: list[str] = field(default_factory=list)
+
+    def saw(self, text: str, verdict: str = PASS) -> None:
+        """Record ``text``; a worse verdict than the rung's so far replaces it."""
+        self.evidence.append(text if verdict == PASS else f"{verdict.upper()}: {text}")
+        order = (PASS, SKIP, WARN, FAIL)
+        if order.index(verdict) > order.index(self.verdict):
+            self.verdict = verdict
+
+
+@dataclass
+class Diagnosis:
+    """The ladder, the state it was judged against, and the cause: the lowest failing rung."""
+
+    state: str
+    observed: str
+    rungs: list[Rung]
+    seconds: float
+
+    @property
+    def cause(self) -> Rung | None:
+        return next((rung for rung in reversed(self.rungs) if rung.verdict == FAIL), None)
+
+    def render(self) -> str:
+        lines = [f"diagnose: judged against {self.state} ({self.observed})"]
+        for rung in self.rungs:
+            lines.append(f"{rung.number} {rung.name:<13} {rung.verdict}")
+            lines += [f"    {text}" for text in rung.evidence]
+        cause = self.cause
+        lines.append(f"cause: rung {cause.number} ({cause.name}) is the first boundary from the "
+                     f"cable up that does not hold; fix: {FIXES[cause.name]}" if cause
+                     else "cause: none; every rung holds")
+        lines.append(f"diagnose: {self.seconds:.1f}s")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        cause = self.cause
+        return {"state": self.state, "observed": self.observed, "seconds": self.seconds,
+                "rungs": [asdict(rung) for rung in self.rungs],
+                "cause": {"rung": cause.number, "name": cause.name, "fix": FIXES[cause.name]}
+                if cause else None}
+
+
+# Reading
+
+
+def first_reading(entry: Any, state: State) -> list[remote.Query]:
+    data = entry.data
+    interface, module = data["link_interface"], data["candidate_module_name"]
+    init = data["serving_init_system"]
+    services = [TP_RANKS[data["rank"]]] if state.serving == "tp2" else [REPLICA]
+    return [
+        remote.Query("module", LoadedModule(), {"module": module}),
+        remote.Query("stock_build", ModuleFileBuildId(), {"module": module}),
+        remote.Query("xdomain", XDomainLink()),
+        remote.Query("peer", PeerCapabilities()),
+        remote.Query("interface", InterfaceState(), {"interface": interface}),
+        remote.Query("counters", transport.LinkCounters(), {"interface": interface}),
+        remote.Query("sockets", PeerSockets(), {"peer": data["peer_thunderbolt_address"]}),
+        remote.Query("signatures", SignatureEnforcement()),
+        remote.Query("gpus", Gpus()),
+        remote.Query("lock", HostLock(), {"run_dir": data["run_dir"]}),
+        *(query for name in services for query in (
+            remote.Query(f"process {name}", ServiceProcess(),
+                         {"service": name, "init_system": init}),
+            remote.Query(f"log {name}", ServiceLog(),
+                         {"service": name, "init_system": init, "lines": LOG_LINES}))),
+    ]
+
+
+def second_reading(entry: Any) -> list[remote.Query]:
+    data = entry.data
+    interface = data["link_interface"]
+    return [
+        remote.Query("counters", transport.LinkCounters(), {"interface": interface}),
+        remote.Query("sockets", PeerSockets(), {"peer": data["peer_thunderbolt_address"]}),
+        remote.Query("answers", PeerAnswers(),
+                     {"address": data["peer_thunderbolt_address"], "interface": interface}),
+        remote.Query("connections", transport.Connections()),
+    ]
+
+
+def gateway_reading(entry: Any) -> list[remote.Query]:
+    data = entry.data
+    url = f"http://{data['ssh_hostname']}:{data['gateway_roles_litellm_port']}"
+    return [remote.Query(f"role {role}", RoleAnswer(),
+                         {"url": url, "master_key_file": data["gateway_roles_master_key_file"],
+                          "role": role, "tokens": PROBE_TOKENS,
+                          "timeout": PROBE_TIMEOUT_SECONDS}) for role in ROLES]
+
+
+async def server_probes(topology: Topology, state: State) -> dict[str, tuple[Any, Any]]:
+    """Each server clients reach: a bounded completion and its ``/server_info``."""
+    model = topology.workstations[0].data["serving_served_model_name"]
+    urls = [server_url(entry) for entry in topology.workstations]
+    if state.serving == "tp2":
+        urls = urls[:1]
+    elif topology.gateway:
+        data = topology.gateway.data
+        urls.append(f"http://{data['ssh_hostname']}:{data['gateway_roles_router_port']}")
+
+    def probe(url: str) -> tuple[Any, Any]:
+        answer = probes.chat_completion(url, model, PROBE_TOKENS, timeout=PROBE_TIMEOUT_SECONDS)
+        return answer, probes.get(f"{url}/server_info", timeout=PROBE_TIMEOUT_SECONDS)
+
+    answers = await asyncio.gather(*(asyncio.to_thread(probe, url) for url in urls))
+    return dict(zip(urls, answers, strict=True))
+
+
+# Judging, rung by rung
+
+
+def route_rung(gateway: remote.Reading | None, state: State) -> Rung:
+    rung = Rung(1, "route")
+    if gateway is None:
+        rung.saw("the inventory has no gateway", FAIL)
+        return rung
+    if gateway.error:
+        rung.saw(gateway.error, FAIL)
+        return rung
+    expected = serving_deployments(state)
+    for role in ROLES:
+        answer = gateway.values[f"role {role}"]
+        found = answer_problems(role, answer, expected[role], PROBE_TOKENS)
+        served = answer.headers.get("x-litellm-model-id", "nobody")
+        rung.saw(f"role {role}: served by {served} in {answer.seconds:.2f}s")
+        for problem in found:
+            rung.saw(problem, FAIL)
+    return rung
+
+
+def serving_rung(answers: dict[str, tuple[Any, Any]], state: State, model: str) -> Rung:
+    rung = Rung(2, "serving")
+    for url, (answer, info) in answers.items():
+        found = probes.completion_problems(answer, PROBE_TOKENS)
+        if found:
+            health = probes.get(f"{url}/health", timeout=PROBE_TIMEOUT_SECONDS)
+            if health.ok:
+                found.append("its /health answers 200, which proves nothing")
+            rung.saw(f"{url}: " + "; ".join(found), FAIL)
+            continue
+        rung.saw(f"{url}: {PROBE_TOKENS} tokens in {answer.seconds:.2f}s")
+        if state.serving == "tp2":
+            for problem in server_info_problems(info.body, 2, state.speculative, model):
+                rung.saw(f"{url}: {problem}", FAIL)
+    return rung
+
+
+def since_start(lines: list[str]) -> list[str]:
+    """The lines of a log since the server last started (SGLang's ``server_args=`` line)."""
+    starts = [index for index, line in enumerate(lines) if "server_args=" in line]
+    return lines[starts[-1]:] if starts else lines
+
+
+def ranks_rung(topology: Topology, first: dict[str, remote.Reading]) -> Rung:
+    rung = Rung(3, "ranks")
+    for entry in topology.workstations:
+        reading = first[entry.name]
+        if reading.error:
+            rung.saw(f"{entry.name}: {reading.error}", FAIL)
+            continue
+        for key, process in reading.values.items():
+            if not key.startswith("process "):
+                continue
+            name = key.removeprefix("process ")
+            if not process["running"]:
+                rung.saw(f"{entry.name} {name}: not running ({process['status']})", FAIL)
+                continue
+            rung.saw(f"{entry.name} {name}: pid {process['pid']}, up "
+                     f"{process['seconds'] or 0:.0f}s")
+            trouble = [line for line in since_start(reading.values[f"log {name}"])
+                       if TROUBLE.search(line)]
+            for line in trouble[-3:]:
+                rung.saw(f"{entry.name} {name} log: {line.strip()}", FAIL)
+    return rung
+
+
+def sockets_rung(topology: Topology, state: State, first: dict[str, remote.Reading],
+                 second: dict[str, remote.Reading]) -> Rung:
+    rung = Rung(4, "sockets")
+    if state.serving != "tp2":
+        rung.saw(f"{state.name} runs no TP group", SKIP)
+        return rung
+    for entry in topology.workstations:
+        before, after = first[entry.name], second[entry.name]
+        if before.error or after.error:
+            rung.saw(f"{entry.name}: {before.error or after.error}", FAIL)
+            continue
+        data = entry.data
+        process = before.values[f"process {TP_RANKS[data['rank']]}"]
+        held = (transport.connections_of(after.values["connections"], process["pid"])
+                if process["pid"] else [])
+        for problem in transport.connection_problems(
+                held, data["thunderbolt_address"], data["peer_thunderbolt_address"],
+                data["serving_port"], data["link_interface"]):
+            rung.saw(f"{entry.name}: {problem}", FAIL)
+        deltas = socket_deltas(before.values["sockets"], after.values["sockets"])
+        rung.saw(f"{entry.name}: {len(held)} connection(s) of the rank; {deltas['count']} "
+                 f"socket(s) to the peer retransmitted {deltas['retrans']} segment(s) during "
+                 "the probes")
+    return rung
+
+
+def interface_rung(topology: Topology, state: State, first: dict[str, remote.Reading],
+                   second: dict[str, remote.Reading]) -> Rung:
+    rung = Rung(5, "thunderbolt0")
+    for entry in topology.workstations:
+        before, after = first[entry.name], second[entry.name]
+        if before.error or after.error:
+            rung.saw(f"{entry.name}: {before.error or after.error}", FAIL)
+            continue
+        data = entry.data
+        interface, address = data["link_interface"], data["thunderbolt_address"]
+        seen = before.values["interface"]
+        if not seen["exists"] or not seen["carrier"]:
+            rung.saw(f"{entry.name}: {interface} "
+                     f"{'has no carrier' if seen['exists'] else 'does not exist'}", FAIL)
+            continue
+        if address not in seen["addresses"]:
+            rung.saw(f"{entry.name}: {interface} lacks its address {address}", FAIL)
+        peer = data["peer_thunderbolt_address"]
+        if not after.values["answers"]:
+            rung.saw(f"{entry.name}: {peer} does not answer across {interface} although it has "
+                     "carrier: no traffic moves", FAIL)
+        errors = (after.values["counters"].get(RECEIVER_ERRORS, 0)
+                  - before.values["counters"].get(RECEIVER_ERRORS, 0))
+        window = after.at - before.at
+        text = (f"{entry.name}: {interface} up, {address}; {errors} receiver error(s) in "
+                f"{window:.1f}s")
+        if errors > 0:
+            # The stock driver's corruption is what the candidate is for; under the
+            # candidate, a receiver error means it is not doing its job.
+            rung.saw(text, FAIL if state.driver == "candidate" else WARN)
+        else:
+            rung.saw(text)
+    return rung
+
+
+def driver_rung(topology: Topology, state: State, first: dict[str, remote.Reading]) -> Rung:
+    rung = Rung(6, "driver")
+    for entry in topology.workstations:
+        reading = first[entry.name]
+        if reading.error:
+            rung.saw(f"{entry.name}: {reading.error}", FAIL)
+            continue
+        data = entry.data
+        candidate = CandidateModule(data.get("candidate_path"), data.get("candidate_sha256"),
+                                    data["candidate_module_name"])
+        try:
+            candidate_build = candidate.build_id
+        except (OSError, AttributeError, StopIteration):
+            candidate_build = None
+        value, text = classify_driver(reading.values["module"], reading.values["stock_build"],
+                                      candidate_build)
+        rung.saw(f"{entry.name}: {text}", PASS if value == state.driver else FAIL)
+        peer = reading.values["peer"]
+        if peer is None:
+            rung.saw(f"{entry.name}: no peer advertises a ThunderboltIP service", FAIL)
+        elif state.driver == "candidate" and not peer["prtcstns"] & TBNET_E2E:
+            rung.saw(f"{entry.name}: the peer does not advertise E2E (service {peer['service']} "
+                     f"prtcstns 0x{peer['prtcstns']:08x}, bit 0 clear) under tx_e2e=1", FAIL)
+        else:
+            rung.saw(f"{entry.name}: the peer advertises prtcstns 0x{peer['prtcstns']:08x}")
+    return rung
+
+
+def xdomain_rung(topology: Topology, first: dict[str, remote.Reading]) -> Rung:
+    rung = Rung(7, "xdomain")
+    for entry in topology.workstations:
+        reading = first[entry.name]
+        if reading.error:
+            rung.saw(f"{entry.name}: {reading.error}", FAIL)
+            continue
+        xdomain = reading.values["xdomain"]
+        if xdomain is None:
+            rung.saw(f"{entry.name}: no XDomain peer is connected", FAIL)
+            continue
+        lanes = min(xdomain["rx_lanes"], xdomain["tx_lanes"])
+        rate = min(xdomain["rx_speed_gbps"], xdomain["tx_speed_gbps"]) * lanes
+        expected = (entry.data["link_expected_rate_gbps"], entry.data["link_expected_lanes"])
+        text = (f"{entry.name}: {rate:g} Gb/s over {lanes} lane(s) to {xdomain['peer']} "
+                f"(device {xdomain['device']}), expected {expected[0]:g} over {expected[1]}")
+        rung.saw(text, PASS if (rate, lanes) == expected else FAIL)
+    return rung
+
+
+def host_rung(topology: Topology, first: dict[str, remote.Reading]) -> Rung:
+    rung = Rung(8, "host")
+    for entry in topology.workstations:
+        reading = first[entry.name]
+        if reading.error:
+            rung.saw(f"{entry.name}: {reading.error}", FAIL)
+            continue
+        gpus = reading.values["gpus"]
+        rung.saw(f"{entry.name}: " + (", ".join(f"GPU {gpu['index']} {gpu['name']}"
+                                               for gpu in gpus) or "no GPU"),
+                 PASS if gpus else FAIL)
+        owner = reading.values["lock"]
+        if owner is not None:
+            rung.saw(f"{entry.name}: a run holds the lock: {owner.describe()}", WARN)
+        rung.saw(f"{entry.name}: unsigned modules "
+                 + (f"refused ({', '.join(reading.values['signatures'])})"
+                    if reading.values["signatures"] else "load"))
+    return rung
+
+
+# The walk
+
+
+def judged_against(status: Status) -> tuple[State, str]:
+    """The declared state to judge by: the one matched, else the closest."""
+    if status.match:
+        return STATES[status.match], "matches"
+    name, layers = status.closest()
+    return STATES[name], f"drifted: closest; {', '.join(layers)} differ"
+
+
+async def diagnose(topology: Topology) -> Diagnosis:
+    """Walk every rung once, read-only, within bounded probes."""
+    started = time.monotonic()
+    status = await observe(topology)
+    state, observed = judged_against(status)
+    workstations = {entry.name: entry for entry in topology.workstations}
+    first = await remote.read_all({name: first_reading(entry, state)
+                                   for name, entry in workstations.items()},
+                                  topology.ssh_config)
+    gateway_reads = (remote.read_all({topology.gateway.name: gateway_reading(topology.gateway)},
+                                     topology.ssh_config)
+                     if topology.gateway else asyncio.sleep(0, {}))
+    gateway, answers = await asyncio.gather(gateway_reads, server_probes(topology, state))
+    second = await remote.read_all({name: second_reading(entry)
+                                    for name, entry in workstations.items()},
+                                   topology.ssh_config)
+    model = topology.workstations[0].data["serving_served_model_name"]
+    rungs = [
+        route_rung(gateway.get(topology.gateway.name) if topology.gateway else None, state),
+        serving_rung(answers, state, model),
+        ranks_rung(topology, first),
+        sockets_rung(topology, state, first, second),
+        interface_rung(topology, state, first, second),
+        driver_rung(topology, state, first),
+        xdomain_rung(topology, first),
+        host_rung(topology, first),
+    ]
+    return Diagnosis(state.name, observed, rungs, time.monotonic() - started)

@@ -1,0 +1,108 @@
+"""diagnose's rungs, judged from readings of the real shape, and the cause it names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness import diagnose
+from harness.remote import Reading
+from harness.topology import Topology
+from operations.hosts import InventoryEntry
+from operations.probes import Answer
+from operations.states import STATES
+
+TP2_E2E, PRODUCTION = STATES["tp2_e2e"], STATES["production"]
+
+
+def workstation(name: str, rank: int, address: str, peer: str) -> InventoryEntry:
+    return InventoryEntry(name, ("workstations",), {
+        "rank": rank, "ssh_hostname": f"10.0.0.{rank + 1}", "thunderbolt_address": address,
+        "peer_thunderbolt_address": peer, "link_interface": "thunderbolt0",
+        "link_expected_rate_gbps": 20.0, "link_expected_lanes": 1, "serving_port": 30000,
+        "candidate_module_name": "thunderbolt_net", "candidate_path": None,
+        "candidate_sha256": None})
+
+
+TOPOLOGY = Topology((workstation("wsa", 0, "169.254.77.1", "169.254.77.2"),
+                     workstation("wsb", 1, "169.254.77.2", "169.254.77.1")), None, Path("x"))
+
+
+def readings(at: float, **values: object) -> dict[str, Reading]:
+    """Both workstations read alike: a healthy link unless ``values`` says otherwise."""
+    healthy = {
+        "interface": {"exists": True, "carrier": True,
+                      "addresses": ["169.254.77.1", "169.254.77.2"]},
+        "counters": {"rx_errors": 0}, "answers": True, "sockets": {},
+        "xdomain": {"device": "0-1", "peer": "peer", "rx_speed_gbps": 20.0,
+                    "tx_speed_gbps": 20.0, "rx_lanes": 1, "tx_lanes": 1, "others": []},
+    }
+    return {name: Reading(name, {**healthy, **values}, at) for name in ("wsa", "wsb")}
+
+
+def test_the_cause_is_the_lowest_failing_rung_with_its_fix() -> None:
+    rungs = [diagnose.Rung(number, name) for number, name in
+             enumerate(("route", "serving", "ranks", "sockets", "thunderbolt0"), start=1)]
+    rungs[1].saw("rank 0 serves nothing", diagnose.FAIL)
+    rungs[4].saw("no traffic moves", diagnose.FAIL)
+    rungs[2].saw("old lines", diagnose.WARN)
+    found = diagnose.Diagnosis("tp2_e2e", "matches", rungs, 1.0)
+    assert found.cause is rungs[4]
+    assert "cause: rung 5 (thunderbolt0) is the first boundary from the cable up" in found.render()
+    assert found.to_json()["cause"]["rung"] == 5
+    assert diagnose.Diagnosis("tp2_e2e", "matches", rungs[:1], 1.0).cause is None
+
+
+def test_a_stalled_link_fails_thunderbolt0_and_a_rising_error_count_fails_the_candidate() -> None:
+    before = readings(0.0)
+    after = readings(2.0, answers=False, counters={"rx_errors": 4})
+    rung = diagnose.interface_rung(TOPOLOGY, TP2_E2E, before, after)
+    assert rung.verdict == diagnose.FAIL
+    assert ("FAIL: wsa: 169.254.77.2 does not answer across thunderbolt0 although it has "
+            "carrier: no traffic moves") in rung.evidence
+    assert "FAIL: wsb: thunderbolt0 up, 169.254.77.2; 4 receiver error(s) in 2.0s" in rung.evidence
+
+
+def test_receiver_errors_under_the_stock_driver_are_a_warning_not_a_failure() -> None:
+    rung = diagnose.interface_rung(TOPOLOGY, PRODUCTION, readings(0.0),
+                                   readings(2.0, counters={"rx_errors": 4}))
+    assert rung.verdict == diagnose.WARN
+
+
+def test_a_link_at_10g_fails_the_xdomain_rung_naming_rate_and_peer() -> None:
+    slow = {"device": "0-1", "peer": "wsb", "rx_speed_gbps": 10.0, "tx_speed_gbps": 10.0,
+            "rx_lanes": 1, "tx_lanes": 1, "others": []}
+    rung = diagnose.xdomain_rung(TOPOLOGY, readings(0.0, xdomain=slow))
+    assert rung.verdict == diagnose.FAIL
+    assert rung.evidence[0] == ("FAIL: wsa: 10 Gb/s over 1 lane(s) to wsb (device 0-1), "
+                                "expected 20 over 1")
+    assert diagnose.xdomain_rung(TOPOLOGY, readings(0.0)).verdict == diagnose.PASS
+
+
+def test_a_rank_log_counts_only_since_the_server_last_started() -> None:
+    lines = ["[TP0] Scheduler hit an exception: PeerLost", "[TP0] server_args=ServerArgs(...)",
+             "[TP0] The server is fired up and ready to roll!"]
+    assert diagnose.since_start(lines) == lines[1:]
+    process = {"running": True, "pid": 7, "seconds": 12.0, "status": "run"}
+    healthy = readings(0.0, **{"process sglang-tp2-rank0": process, "log sglang-tp2-rank0": lines})
+    assert diagnose.ranks_rung(TOPOLOGY, healthy).verdict == diagnose.PASS
+    crashed = readings(0.0, **{"process sglang-tp2-rank0": process,
+                               "log sglang-tp2-rank0": [*lines, "[TP0] NCCL WARN timeout"]})
+    rung = diagnose.ranks_rung(TOPOLOGY, crashed)
+    assert rung.verdict == diagnose.FAIL
+    assert "FAIL: wsa sglang-tp2-rank0 log: [TP0] NCCL WARN timeout" in rung.evidence
+
+
+def test_the_route_names_who_served_each_role_and_fails_a_missing_fallback() -> None:
+    def answered(deployment: str) -> Answer:
+        return Answer("http://gw:4000/v1/chat/completions", 200,
+                      {"choices": [{"message": {"content": "a b c d e f g h"}}],
+                       "usage": {"completion_tokens": 8}},
+                      {"x-litellm-model-id": deployment}, None, 0.2)
+
+    gateway = Reading("gw", {"role small": answered("small-router"),
+                             "role large": answered("large-backend")}, 0.0)
+    assert diagnose.route_rung(gateway, PRODUCTION).verdict == diagnose.PASS
+    rung = diagnose.route_rung(gateway, TP2_E2E)
+    assert rung.verdict == diagnose.FAIL
+    assert "FAIL: role small: it was served by deployment 'small-router', not 'large-backend'" \
+        in " ".join(rung.evidence)
