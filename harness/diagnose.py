@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -47,7 +48,7 @@ from operations.driver import (
 )
 from operations.gateway import ROLES, RoleAnswer, answer_problems, serving_deployments
 from operations.gpu import Gpus
-from operations.link import InterfaceState, PeerAnswers, XDomainLink
+from operations.link import InterfaceState, PeerAnswers, XDomainLink, trained_rate
 from operations.lock import HostLock
 from operations.services import ServiceLog, ServiceProcess
 from operations.serving import REPLICA, TP_RANKS, server_info_problems
@@ -199,6 +200,18 @@ async def server_probes(topology: Topology, state: State) -> dict[str, tuple[Any
 # Judging, rung by rung
 
 
+def readable(rung: Rung, topology: Topology,
+             *readings: dict[str, remote.Reading]) -> Iterator[tuple[Any, ...]]:
+    """Each workstation and its readings; one that could not be read fails ``rung``."""
+    for entry in topology.workstations:
+        read = [reading[entry.name] for reading in readings]
+        error = next((each.error for each in read if each.error), None)
+        if error:
+            rung.saw(f"{entry.name}: {error}", FAIL)
+            continue
+        yield entry, *read
+
+
 def route_rung(gateway: remote.Reading | None, state: State) -> Rung:
     rung = Rung(1, "route")
     if gateway is None:
@@ -243,11 +256,7 @@ def since_start(lines: list[str]) -> list[str]:
 
 def ranks_rung(topology: Topology, first: dict[str, remote.Reading]) -> Rung:
     rung = Rung(3, "ranks")
-    for entry in topology.workstations:
-        reading = first[entry.name]
-        if reading.error:
-            rung.saw(f"{entry.name}: {reading.error}", FAIL)
-            continue
+    for entry, reading in readable(rung, topology, first):
         for key, process in reading.values.items():
             if not key.startswith("process "):
                 continue
@@ -270,11 +279,7 @@ def sockets_rung(topology: Topology, state: State, first: dict[str, remote.Readi
     if state.serving != "tp2":
         rung.saw(f"{state.name} runs no TP group", SKIP)
         return rung
-    for entry in topology.workstations:
-        before, after = first[entry.name], second[entry.name]
-        if before.error or after.error:
-            rung.saw(f"{entry.name}: {before.error or after.error}", FAIL)
-            continue
+    for entry, before, after in readable(rung, topology, first, second):
         data = entry.data
         process = before.values[f"process {TP_RANKS[data['rank']]}"]
         held = (transport.connections_of(after.values["connections"], process["pid"])
@@ -293,11 +298,7 @@ def sockets_rung(topology: Topology, state: State, first: dict[str, remote.Readi
 def interface_rung(topology: Topology, state: State, first: dict[str, remote.Reading],
                    second: dict[str, remote.Reading]) -> Rung:
     rung = Rung(5, "thunderbolt0")
-    for entry in topology.workstations:
-        before, after = first[entry.name], second[entry.name]
-        if before.error or after.error:
-            rung.saw(f"{entry.name}: {before.error or after.error}", FAIL)
-            continue
+    for entry, before, after in readable(rung, topology, first, second):
         data = entry.data
         interface, address = data["link_interface"], data["thunderbolt_address"]
         seen = before.values["interface"]
@@ -327,11 +328,7 @@ def interface_rung(topology: Topology, state: State, first: dict[str, remote.Rea
 
 def driver_rung(topology: Topology, state: State, first: dict[str, remote.Reading]) -> Rung:
     rung = Rung(6, "driver")
-    for entry in topology.workstations:
-        reading = first[entry.name]
-        if reading.error:
-            rung.saw(f"{entry.name}: {reading.error}", FAIL)
-            continue
+    for entry, reading in readable(rung, topology, first):
         data = entry.data
         candidate = CandidateModule(data.get("candidate_path"), data.get("candidate_sha256"),
                                     data["candidate_module_name"])
@@ -355,17 +352,12 @@ def driver_rung(topology: Topology, state: State, first: dict[str, remote.Readin
 
 def xdomain_rung(topology: Topology, first: dict[str, remote.Reading]) -> Rung:
     rung = Rung(7, "xdomain")
-    for entry in topology.workstations:
-        reading = first[entry.name]
-        if reading.error:
-            rung.saw(f"{entry.name}: {reading.error}", FAIL)
-            continue
+    for entry, reading in readable(rung, topology, first):
         xdomain = reading.values["xdomain"]
         if xdomain is None:
             rung.saw(f"{entry.name}: no XDomain peer is connected", FAIL)
             continue
-        lanes = min(xdomain["rx_lanes"], xdomain["tx_lanes"])
-        rate = min(xdomain["rx_speed_gbps"], xdomain["tx_speed_gbps"]) * lanes
+        rate, lanes = trained_rate(xdomain)
         expected = (entry.data["link_expected_rate_gbps"], entry.data["link_expected_lanes"])
         text = (f"{entry.name}: {rate:g} Gb/s over {lanes} lane(s) to {xdomain['peer']} "
                 f"(device {xdomain['device']}), expected {expected[0]:g} over {expected[1]}")
@@ -375,11 +367,7 @@ def xdomain_rung(topology: Topology, first: dict[str, remote.Reading]) -> Rung:
 
 def host_rung(topology: Topology, first: dict[str, remote.Reading]) -> Rung:
     rung = Rung(8, "host")
-    for entry in topology.workstations:
-        reading = first[entry.name]
-        if reading.error:
-            rung.saw(f"{entry.name}: {reading.error}", FAIL)
-            continue
+    for entry, reading in readable(rung, topology, first):
         gpus = reading.values["gpus"]
         rung.saw(f"{entry.name}: " + (", ".join(f"GPU {gpu['index']} {gpu['name']}"
                                                for gpu in gpus) or "no GPU"),

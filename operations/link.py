@@ -142,6 +142,12 @@ class RouteInterface(FactBase):
 # Evidence
 
 
+def trained_rate(xdomain: dict) -> tuple[float, int]:
+    """The link's rate (Gb/s, all lanes) and width: the slower direction's, the narrower's."""
+    lanes = min(xdomain["rx_lanes"], xdomain["tx_lanes"])
+    return min(xdomain["rx_speed_gbps"], xdomain["tx_speed_gbps"]) * lanes, lanes
+
+
 def link_problems(interface: str, address: str, peer_address: str,
                   expected_rate_gbps: float, expected_lanes: int,
                   address_owner: str = "twinbolt",
@@ -168,8 +174,7 @@ def link_problems(interface: str, address: str, peer_address: str,
                 f"({', '.join([xdomain['device'], *xdomain['others']])}): twinbolt drives "
                 "exactly one host-to-host link; disconnect the others"], False
     found = []
-    lanes = min(xdomain["rx_lanes"], xdomain["tx_lanes"])
-    rate = min(xdomain["rx_speed_gbps"], xdomain["tx_speed_gbps"]) * lanes
+    rate, lanes = trained_rate(xdomain)
     if rate != expected_rate_gbps or lanes != expected_lanes:
         found.append(
             f"the link to {xdomain['peer']} trained at {rate:g} Gb/s over {lanes} lane(s), "
