@@ -166,13 +166,14 @@ def connection_problems(connections: list[dict[str, Any]], address: str, peer_ad
     """What is wrong with a TP rank's connections: any off the link, or none on it."""
     group, off_link = [], []
     for connection in connections:
-        (local, port), (peer, _) = endpoint(connection["local"]), endpoint(connection["peer"])
+        (local, port), (peer, peer_port) = (endpoint(connection["local"]),
+                                            endpoint(connection["peer"]))
         if port == http_port or ip_address(local).is_loopback:
             continue  # its HTTP clients, and its own processes talking among themselves
         if (local, peer) == (address, peer_address):
             group.append(connection)
         else:
-            off_link.append(f"{connection['local']} -> {connection['peer']}")
+            off_link.append(f"{local}:{port} -> {peer}:{peer_port}")
     found = []
     if off_link:
         found.append(f"the TP group's transport is not {interface}: its connections "

@@ -106,3 +106,12 @@ def test_the_route_names_who_served_each_role_and_fails_a_missing_fallback() -> 
     assert rung.verdict == diagnose.FAIL
     assert "FAIL: role small: it was served by deployment 'small-router', not 'large-backend'" \
         in " ".join(rung.evidence)
+
+
+def test_every_query_of_both_readings_builds_its_command() -> None:
+    """A fact's command may be a method or a plain string (Gpus): both must reach the script."""
+    entry = workstation("wsa", 0, "169.254.77.1", "169.254.77.2")
+    entry.data.update(serving_init_system="runit", run_dir="/run/twinbolt")
+    for state in (TP2_E2E, PRODUCTION):
+        for query in (*diagnose.first_reading(entry, state), *diagnose.second_reading(entry)):
+            assert isinstance(query.command(), str) and query.command(), query.key

@@ -52,7 +52,8 @@ def test_a_group_on_the_link_passes_http_clients_and_loopback_aside() -> None:
 
 
 def test_a_connection_off_the_link_names_the_transport_and_the_variables() -> None:
-    wrong = [*OUTPUT[:5], '0 0 10.66.0.11:41000 10.66.0.12:38000 users:(("python",pid=4250,fd=9))']
+    wrong = [*OUTPUT[:5],
+             '0 0 10.66.0.11%eth0:41000 10.66.0.12:38000 users:(("python",pid=4250,fd=9))']
     found = connection_problems(connections_of(Connections().process(wrong), 4242), **RANK0)
     assert len(found) == 2
     assert found[0].startswith("the TP group's transport is not thunderbolt0: its connections "
