@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 LAB_VENV := .venv-lab
 LAB_PY := $(LAB_VENV)/bin/python
 APT_PACKAGES := openssh-server openssh-client runit kmod iptables iproute2 iputils-ping \
-	binutils gcc procps util-linux zstd xz-utils
+	binutils gcc procps util-linux zstd xz-utils sudo
 # The demo's windows are short: it shows the experiment, it is not the campaign.
 DEMO_WINDOWS := --window single --window concurrent --single-tokens 128 \
 	--concurrent-requests 4 --concurrent-tokens 64

@@ -14,7 +14,7 @@ between its hosts; the rest is ``group_data/``.
 import os
 from pathlib import Path
 
-from operations.site import SITE_ENV, load_site
+from operations.site import SITE_ENV, load_site, sudo_data
 
 if os.environ.get(SITE_ENV):
     _site = load_site(os.environ[SITE_ENV])
@@ -28,19 +28,25 @@ else:
     _CANDIDATE = _LAB / "modules" / "candidate" / "thunderbolt_net.ko"
     _CANDIDATE_SHA256 = _CANDIDATE.with_name(_CANDIDATE.name + ".sha256")
 
-    def _lab_ssh(address: str) -> dict[str, object]:
+    # As on a real site, some hosts are reached as an unprivileged admin account
+    # with passwordless sudo (the lab's `twinbolt`, a real sudoers entry), one as root.
+    _OPERATOR = "twinbolt"
+
+    def _lab_ssh(address: str, user: str = "root") -> dict[str, object]:
         return {
             "ssh_hostname": address,
-            "ssh_user": "root",
+            "ssh_user": user,
             "ssh_port": 22,
             "ssh_key": str(_LAB / "ssh" / "id_ed25519"),
             "ssh_known_hosts_file": str(_LAB / "ssh" / "known_hosts"),
             "ssh_strict_host_key_checking": "yes",
+            **sudo_data(user != "root"),
         }
 
-    def _lab_workstation(rank: int, address: str, link: str, peer_link: str) -> dict[str, object]:
+    def _lab_workstation(rank: int, address: str, link: str, peer_link: str,
+                         user: str = "root") -> dict[str, object]:
         return {
-            **_lab_ssh(address),
+            **_lab_ssh(address, user),
             "rank": rank,
             "thunderbolt_address": link,
             "peer_thunderbolt_address": peer_link,
@@ -55,8 +61,8 @@ else:
         }
 
     workstations = [
-        ("wsa", _lab_workstation(0, "10.66.0.11", "169.254.77.1", "169.254.77.2")),
+        ("wsa", _lab_workstation(0, "10.66.0.11", "169.254.77.1", "169.254.77.2", _OPERATOR)),
         ("wsb", _lab_workstation(1, "10.66.0.12", "169.254.77.2", "169.254.77.1")),
     ]
-    gateway = [("gw", _lab_ssh("10.66.0.13"))]
+    gateway = [("gw", _lab_ssh("10.66.0.13", _OPERATOR))]
     lab = ["wsa", "wsb", "gw"]

@@ -117,7 +117,7 @@ def from_reading(reading: remote.Reading) -> LinkSnapshot:
 async def snapshot(topology: Topology) -> dict[str, LinkSnapshot]:
     """Both workstations' links, read at once."""
     readings = await remote.read_all(
-        {entry.name: queries(entry.data) for entry in topology.workstations},
+        {entry: queries(entry.data) for entry in topology.workstations},
         topology.ssh_config,
     )
     return {host: from_reading(reading) for host, reading in readings.items()}

@@ -397,16 +397,15 @@ async def diagnose(topology: Topology) -> Diagnosis:
     started = time.monotonic()
     status = await observe(topology)
     state, observed = judged_against(status)
-    workstations = {entry.name: entry for entry in topology.workstations}
-    first = await remote.read_all({name: first_reading(entry, state)
-                                   for name, entry in workstations.items()},
+    first = await remote.read_all({entry: first_reading(entry, state)
+                                   for entry in topology.workstations},
                                   topology.ssh_config)
-    gateway_reads = (remote.read_all({topology.gateway.name: gateway_reading(topology.gateway)},
+    gateway_reads = (remote.read_all({topology.gateway: gateway_reading(topology.gateway)},
                                      topology.ssh_config)
                      if topology.gateway else asyncio.sleep(0, {}))
     gateway, answers = await asyncio.gather(gateway_reads, server_probes(topology, state))
-    second = await remote.read_all({name: second_reading(entry)
-                                    for name, entry in workstations.items()},
+    second = await remote.read_all({entry: second_reading(entry)
+                                    for entry in topology.workstations},
                                    topology.ssh_config)
     model = topology.workstations[0].data["serving_served_model_name"]
     rungs = [

@@ -6,18 +6,22 @@ for pyinfra to connect, and its counters must be read at one instant), but it
 must read them exactly as the layers do. So it runs the layers' own facts: each
 fact's ``command`` goes into one shell script, and each section of the output
 goes to that fact's ``process``, with pyinfra's rule that a failed or silent
-command yields the fact's ``default``.
+command yields the fact's ``default``. On a host that is reached as a user with
+sudo, the script runs under sudo, as pyinfra runs the facts there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pyinfra.api import FactBase, StringCommand
+
+from operations.hosts import InventoryEntry
 
 MARKER = "@@twinbolt-fact"
 SSH_TIMEOUT_SECONDS = 30.0
@@ -32,7 +36,10 @@ class Query:
     arguments: dict[str, Any] = field(default_factory=dict)
 
     def command(self) -> str:
-        command = self.fact.command(**self.arguments)
+        # A fact's command is a method, or (pyinfra allows it) a plain string.
+        command = self.fact.command
+        if callable(command):
+            command = command(**self.arguments)
         return command.get_raw_value() if isinstance(command, StringCommand) else command
 
 
@@ -80,11 +87,24 @@ def parse(output: str, queries: list[Query]) -> dict[str, Any]:
     return values
 
 
+def remote_command(script: str, sudo: bool = False) -> str:
+    """
+    The command line ``ssh`` has the remote shell run: ``script``, or with
+    ``sudo`` the script as root, wrapped as pyinfra wraps a command under
+    ``_sudo`` (``pyinfra.connectors.util.make_unix_command``), so that the
+    harness reads what the layers read, and never waits for a password.
+    """
+    return f"sudo -H -n sh -c {shlex.quote(script)}" if sudo else script
+
+
 async def read(host: str, queries: list[Query], ssh_config: Path,
-               timeout: float = SSH_TIMEOUT_SECONDS) -> Reading:
-    """Read ``queries`` on ``host`` (a name in ``ssh_config``) with one ``ssh`` command."""
+               timeout: float = SSH_TIMEOUT_SECONDS, sudo: bool = False) -> Reading:
+    """
+    Read ``queries`` on ``host`` (a name in ``ssh_config``) with one ``ssh``
+    command, under sudo with ``sudo``.
+    """
     process = await asyncio.create_subprocess_exec(
-        "ssh", "-F", str(ssh_config), host, script(queries),
+        "ssh", "-F", str(ssh_config), host, remote_command(script(queries), sudo),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -101,9 +121,15 @@ async def read(host: str, queries: list[Query], ssh_config: Path,
     return Reading(host, parse(stdout.decode(errors="replace"), queries), at)
 
 
-async def read_all(hosts: dict[str, list[Query]], ssh_config: Path) -> dict[str, Reading]:
-    """Read every host at once, so that their readings are taken at (nearly) one instant."""
+async def read_all(hosts: dict[InventoryEntry, list[Query]],
+                   ssh_config: Path) -> dict[str, Reading]:
+    """
+    Read every host at once, so that their readings are taken at (nearly) one
+    instant; each as its inventory data says (under sudo or not). The readings
+    are filed by host name.
+    """
     readings = await asyncio.gather(
-        *(read(host, queries, ssh_config) for host, queries in hosts.items())
+        *(read(entry.name, queries, ssh_config, sudo=entry.sudo)
+          for entry, queries in hosts.items())
     )
     return {reading.host: reading for reading in readings}

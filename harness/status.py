@@ -177,9 +177,9 @@ async def server_infos(urls: list[str]) -> dict[str, dict | None]:
 
 async def observe(topology: Topology) -> Status:
     """Read every host and every server once, and judge the layers."""
-    hosts = {entry.name: workstation_queries(entry.data) for entry in topology.workstations}
+    hosts = {entry: workstation_queries(entry.data) for entry in topology.workstations}
     if topology.gateway:
-        hosts[topology.gateway.name] = gateway_queries(topology.gateway.data)
+        hosts[topology.gateway] = gateway_queries(topology.gateway.data)
     urls = [server_url(entry) for entry in topology.workstations]
     readings, infos = await asyncio.gather(remote.read_all(hosts, topology.ssh_config),
                                            server_infos(urls))

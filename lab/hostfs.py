@@ -1,15 +1,17 @@
 """Each lab host's private files, laid out before the host boots.
 
-A host's ``/etc/sv``, ``/etc/service``, ``/var/log``, ``/var/lib`` and
-``/lib/modules`` (and, on workstations, ``/sys/module``, ``/sys/bus``, the
-link's statistics and the simulated commands in ``/usr/local/sbin``) are
-directories here, and its ``/etc/hosts`` and ``/root/.bashrc`` files here,
-all bind-mounted by ``lab.hostinit``.
+A host's ``/etc/sv``, ``/etc/service``, ``/etc/sudoers.d``, ``/var/log``,
+``/var/lib`` and ``/lib/modules`` (and, on workstations, ``/sys/module``,
+``/sys/bus``, the link's statistics and the simulated commands in
+``/usr/local/sbin``) are directories here, and its ``/etc/hosts``,
+``/etc/passwd``, ``/etc/group``, ``/etc/shadow`` and ``/root/.bashrc`` files
+here, all bind-mounted by ``lab.hostinit``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -17,6 +19,9 @@ from lab import faults, modules
 from lab.topology import (
     LARGE_BACKEND_PORT,
     LARGE_BACKEND_SERVICE,
+    OPERATOR,
+    OPERATOR_HOME,
+    OPERATOR_UID,
     PYTHON,
     REPO,
     LabHost,
@@ -56,6 +61,34 @@ def large_backend_run_script(host: LabHost) -> str:
     ])
 
 
+def accounts(root: Path) -> None:
+    """
+    The machine's accounts plus the lab's operator: an unprivileged user whose
+    only power is a real sudoers entry, as a site's admin account. Accounts the
+    gateway layer creates land in these copies, not in the machine's files.
+    """
+    etc = root / "etc"
+    etc.mkdir(parents=True, exist_ok=True)
+    entries = {
+        "passwd": f"{OPERATOR}:x:{OPERATOR_UID}:{OPERATOR_UID}:twinbolt lab operator:"
+                  f"{OPERATOR_HOME}:/bin/bash\n",
+        "group": f"{OPERATOR}:x:{OPERATOR_UID}:\n",
+        # "*": no password to log in with, yet not locked ("!"), so SSH keys work.
+        "shadow": f"{OPERATOR}:*:20000:0:99999:7:::\n",
+    }
+    for name, entry in entries.items():
+        shutil.copy2(f"/etc/{name}", etc / name)
+        with (etc / name).open("a") as file:
+            file.write(entry)
+    sudoers = etc / "sudoers.d"
+    sudoers.mkdir()
+    (sudoers / OPERATOR).write_text(f"{OPERATOR} ALL=(ALL) NOPASSWD: ALL\n")
+    (sudoers / OPERATOR).chmod(0o440)
+    home = root / "var-lib" / Path(OPERATOR_HOME).name
+    home.mkdir()
+    os.chown(home, OPERATOR_UID, OPERATOR_UID)
+
+
 def prepare(host: LabHost) -> None:
     """Lay out a host's files from nothing: a rebuilt host starts as if freshly booted."""
     shutil.rmtree(host.root, ignore_errors=True)
@@ -70,6 +103,7 @@ def prepare(host: LabHost) -> None:
     # sets up pyenv, would add its cost to every remote command.
     (host.root / "bashrc").write_text("# ~/.bashrc: as /etc/skel/.bashrc begins\n"
                                       "case $- in *i*) ;; *) return;; esac\n")
+    accounts(host.root)
     for model in MODEL_DIRS[host.workstation]:
         model_dir = host.root / "var-lib" / "models" / model
         model_dir.mkdir(parents=True)

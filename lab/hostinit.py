@@ -21,6 +21,10 @@ def private_mounts(host: LabHost) -> list[tuple[Path, str]]:
     """The host's own directories, bind-mounted over the real paths."""
     mounts = [
         (host.root / "hosts", "/etc/hosts"),
+        (host.root / "etc" / "passwd", "/etc/passwd"),
+        (host.root / "etc" / "group", "/etc/group"),
+        (host.root / "etc" / "shadow", "/etc/shadow"),
+        (host.root / "etc" / "sudoers.d", "/etc/sudoers.d"),
         (host.root / "bashrc", "/root/.bashrc"),
         (host.root / "etc-sv", "/etc/sv"),
         (host.root / "etc-service", "/etc/service"),

@@ -35,6 +35,12 @@ GPU_MEMORY_MIB = 32607
 LARGE_BACKEND_SERVICE = "lab-large"
 LARGE_BACKEND_PORT = 31000
 
+# The unprivileged account a site's admin would use: passwordless sudo, nothing
+# else. The inventory reaches wsa and gw as this user, wsb as root.
+OPERATOR = "twinbolt"
+OPERATOR_UID = 2990
+OPERATOR_HOME = "/var/lib/twinbolt-operator"
+
 
 @dataclass(frozen=True)
 class LabHost:
@@ -49,6 +55,7 @@ class LabHost:
     # as on the field report's pair where one direction corrupted more.
     stock_rx_drop: float = 0.0
     unique_id: str = ""
+    ssh_user: str = "root"
 
     @property
     def root(self) -> Path:
@@ -63,13 +70,13 @@ class LabHost:
 HOSTS: tuple[LabHost, ...] = (
     LabHost(
         "wsa", "10.66.0.11", True, "169.254.77.1", "wsb", 0.004,
-        "d1e5a000-0000-4a00-8000-00000000a0a0",
+        "d1e5a000-0000-4a00-8000-00000000a0a0", OPERATOR,
     ),
     LabHost(
         "wsb", "10.66.0.12", True, "169.254.77.2", "wsa", 0.012,
         "d1e5b000-0000-4b00-8000-00000000b0b0",
     ),
-    LabHost("gw", "10.66.0.13", False),
+    LabHost("gw", "10.66.0.13", False, ssh_user=OPERATOR),
 )
 WORKSTATIONS = tuple(host for host in HOSTS if host.workstation)
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from operations.site import SUDO
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -27,6 +29,14 @@ class InventoryEntry:
     name: str
     groups: tuple[str, ...]
     data: dict[str, Any] = field(hash=False)
+
+    @property
+    def sudo(self) -> bool:
+        """
+        Whether commands on this host run under sudo: pyinfra's already do (its
+        ``_sudo`` host data), and twinbolt's own must read what they changed.
+        """
+        return bool(self.data.get(SUDO))
 
 
 def inventory_entries(repo: Path = REPO) -> list[InventoryEntry]:

@@ -25,7 +25,7 @@ from pyinfra.api.command import PyinfraCommand
 from operations import probes
 from operations.attempt import failing, failure_message, refuse
 from operations.facts import EmptyMeansSomething
-from operations.phase import executing
+from operations.phase import executing, run_now
 
 SPEED = re.compile(r"([0-9.]+)\s*Gb/s")
 
@@ -122,15 +122,22 @@ class PeerAnswers(EmptyMeansSomething):
         return output == ["yes"]
 
 
+# The address RouteInterface takes for the machine this SSH session comes from.
+SSH_CLIENT = "ssh-client"
+
+
 class RouteInterface(FactBase):
     """
-    The interface this host would send to ``address`` through (``ip route get``);
-    ``address`` ``ssh-client`` means the machine this SSH session comes from.
+    The interface this host would send to ``address`` through (``ip route get``),
+    or ``None`` without a route; ``address`` ``ssh-client`` means the machine this
+    SSH session comes from (``SSH_CONNECTION``), and ``None`` then means the
+    session cannot tell. sudo resets the environment, and ``SSH_CONNECTION``
+    with it: read this fact with ``_sudo=False`` (``ip route get`` needs no root).
     """
 
     def command(self, address: str) -> StringCommand:
         script = (
-            'a="$1"; [ "$a" = ssh-client ] && set -- $SSH_CONNECTION && a="$1"; '
+            f'a="$1"; [ "$a" = {SSH_CLIENT} ] && set -- $SSH_CONNECTION && a="$1"; '
             '[ -n "$a" ] && ip route get "$a" | sed -n "s/.* dev \\([^ ]*\\).*/\\1/p"; true'
         )
         return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(address))
@@ -207,8 +214,8 @@ def apply_address(interface: str, address: str, prefix_length: int) -> None:
     """
     state = host.get_fact(InterfaceState, interface=interface)
     if state["exists"] and address not in state["addresses"]:
-        host.run_shell_command(StringCommand("ip", "addr", "add", f"{address}/{prefix_length}",
-                                             "dev", QuoteString(interface)))
+        run_now(StringCommand("ip", "addr", "add", f"{address}/{prefix_length}", "dev",
+                              QuoteString(interface)))
 
 
 def warn(state: Any, host: Any, found: list[str]) -> bool:
@@ -235,6 +242,9 @@ def management_path(interface: str, addresses: dict[str, str]) -> Iterator[Pyinf
     another host would cross the link: a driver reload cuts ``interface``, and
     with it whatever runs over it.
 
+    A session whose client cannot be told is refused too: a silent pass could
+    be the very session a reload cuts.
+
     + interface: the ThunderboltIP interface, ``thunderbolt0``
     + addresses: what must stay reachable, by role (``ssh-client`` is this SSH
       session's client)
@@ -249,12 +259,18 @@ def management_path(interface: str, addresses: dict[str, str]) -> Iterator[Pyinf
             addresses={"operator": "ssh-client", "gateway": "10.66.0.13"},
         )
     """
-    found = [
-        f"traffic to the {role} ({address}) would leave through {interface}, which a "
-        "driver reload takes down: give management its own network"
-        for role, address in addresses.items()
-        if host.get_fact(RouteInterface, address=address) == interface
-    ]
+    found = []
+    for role, address in addresses.items():
+        # Outside sudo, whose reset environment has no SSH_CONNECTION.
+        route = host.get_fact(RouteInterface, address=address, _sudo=False)
+        if route is None and address == SSH_CLIENT:
+            found.append(f"cannot tell where this SSH session comes from (SSH_CONNECTION is "
+                         f"not set on the host), so not whether the {role}'s traffic would "
+                         f"leave through {interface}, which a driver reload takes down: reach "
+                         "the host over SSH, without su or an environment that drops it")
+        elif route == interface:
+            found.append(f"traffic to the {role} ({address}) would leave through {interface}, "
+                         "which a driver reload takes down: give management its own network")
     if found:
         refuse("link", found)
     host.noop(f"management traffic does not cross {interface}")

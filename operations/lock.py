@@ -29,7 +29,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.command import PyinfraCommand
 
 from operations.attempt import refuse
-from operations.phase import executing
+from operations.phase import executing, run_now
 
 LOCK_NAME = "lock"
 
@@ -157,7 +157,7 @@ def held(run_dir: str, owner: RunOwner) -> Iterator[PyinfraCommand]:
         *(["rm", "-f", QuoteString(path), "&&"] if current is not None else []),
         "(", "set", "-C", ";", "echo", QuoteString(owner.line()), ">", QuoteString(path), ")",
     )
-    taken, output = host.run_shell_command(take)
+    taken, output = run_now(take)
     if not taken:
         refuse("lock", [f"another run took {path} at the same moment: {output.stderr}"])
     host.noop("this run holds the lock")
@@ -179,6 +179,6 @@ def released(run_dir: str, owner: RunOwner) -> Iterator[PyinfraCommand]:
         lock.released(name="Lock: released", run_dir="/run/twinbolt", owner=owner)
     """
     if executing() and host.get_fact(HostLock, run_dir=run_dir) == owner:
-        host.run_shell_command(StringCommand("rm", "-f", QuoteString(lock_path(run_dir))))
+        run_now(StringCommand("rm", "-f", QuoteString(lock_path(run_dir))))
     host.noop("the lock is released")
     yield from ()

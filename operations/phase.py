@@ -7,13 +7,29 @@ earlier operation's effect cannot judge then: it predicts, and judges for real
 when the body runs again at execute time.
 """
 
+from typing import Any
+
 from pyinfra import host, state
+from pyinfra.api import StringCommand
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.state import StateStage
 
 
 def executing() -> bool:
     """True while operations execute; false while pyinfra only predicts changes."""
     return state.current_stage == StateStage.Execute
+
+
+def run_now(command: StringCommand) -> tuple[bool, Any]:
+    """
+    Run ``command`` at once, inside an operation, as the operation's own commands
+    run: pyinfra applies the connector arguments (``_sudo`` from a site's host
+    data above all) to the commands an operation yields and to its facts, but
+    not to a direct ``host.run_shell_command``.
+    """
+    arguments = host.current_op_global_arguments or {}
+    return host.run_shell_command(command, **{key: value for key, value in arguments.items()
+                                              if key in CONNECTOR_ARGUMENT_KEYS})
 
 
 def elsewhere(settings: object | None, role: str) -> bool:

@@ -9,9 +9,9 @@ surfacing halfway through a transition with production already stopped.
 The models' defaults are the only place a default is written. Each host gets the
 site as flat pyinfra host data: TOML ``[section] key`` becomes ``section_key``
 (nested tables join with ``_`` too); a host table's ``ssh_*`` keys and
-``[ssh]`` become pyinfra's own SSH connector keys. ``group_data/`` publishes the
-same names with these defaults (via :func:`site_default`) for the embedded lab,
-which has no site file.
+``[ssh]`` become pyinfra's own SSH connector keys, and its ``sudo`` the data of
+:func:`sudo_data`. ``group_data/`` publishes the same names with these defaults
+(via :func:`site_default`) for the embedded lab, which has no site file.
 """
 
 import os
@@ -39,6 +39,10 @@ from pydantic import (
 from pyinfra.api.exceptions import InventoryError
 
 SITE_ENV = "TWINBOLT_SITE"
+
+# The host data key twinbolt's own SSH readers (the harness, testinfra) consult;
+# pyinfra's is its global argument ``_sudo``. Both come from :func:`sudo_data`.
+SUDO = "sudo"
 
 
 class SiteError(InventoryError):
@@ -106,13 +110,30 @@ class _Section(BaseModel):
 
 
 class Host(_Section):
-    """A host twinbolt reaches over SSH; the ``ssh_*`` keys are pyinfra's own."""
+    """
+    A host twinbolt reaches over SSH; the ``ssh_*`` keys are pyinfra's own, and
+    ``sudo`` runs every command of a non-root ``ssh_user`` through passwordless sudo.
+    """
 
     name: Text
     ssh_hostname: Text
     ssh_user: Text = "root"
     ssh_port: Port = 22
     ssh_key: LocalPath | None = None
+    sudo: bool = False
+
+    @model_validator(mode="after")
+    def _root_or_sudo(self) -> "Host":
+        # Without root the first insmod or service start would fail halfway
+        # through a transition, with production already stopped. sudo as root is
+        # pointless, yet harmless wherever sudo is installed: it is allowed.
+        if self.ssh_user != "root" and not self.sudo:
+            raise ValueError(
+                f"ssh_user {self.ssh_user!r} is not root, and twinbolt needs root (it loads "
+                "kernel modules and manages services): set sudo = true and give "
+                f"{self.ssh_user} passwordless sudo on the host, or set ssh_user = \"root\""
+            )
+        return self
 
 
 class Workstation(Host):
@@ -298,12 +319,29 @@ class Site(_Section):
 
     def _ssh_data(self, host: Host) -> dict[str, Any]:
         data = {
-            **host.model_dump(mode="json", include=set(Host.model_fields) - {"name"}),
+            **host.model_dump(mode="json", include=set(Host.model_fields) - {"name", "sudo"}),
             **_flat("ssh", self.ssh.model_dump(mode="json")),
         }
         # pyinfra type-checks its connector keys and refuses None: an unset
         # key must be absent so that pyinfra's own default applies.
-        return {key: value for key, value in data.items() if value is not None}
+        return {
+            **{key: value for key, value in data.items() if value is not None},
+            **sudo_data(host.sudo),
+        }
+
+
+def sudo_data(sudo: bool) -> dict[str, bool]:
+    """
+    The host data that runs a host's commands under sudo: none, or two keys.
+
+    ``_sudo`` is pyinfra's own global argument: pyinfra takes a global argument
+    found in host data as the default of every operation and fact of the run
+    (``pyinfra.api.arguments.pop_global_arguments``), and the rollback's new run
+    reads the same site. :data:`SUDO` is for twinbolt's own SSH commands, which
+    pyinfra does not run. Absent, not false, without sudo: a false ``_sudo``
+    would override ``pyinfra --sudo``, and the lab's root hosts need no key.
+    """
+    return {SUDO: True, "_sudo": True} if sudo else {}
 
 
 def _flat(prefix: str, values: dict[str, Any]) -> dict[str, Any]:

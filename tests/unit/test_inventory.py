@@ -1,9 +1,13 @@
 """inventory.py and group_data/, as pyinfra itself loads them (debug-inventory --json)."""
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
+
+from operations.hosts import InventoryEntry, inventory_entries
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / ".lab"
@@ -38,11 +42,15 @@ def test_lab_groups(inventory):
 
 
 def test_lab_ssh_data(inventory):
+    """wsa and gw are reached as an unprivileged account with sudo, wsb as root."""
     hosts = inventory()
-    for name, address in (("wsa", "10.66.0.11"), ("wsb", "10.66.0.12"), ("gw", "10.66.0.13")):
+    for name, address, user in (("wsa", "10.66.0.11", "twinbolt"), ("wsb", "10.66.0.12", "root"),
+                                ("gw", "10.66.0.13", "twinbolt")):
         data = hosts[name]["data"]
         assert data["ssh_hostname"] == address
-        assert data["ssh_user"] == "root"
+        assert data["ssh_user"] == user
+        assert (data.get("_sudo"), data.get("sudo")) == ((True, True) if user != "root"
+                                                         else (None, None))
         assert data["ssh_port"] == 22
         assert data["ssh_key"] == str(LAB / "ssh" / "id_ed25519")
         assert data["ssh_known_hosts_file"] == str(LAB / "ssh" / "known_hosts")
@@ -126,6 +134,29 @@ def test_site_values_win_over_group_data(inventory, write_site):
     site = write_site(MINIMAL_SITE + "\n[link]\nexpected_rate_gbps = 40.0\nexpected_lanes = 2\n")
     data = inventory(TWINBOLT_SITE=str(site))["ws0"]["data"]
     assert (data["link_expected_rate_gbps"], data["link_expected_lanes"]) == (40.0, 2)
+
+
+def test_a_sudo_host_is_one_for_pyinfra_and_for_twinbolts_own_readers(write_site, monkeypatch):
+    site = write_site(MINIMAL_SITE.replace('name = "ws0"\n',
+                                           'name = "ws0"\nssh_user = "ops"\nsudo = true\n', 1))
+    monkeypatch.delenv("TWINBOLT_LAB_STATE", raising=False)
+    monkeypatch.setenv("TWINBOLT_SITE", str(site))
+    entries = {entry.name: entry for entry in inventory_entries()}
+    assert (entries["ws0"].sudo, entries["ws0"].data["_sudo"]) == (True, True)
+    assert not entries["ws1"].sudo and "_sudo" not in entries["ws1"].data
+
+
+def test_testinfra_checks_a_sudo_host_under_sudo(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("verify_conftest",
+                                                  REPO / "tests" / "verify" / "conftest.py")
+    verify = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, verify)
+    spec.loader.exec_module(verify)
+    for name, data, command in (("ws0", {"sudo": True}, "sudo /bin/sh -c 'id -u'"),
+                                ("ws1", {}, "id -u")):
+        entry = InventoryEntry(name, ("workstations",), data)
+        handle = verify.inventory_host(entry, tmp_path / "ssh_config").host
+        assert handle.backend.get_command("id -u") == command
 
 
 def test_lab_hosts_have_every_key_a_site_gives(inventory, write_site):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,10 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 from operation_harness import run_operation
-from pyinfra.api import OperationError
+from pyinfra.api import Config, Inventory, OperationError, State
+from pyinfra.context import ctx_host, ctx_state
 
 from operations import link
-from operations.link import InterfaceState, PeerAnswers, XDomainLink
+from operations.link import InterfaceState, PeerAnswers, RouteInterface, XDomainLink
 
 LINK = dict(interface="thunderbolt0", address="169.254.77.1", peer_address="169.254.77.2")
 
@@ -178,3 +180,54 @@ def test_preflight_leaves_the_addresses_and_the_traffic_to_the_link_step() -> No
     assert run_operation(link.trained, facts(answers=False), wait=False, **LINK) == []
     run_operation(Problems, no_address, traffic=False)
     assert Problems.found == []
+
+
+MANAGEMENT = dict(interface="thunderbolt0",
+                  addresses={"operator": "ssh-client", "gateway": "10.66.0.13"})
+
+
+def routes_as_sudo_leaves_them(cls: type, kwargs: dict) -> str | None:
+    """eth0 for every address, but under sudo (the host's default) no SSH client is known."""
+    assert cls is RouteInterface
+    under_sudo = kwargs.get("_sudo", True)
+    return None if kwargs["address"] == "ssh-client" and under_sudo else "eth0"
+
+
+def test_the_management_path_is_read_outside_sudo() -> None:
+    assert run_operation(link.management_path, routes_as_sudo_leaves_them, **MANAGEMENT) == []
+
+
+def test_an_ssh_session_whose_client_is_unknown_is_refused_by_name() -> None:
+    routes = {"ssh-client": None, "10.66.0.13": "eth0"}
+    with pytest.raises(OperationError) as refused:
+        run_operation(link.management_path, lambda cls, kwargs: routes[kwargs["address"]],
+                      **MANAGEMENT)
+    assert str(refused.value).startswith(
+        "wsa: link layer: cannot tell where this SSH session comes from (SSH_CONNECTION is not "
+        "set on the host), so not whether the operator's traffic would leave through "
+        "thunderbolt0")
+
+
+def test_another_host_without_a_route_is_no_refusal() -> None:
+    routes = {"ssh-client": "eth0", "10.66.0.13": None}
+    assert run_operation(link.management_path, lambda cls, kwargs: routes[kwargs["address"]],
+                         **MANAGEMENT) == []
+
+
+@pytest.fixture
+def sudo_resetting_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``sudo`` first on ``PATH`` that drops SSH_CONNECTION, as sudo's env_reset does."""
+    (tmp_path / "sudo").write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\n'
+                                   'exec env -u SSH_CONNECTION "$@"\n')
+    (tmp_path / "sudo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("SSH_CONNECTION", "127.0.0.1 50000 127.0.0.1 22")
+
+
+@pytest.mark.usefixtures("sudo_resetting_the_environment")
+def test_pyinfra_reads_the_route_fact_outside_sudo_when_told_to() -> None:
+    state = State(Inventory(([("@local", {"_sudo": True})], {})), Config())
+    host = state.inventory.get_host("@local")
+    with ctx_state.use(state), ctx_host.use(host):
+        assert host.get_fact(RouteInterface, address="ssh-client") is None
+        assert host.get_fact(RouteInterface, address="ssh-client", _sudo=False) == "lo"

@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 from operation_harness import run_operation
-from pyinfra.api import OperationError
+from pyinfra.api import OperationError, StringCommand
 
-from operations import attempt, link, lock
+from operations import attempt, link, lock, phase
 from operations.link import RouteInterface
 from operations.lock import HostLock, RunOwner
 
@@ -134,3 +134,20 @@ def test_the_rollback_runs_once_and_only_after_a_failure(fresh_attempt) -> None:
                          runner="gw") == []
     assert run_operation(attempt.rolled_back, no_facts, executing=False,
                          on_failure="rollback", runner="wsa") == []
+
+
+def test_a_command_run_at_once_runs_as_the_operation_does_under_sudo(monkeypatch) -> None:
+    """The lock and the address are written by direct commands: they need the site's _sudo."""
+    ran: list[dict] = []
+
+    class Host:
+        current_op_global_arguments = {"_sudo": True, "_sudo_user": None,
+                                       "_ignore_errors": True, "_if": []}
+
+        def run_shell_command(self, command: object, **arguments: object) -> tuple[bool, None]:
+            ran.append(arguments)
+            return True, None
+
+    monkeypatch.setattr(phase, "host", Host())
+    assert phase.run_now(StringCommand("true")) == (True, None)
+    assert ran == [{"_sudo": True, "_sudo_user": None}]

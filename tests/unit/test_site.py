@@ -1,8 +1,16 @@
 """Site files: validated once, with errors that name the key and what it may be."""
 
+import os
 from pathlib import Path
 
 import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from pyinfra.api.operation import add_op
+from pyinfra.api.operations import run_ops
+from pyinfra.context import ctx_host, ctx_state
+from pyinfra.facts.server import Command
+from pyinfra.operations import server
 
 from operations.site import SiteError, load_site
 
@@ -76,7 +84,7 @@ def test_malformed_toml(write_site):
                 'ssh_prot = 1\nthunderbolt_address = "169.254.77.2"',
             ),
             "workstations.1.ssh_prot: unknown key; allowed here: name, ssh_hostname, ssh_user,"
-            " ssh_port, ssh_key, thunderbolt_address",
+            " ssh_port, ssh_key, sudo, thunderbolt_address",
             id="mistyped key",
         ),
         pytest.param(
@@ -168,3 +176,55 @@ def test_exactly_two_workstations(write_site):
     )
     (line,) = problems(write_site(edited("[gateway]", third + "\n[gateway]")))
     assert line == "workstations: List should have at most 2 items after validation, not 3"
+
+
+def test_a_non_root_user_without_sudo_is_refused_naming_the_fix(write_site):
+    text = edited('name = "gw0"\n', 'name = "gw0"\nssh_user = "ops"\n')
+    (line,) = problems(write_site(text))
+    assert line.startswith("gateway: ssh_user 'ops' is not root, and twinbolt needs root")
+    assert "set sudo = true and give ops passwordless sudo on the host" in line
+
+
+def test_a_non_root_user_with_sudo_runs_pyinfra_and_twinbolt_under_sudo(write_site):
+    text = edited('name = "ws0"\n', 'name = "ws0"\nssh_user = "ops"\nsudo = true\n')
+    site = load_site(write_site(text))
+    hosts = dict(site.workstation_hosts())
+    assert (hosts["ws0"]["ssh_user"], hosts["ws0"]["sudo"], hosts["ws0"]["_sudo"]) == (
+        "ops", True, True)
+    # Without sudo neither key is written: a false _sudo would override `pyinfra --sudo`.
+    assert "sudo" not in hosts["ws1"] and "_sudo" not in hosts["ws1"]
+
+
+def test_sudo_as_root_is_pointless_but_accepted(write_site):
+    site = load_site(write_site(edited('name = "gw0"\n', 'name = "gw0"\nsudo = true\n')))
+    assert dict(site.gateway_hosts())["gw0"]["_sudo"] is True
+
+
+@pytest.fixture
+def sudo_calls(tmp_path, monkeypatch) -> Path:
+    """A ``sudo`` first on ``PATH``: it logs its arguments to the returned file, runs the rest."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "sudo-calls"
+    sudo = bin_dir / "sudo"
+    sudo.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n'
+                    'while [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n')
+    sudo.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return calls
+
+
+def test_pyinfra_runs_a_sudo_hosts_operations_and_facts_under_sudo(write_site, sudo_calls):
+    # The site's host data, on pyinfra's local connector: pyinfra itself turns
+    # _sudo into `sudo -H -n` for each operation's commands and each fact.
+    text = edited('name = "ws0"\n', 'name = "ws0"\nssh_user = "ops"\nsudo = true\n')
+    data = dict(load_site(write_site(text)).workstation_hosts())["ws0"]
+    state = State(Inventory(([("@local", data)], {})), Config())
+    connect_all(state)
+    host = state.inventory.get_host("@local")
+    add_op(state, server.shell, commands=["echo operation"])
+    run_ops(state)
+    with ctx_state.use(state), ctx_host.use(host):
+        assert host.get_fact(Command, command="echo fact") == "fact"
+    assert sudo_calls.read_text().splitlines() == ["-H -n sh -c echo operation",
+                                                    "-H -n sh -c echo fact"]

@@ -6,7 +6,9 @@ testinfra checks of the live hosts of the inventory, for one declared state:
 The hosts come from ``inventory.py`` (the embedded lab, or the site named by
 ``TWINBOLT_SITE``), never from a list typed by hand. testinfra reaches them
 with the system ``ssh`` and a config written from the inventory's own SSH data,
-so host keys are checked exactly as strictly as pyinfra checks them.
+so host keys are checked exactly as strictly as pyinfra checks them; on a host
+reached as a user with sudo, every check runs under sudo, as root, as pyinfra
+ran what it checks.
 """
 
 from __future__ import annotations
@@ -87,11 +89,14 @@ def inventory_host(entry: InventoryEntry, ssh_config_file: Path) -> InventoryHos
     """
     A handle whose commands share one SSH connection per host (a control master
     beside the SSH config), rather than a new connection for every check; the
-    session closes the masters when it ends (:func:`ssh_config_file`).
+    session closes the masters when it ends (:func:`ssh_config_file`). Under
+    sudo where the inventory says so: a module, a unit or a root-only file reads
+    the same to every check as it did to pyinfra.
     """
     master = ssh_config_file.with_name(f"{entry.name}.sock")
     handle = testinfra.get_host(f"ssh://{entry.name}?controlpersist={MASTER_SECONDS}",
-                                ssh_config=str(ssh_config_file), controlpath=str(master))
+                                ssh_config=str(ssh_config_file), controlpath=str(master),
+                                sudo=entry.sudo)
     return InventoryHost(entry.name, entry.data, handle)
 
 

@@ -1,0 +1,87 @@
+"""The harness's remote reads: one script per host, under sudo where the inventory says so."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+from pyinfra.api import FactBase
+
+from harness import remote
+from operations.hosts import InventoryEntry
+from operations.link import RouteInterface
+
+
+class Tricky(FactBase):
+    """A fact whose command holds every kind of quote, a ``$`` and a newline."""
+
+    def command(self) -> str:
+        return "x='it'\"'\"'s'; y=\"$x \\\"q\\\" \\$HOME\"\necho \"$y\"; echo 'a  b'"
+
+    def process(self, output: list[str]) -> list[str]:
+        return output
+
+
+class UnderSudo(FactBase):
+    """Whether the script ran through the test's ``sudo``."""
+
+    def command(self) -> str:
+        return 'echo "${TWINBOLT_TEST_SUDO:-no}"'
+
+    def process(self, output: list[str]) -> str:
+        return output[0]
+
+
+QUERIES = [remote.Query("tricky", Tricky()), remote.Query("sudo", UnderSudo())]
+EXPECTED_TRICKY = ["it's \"q\" $HOME", "a  b"]
+
+
+def test_under_sudo_the_remote_shell_hands_sudo_the_script_whole() -> None:
+    script = remote.script(QUERIES)
+    assert remote.remote_command(script) == script
+    # What the remote login shell's word splitting gives sudo's argv.
+    assert shlex.split(remote.remote_command(script, sudo=True)) == [
+        "sudo", "-H", "-n", "sh", "-c", script]
+
+
+@pytest.fixture
+def fake_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """
+    ``ssh`` and ``sudo`` first on ``PATH``: ``ssh -F CONFIG HOST COMMAND`` has this
+    machine's shell run COMMAND, as sshd has the login shell run it; ``sudo``
+    requires ``-n`` (it must never wait for a password) and marks what it runs.
+    """
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scripts = {
+        "ssh": 'shift 3; exec sh -c "$*"',
+        "sudo": ('case " $* " in *" -n "*) ;; *) echo "sudo would prompt" >&2; exit 1;; esac\n'
+                 'while [ "${1#-}" != "$1" ]; do shift; done\n'
+                 'TWINBOLT_TEST_SUDO=yes exec "$@"'),
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.delenv("TWINBOLT_TEST_SUDO", raising=False)
+    return tmp_path / "ssh_config"
+
+
+def test_each_host_is_read_as_its_inventory_data_says(fake_hosts: Path) -> None:
+    root = InventoryEntry("wsb", ("workstations",), {"ssh_user": "root"})
+    operator = InventoryEntry("wsa", ("workstations",), {"ssh_user": "ops", "sudo": True})
+    readings = asyncio.run(remote.read_all({root: QUERIES, operator: QUERIES}, fake_hosts))
+    assert {host: reading.error for host, reading in readings.items()} == {
+        "wsa": None, "wsb": None}
+    assert readings["wsa"].values == {"tricky": EXPECTED_TRICKY, "sudo": "yes"}
+    assert readings["wsb"].values == {"tricky": EXPECTED_TRICKY, "sudo": "no"}
+
+
+def test_a_pyinfra_fact_reads_the_same_under_sudo(fake_hosts: Path) -> None:
+    queries = [remote.Query("route", RouteInterface(), {"address": "127.0.0.1"})]
+    plain = asyncio.run(remote.read("wsb", queries, fake_hosts))
+    under_sudo = asyncio.run(remote.read("wsa", queries, fake_hosts, sudo=True))
+    assert plain.values == under_sudo.values == {"route": "lo"}
