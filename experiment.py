@@ -5,6 +5,7 @@ The experiment, from the operator's chair:
     python experiment.py diagnose [--json]       # every rung from the route to the cable
     python experiment.py measure [--window NAME ...] [--out DIR]
     python experiment.py campaign [--states A,B,...] [--no-baseline] [--out DIR]
+    python experiment.py soak --minutes N [--interval S] [--out DIR]
     python experiment.py compare A.json B.json ... [--baseline STATE]
 
 Window sizes default to the issue's (512 tokens single, 6 x 256 concurrent, a
@@ -28,6 +29,7 @@ from pydantic import ValidationError
 from harness import campaign, compare, report
 from harness.diagnose import diagnose
 from harness.measure import NotMeasurable, failures, measure_state
+from harness.soak import soak
 from harness.status import observe
 from harness.topology import Topology
 from harness.windows import WINDOWS, EndpointDown, WindowSettings
@@ -92,6 +94,25 @@ async def run_campaign(arguments: argparse.Namespace, topology: Topology) -> int
     return 0 if result["failed_step"] is None else 1
 
 
+async def run_soak(arguments: argparse.Namespace, topology: Topology) -> int:
+    observed = await observe(topology)
+    if not observed.match:
+        print(f"experiment: soak refused: the hosts are in no declared state: "
+              f"{observed.verdict()}", file=sys.stderr)
+        return 2
+    directory = arguments.out / f"soak-{stamp()}"
+    result = await soak(topology, STATES[observed.match], arguments.minutes, arguments.interval,
+                        directory)
+    samples = result["samples"]
+    rates = [sample["tok_s"] for sample in samples if sample["tok_s"] is not None]
+    print(f"soak: {observed.match}, {len(samples)} interval(s), "
+          f"{(sum(rates) / len(rates)) if rates else 0:.1f} tok/s on average; "
+          + (f"stopped: {result['stopped']}; {result['restored']}" if result["stopped"]
+             else "nothing stopped it"))
+    print(f"chart: {result['chart']}; files in {directory}")
+    return 1 if result["stopped"] else 0
+
+
 def run_compare(arguments: argparse.Namespace) -> int:
     reports = [report.load(path) for path in arguments.reports]
     print(compare.comparison(reports, arguments.baseline))
@@ -131,6 +152,14 @@ def parser() -> argparse.ArgumentParser:
     campaign_parser.add_argument("--out", type=Path, default=REPORTS)
     window_options(campaign_parser)
 
+    soak_parser = commands.add_parser(
+        "soak", help="steady traffic for N minutes, the counters sampled; under the candidate "
+                     "the first receiver error or a stall restores production")
+    soak_parser.add_argument("--minutes", type=float, required=True, help="how long (bounded)")
+    soak_parser.add_argument("--interval", type=float, default=5.0,
+                             help="seconds between samples (default 5)")
+    soak_parser.add_argument("--out", type=Path, default=REPORTS)
+
     compare_parser = commands.add_parser("compare", help="a table and a chart across reports")
     compare_parser.add_argument("reports", nargs="+", type=Path, metavar="REPORT.json")
     compare_parser.add_argument("--baseline", help="ratios against this state's report "
@@ -141,7 +170,7 @@ def parser() -> argparse.ArgumentParser:
 
 async def with_topology(arguments: argparse.Namespace) -> int:
     command = {"status": status, "diagnose": run_diagnose, "measure": measure,
-               "campaign": run_campaign}[arguments.command]
+               "campaign": run_campaign, "soak": run_soak}[arguments.command]
     with tempfile.TemporaryDirectory(prefix="twinbolt-") as directory:
         return await command(arguments, Topology.load(Path(directory)))
 
@@ -151,8 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if arguments.command == "compare":
             return run_compare(arguments)
-        if arguments.command not in ("status", "diagnose"):
+        if arguments.command in ("measure", "campaign"):
             window_settings(arguments)
+        if arguments.command == "soak" and not (0 < arguments.minutes <= 24 * 60
+                                                 and arguments.interval > 0):
+            raise ValueError("soak: --minutes must be in (0, 1440] and --interval above 0")
         if arguments.command == "campaign":
             # Refused before the inventory is read, let alone a host touched.
             arguments.plan = campaign.check_plan(arguments.states.split(",") if arguments.states

@@ -118,6 +118,28 @@ def reason(code: int, tail: list[str]) -> str:
     return f"exit code {code}:\n" + "\n".join(lines)
 
 
+async def deploy(state: str) -> str:
+    """Converge the hosts to ``state`` with the operator's own command, or fail with why."""
+    code, tail = await run_command(
+        f"deploy {state}",
+        [str(Path(sys.executable).with_name("pyinfra")), "-y", "inventory.py", "deploy.py",
+         "--data", f"state={state}"])
+    if code != 0:
+        raise StepFailed(reason(code, tail))
+    return f"pyinfra converged to {state}"
+
+
+async def verify(state: str) -> str:
+    """Prove ``state`` with ``pytest tests/verify``, or fail with why."""
+    code, tail = await run_command(
+        f"verify {state}",
+        [sys.executable, "-m", "pytest", "tests/verify", "--state", state, "-q",
+         "-p", "no:cacheprovider"])
+    if code != 0:
+        raise StepFailed(reason(code, tail))
+    return next((line for line in reversed(tail) if "passed" in line), "passed")
+
+
 class Campaign:
     """
     One campaign over ``plan`` (production first). The steps are methods, so
@@ -146,22 +168,10 @@ class Campaign:
         return (await self.verify(BASELINE)) + "; hosts observed in production"
 
     async def deploy(self, state: str) -> str:
-        code, tail = await run_command(
-            f"deploy {state}",
-            [str(Path(sys.executable).with_name("pyinfra")), "-y", "inventory.py", "deploy.py",
-             "--data", f"state={state}"])
-        if code != 0:
-            raise StepFailed(reason(code, tail))
-        return f"pyinfra converged to {state}"
+        return await deploy(state)
 
     async def verify(self, state: str) -> str:
-        code, tail = await run_command(
-            f"verify {state}",
-            [sys.executable, "-m", "pytest", "tests/verify", "--state", state, "-q",
-             "-p", "no:cacheprovider"])
-        if code != 0:
-            raise StepFailed(reason(code, tail))
-        return next((line for line in reversed(tail) if "passed" in line), "passed")
+        return await verify(state)
 
     async def measure(self, state: str) -> str:
         try:

@@ -1,0 +1,164 @@
+"""
+A bounded soak: steady traffic in the current state for N minutes, the link's
+counters sampled every interval, and a watch on the candidate.
+
+A short measurement window bounds a rare fault's rate; it cannot catch it. The
+soak runs one request after another through the state's endpoint (rank 0, or
+the router in production) and, every interval, reads both workstations' link
+counters (:func:`harness.counters.snapshot`): the tokens served in the
+interval, the TP sockets' and the host's retransmissions, and the receiver
+errors. Under the candidate driver (``tx_e2e=1``) the first receiver error, or
+an interval in which no request completes (a stall), ends the soak: production
+is converged and verified with the operator's own commands, and the report says
+when and why. Under the stock driver both are recorded, not acted on: receiver
+errors are what the stock driver is known for.
+
+The report is a JSON file and a PNG chart of the three series over time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from harness import campaign, counters
+from harness.progress import say
+from harness.topology import Endpoint, Topology
+from operations.states import State
+
+FORMAT = "twinbolt-soak/1"
+REQUEST_TOKENS = 32
+PROMPT = "twinbolt soak: write on, one word after another"
+
+
+@dataclass
+class Traffic:
+    """One request after another until stopped; completed tokens counted as they land."""
+
+    endpoint: Endpoint
+    timeout: float
+    tokens: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    def take(self) -> tuple[int, list[str]]:
+        """The tokens and failures since the last call."""
+        taken, self.tokens = self.tokens, 0
+        failed, self.failures = self.failures, []
+        return taken, failed
+
+    async def run(self, stop: asyncio.Event) -> None:
+        body = {"model": self.endpoint.model, "max_tokens": REQUEST_TOKENS, "temperature": 0,
+                "ignore_eos": True, "messages": [{"role": "user", "content": PROMPT}]}
+        async with httpx.AsyncClient(timeout=self.timeout) as client:
+            while not stop.is_set():
+                try:
+                    response = await client.post(f"{self.endpoint.url}/v1/chat/completions",
+                                                 json=body)
+                    response.raise_for_status()
+                    self.tokens += response.json()["usage"]["completion_tokens"]
+                except (httpx.HTTPError, KeyError, ValueError) as error:
+                    self.failures.append(f"{type(error).__name__}: {error}"[:200])
+                    await asyncio.sleep(1.0)
+
+
+def interval_sample(elapsed: float, seconds: float, tokens: int, failed: list[str],
+                    deltas: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One interval's figures, summed over the workstations."""
+    totals = counters.window_totals(deltas)
+    return {"at_seconds": round(elapsed, 1), "seconds": round(seconds, 2), "tokens": tokens,
+            "tok_s": tokens / seconds if seconds else None, "failed_requests": len(failed),
+            "failures": failed[:3], **totals}
+
+
+def alarm(state: State, sample: dict[str, Any]) -> str | None:
+    """Why the candidate must go now: a receiver error, or a stall; ``None`` otherwise."""
+    if state.driver != "candidate":
+        return None
+    if sample["receiver_errors"]:
+        return (f"{sample['receiver_errors']} receiver error(s) on thunderbolt0 under the "
+                f"candidate, {sample['at_seconds']:.0f}s into the soak")
+    if not sample["tokens"]:
+        return (f"a stall: no request completed in {sample['seconds']:.0f}s, "
+                f"{sample['at_seconds']:.0f}s into the soak"
+                + (f" ({sample['failures'][0]})" if sample["failures"] else ""))
+    return None
+
+
+async def soak(topology: Topology, state: State, minutes: float, interval: float,
+               directory: Path) -> dict[str, Any]:
+    """Soak ``state`` (the hosts' observed one) and write the report into ``directory``."""
+    traffic = Traffic(topology.endpoint(state), timeout=interval * 2)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(traffic.run(stop))
+    samples: list[dict[str, Any]] = []
+    why = None
+    started = time.monotonic()
+    previous = await counters.snapshot(topology)
+    try:
+        while time.monotonic() - started < minutes * 60 and why is None:
+            await asyncio.sleep(interval)
+            current = await counters.snapshot(topology)
+            deltas = {host: counters.delta(previous[host], current[host]) for host in current}
+            seconds = max(delta["seconds"] for delta in deltas.values())
+            sample = interval_sample(time.monotonic() - started, seconds, *traffic.take(),
+                                     deltas)
+            samples.append(sample)
+            say(f"  soak {sample['at_seconds']:.0f}s: {sample['tok_s'] or 0:.1f} tok/s, "
+                f"{sample['receiver_errors']} receiver error(s), "
+                f"{sample['socket_retransmissions']} TP socket retransmission(s)")
+            why = alarm(state, sample)
+            previous = current
+    finally:
+        stop.set()
+        runner.cancel()
+    result = {"format": FORMAT, "state": state.name, "minutes": minutes,
+              "interval_seconds": interval, "samples": samples, "stopped": why,
+              "restored": None}
+    if why:
+        say(f"soak: {why}: converging production")
+        result["restored"] = await restore()
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "soak.json").write_text(json.dumps(result, indent=1) + "\n")
+    result["chart"] = str(chart(samples, state.name, why, directory / "soak.png"))
+    return result
+
+
+async def restore() -> str:
+    """Production converged and verified with the operator's commands; what happened."""
+    try:
+        await campaign.deploy("production")
+        await campaign.verify("production")
+    except campaign.StepFailed as error:
+        return f"production was NOT restored: {error}"
+    return "production was restored and verified"
+
+
+def chart(samples: list[dict[str, Any]], state: str, why: str | None, path: Path) -> Path:
+    """tok/s, retransmissions and receiver errors over time, one panel each."""
+    import matplotlib
+
+    # No display: the harness runs over SSH and in CI.
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    times = [sample["at_seconds"] for sample in samples]
+    figure, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True, constrained_layout=True)
+    panels = (("tok_s", "tok/s"), ("socket_retransmissions", "TP socket retransmissions"),
+              ("receiver_errors", "receiver errors"))
+    for axis, (key, title) in zip(axes, panels, strict=True):
+        axis.plot(times, [sample[key] or 0 for sample in samples], marker="o")
+        axis.set_title(title)
+    axes[1].plot(times, [sample["retransmissions"] or 0 for sample in samples], marker="x",
+                 label="host-wide RetransSegs")
+    axes[1].legend()
+    axes[-1].set_xlabel("seconds into the soak")
+    figure.suptitle(f"twinbolt soak: {state}" + (f" (stopped: {why})" if why else ""))
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
