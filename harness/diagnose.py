@@ -180,7 +180,7 @@ def gateway_reading(entry: Any) -> list[remote.Query]:
 
 
 async def server_probes(topology: Topology, state: State) -> dict[str, tuple[Any, Any]]:
-    """Each server clients reach: a bounded completion and its ``/server_info``."""
+    """Each server clients reach: a bounded completion, and rank 0's ``/server_info``."""
     model = topology.workstations[0].data["serving_served_model_name"]
     urls = [server_url(entry) for entry in topology.workstations]
     if state.serving == "tp2":
@@ -191,7 +191,9 @@ async def server_probes(topology: Topology, state: State) -> dict[str, tuple[Any
 
     def probe(url: str) -> tuple[Any, Any]:
         answer = probes.chat_completion(url, model, PROBE_TOKENS, timeout=PROBE_TIMEOUT_SECONDS)
-        return answer, probes.get(f"{url}/server_info", timeout=PROBE_TIMEOUT_SECONDS)
+        info = (probes.get(f"{url}/server_info", timeout=PROBE_TIMEOUT_SECONDS)
+                if state.serving == "tp2" else None)
+        return answer, info
 
     answers = await asyncio.gather(*(asyncio.to_thread(probe, url) for url in urls))
     return dict(zip(urls, answers, strict=True))
@@ -236,9 +238,7 @@ def serving_rung(answers: dict[str, tuple[Any, Any]], state: State, model: str) 
     for url, (answer, info) in answers.items():
         found = probes.completion_problems(answer, PROBE_TOKENS)
         if found:
-            health = probes.get(f"{url}/health", timeout=PROBE_TIMEOUT_SECONDS)
-            if health.ok:
-                found.append("its /health answers 200, which proves nothing")
+            found += probes.green_health(url, PROBE_TIMEOUT_SECONDS)
             rung.saw(f"{url}: " + "; ".join(found), FAIL)
             continue
         rung.saw(f"{url}: {PROBE_TOKENS} tokens in {answer.seconds:.2f}s")
@@ -400,10 +400,10 @@ async def diagnose(topology: Topology) -> Diagnosis:
     first = await remote.read_all({entry: first_reading(entry, state)
                                    for entry in topology.workstations},
                                   topology.ssh_config)
-    gateway_reads = (remote.read_all({topology.gateway: gateway_reading(topology.gateway)},
-                                     topology.ssh_config)
-                     if topology.gateway else asyncio.sleep(0, {}))
-    gateway, answers = await asyncio.gather(gateway_reads, server_probes(topology, state))
+    gateway_queries = ({topology.gateway: gateway_reading(topology.gateway)}
+                       if topology.gateway else {})
+    gateway, answers = await asyncio.gather(
+        remote.read_all(gateway_queries, topology.ssh_config), server_probes(topology, state))
     second = await remote.read_all({entry: second_reading(entry)
                                     for entry in topology.workstations},
                                    topology.ssh_config)

@@ -30,11 +30,11 @@ import httpx
 from harness import campaign, counters
 from harness.progress import say
 from harness.topology import Endpoint, Topology
+from operations import probes
 from operations.states import State
 
 FORMAT = "twinbolt-soak/1"
 REQUEST_TOKENS = 32
-PROMPT = "twinbolt soak: write on, one word after another"
 
 
 @dataclass
@@ -53,8 +53,7 @@ class Traffic:
         return taken, failed
 
     async def run(self, stop: asyncio.Event) -> None:
-        body = {"model": self.endpoint.model, "max_tokens": REQUEST_TOKENS, "temperature": 0,
-                "ignore_eos": True, "messages": [{"role": "user", "content": PROMPT}]}
+        body = probes.chat_body(self.endpoint.model, REQUEST_TOKENS)
         async with httpx.AsyncClient(timeout=self.timeout) as client:
             while not stop.is_set():
                 try:

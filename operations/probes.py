@@ -117,6 +117,15 @@ def completion_problems(answer: Answer, tokens: int) -> list[str]:
     return found
 
 
+def green_health(url: str, timeout: float = 5.0) -> list[str]:
+    """
+    What to add to a failed completion when the server's ``/health`` is green:
+    that it proves nothing (rank 1's is a dummy; a hung rank 0's stays 200).
+    """
+    return ["its /health answers 200, which proves nothing"] if get(
+        f"{url}/health", timeout).ok else []
+
+
 def wait_until(what: str, check: Callable[[float], tuple[list[str], bool]], timeout: float,
                outcome: dict) -> bool:
     """

@@ -62,7 +62,6 @@ REPORTED_ALGORITHM = {"NEXTN": "EAGLE"}
 ACCEPTANCE_TOKENS = 32
 # How long a link's byte counters may lag the traffic (drivers that refresh them on a timer).
 COUNTER_LAG_SECONDS = 2.0
-# One acceptance request may take this long; a slower one counts as a hang.
 
 # What a bounded wait polls: given the seconds left, what is still wrong and
 # whether waiting can still help (see probes.wait_until).
@@ -439,10 +438,7 @@ def server_check(sglang: Sglang, service: Service, tp_size: int,
                                         timeout=min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left))
         found = probes.completion_problems(answer, tokens)
         if found:
-            health = probes.get(f"{sglang.url}/health")
-            if health.ok:
-                found.append("its /health answers 200, which proves nothing")
-            return found, True
+            return found + probes.green_health(sglang.url), True
         return server_info_problems(server_info(sglang.url).body, tp_size, speculative,
                                     sglang.served_model_name), False
 

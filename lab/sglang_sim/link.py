@@ -186,39 +186,31 @@ class PeerLink:
         self._sock.settimeout(seconds)
 
     def send(self, kind: int, nbytes: int = 0) -> None:
-        try:
-            self._sock.sendall(HEADER.pack(kind, nbytes))
-            for start in range(0, nbytes, CHUNK_BYTES):
-                self._sock.sendall(self._zeros[:min(CHUNK_BYTES, nbytes - start)])
-        except OSError as error:
-            raise PeerLost(f"send to peer rank failed: {error}") from error
+        self._sendall(HEADER.pack(kind, nbytes))
+        for start in range(0, nbytes, CHUNK_BYTES):
+            self._sendall(self._zeros[:min(CHUNK_BYTES, nbytes - start)])
 
     def send_text(self, kind: int, text: str) -> None:
         data = text.encode()
-        try:
-            self._sock.sendall(HEADER.pack(kind, len(data)) + data)
-        except OSError as error:
-            raise PeerLost(f"send to peer rank failed: {error}") from error
+        self._sendall(HEADER.pack(kind, len(data)) + data)
 
     def receive_text(self, kind: int) -> str:
-        received, nbytes = HEADER.unpack(self._read(HEADER.size))
-        if received != kind:
-            raise PeerLost(f"protocol error: expected frame {kind}, got {received}")
+        _, nbytes = self._header(kind)
         return self._read(nbytes).decode()
 
-    def receive(self) -> tuple[int, int]:
-        """The next frame's kind and payload length; the payload itself is discarded."""
-        kind, nbytes = HEADER.unpack(self._read(HEADER.size))
+    def receive(self, kind: int | None = None) -> tuple[int, int]:
+        """
+        The next frame's kind and payload length (of ``kind``, if given); the
+        payload itself is discarded.
+        """
+        received, nbytes = self._header(kind)
         remaining = nbytes
         while remaining:
             remaining -= self._read_into(min(remaining, CHUNK_BYTES))
-        return kind, nbytes
+        return received, nbytes
 
     def expect(self, kind: int) -> int:
-        received, nbytes = self.receive()
-        if received != kind:
-            raise PeerLost(f"protocol error: expected frame {kind}, got {received}")
-        return nbytes
+        return self.receive(kind)[1]
 
     def allreduce(self, nbytes: int) -> int:
         """Rank 0's side of one step's exchange; the bytes moved both ways."""
@@ -235,6 +227,18 @@ class PeerLink:
         while True:
             kind, nbytes = self.receive()
             self.send(kind, nbytes)
+
+    def _sendall(self, data: bytes | memoryview) -> None:
+        try:
+            self._sock.sendall(data)
+        except OSError as error:
+            raise PeerLost(f"send to peer rank failed: {error}") from error
+
+    def _header(self, kind: int | None) -> tuple[int, int]:
+        received, nbytes = HEADER.unpack(self._read(HEADER.size))
+        if kind is not None and received != kind:
+            raise PeerLost(f"protocol error: expected frame {kind}, got {received}")
+        return received, nbytes
 
     def _read(self, size: int) -> bytes:
         data = bytearray()

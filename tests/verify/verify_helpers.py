@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyinfra.api import FactBase, StringCommand
+from pyinfra.api import FactBase
+
+from harness import remote
 
 
 class HostData(dict):
@@ -26,10 +28,7 @@ class InventoryView:
 
 def fact(inventory_host, cls: type[FactBase], **arguments: Any) -> Any:
     """A layer's fact, its command run over testinfra's SSH and read as pyinfra reads it."""
-    command = cls().command(**arguments)
-    if isinstance(command, StringCommand):
-        command = command.get_raw_value()
-    result = inventory_host.host.run(command)
+    result = inventory_host.host.run(remote.Query(cls.__name__, cls(), arguments).command())
     assert result.rc == 0, f"{inventory_host.name}: {cls.__name__}: {result.stderr}"
     lines = result.stdout.splitlines()
     return cls().process(lines) if lines else cls().default()
