@@ -53,11 +53,13 @@ lab-down:  ## remove the lab: namespaces, links, processes
 
 # Production converged and proven; then the campaign: tp2_stock and tp2_e2e, one
 # layer apart, each deployed, verified and measured, and production restored and
-# verified whatever failed. The exit code says whether anything failed.
+# verified whatever failed. The exit code says whether anything failed. Last, the
+# compatibility ledger those runs wrote.
 demo: lab  ## the experiment on the lab: production, tp2_stock, tp2_e2e, compared, production
 	$(VENV)/bin/pyinfra -y inventory.py deploy.py --data state=production
 	$(VENV)/bin/pytest tests/verify --state production -q
 	$(PY) experiment.py campaign --no-baseline --states tp2_stock,tp2_e2e $(DEMO_WINDOWS)
+	$(PY) experiment.py matrix
 
 lint: setup  ## ruff
 	$(LAB_VENV)/bin/ruff check .

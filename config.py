@@ -43,3 +43,8 @@ if _cli is not None:
         raise PyinfraError(
             f"unknown on_failure {_data['on_failure']!r}; it is one of: {', '.join(ON_FAILURE)}"
         )
+    if _data.get("force_candidate", "yes") != "yes":
+        raise PyinfraError(
+            f"force_candidate is {_data['force_candidate']!r}; only force_candidate=yes "
+            "overrides a recorded stall (leave it out otherwise)"
+        )

@@ -18,17 +18,19 @@ report's discipline, one layer at a time:
 7. gateway: the user's route answers; the fallback goes once production is proven;
 8. verify: every layer holds, with the evidence if it does not.
 
-Around them: a host lock (one run at a time), and the rule that a failure after
+Around them: a host lock (one run at a time), the rule that a failure after
 the first change ends in a verified production (``--data on_failure=stop``
 leaves the hosts as they are instead), then a non-zero exit naming the host,
-the layer and the evidence.
+the layer and the evidence; and the compatibility ledger, which records what
+each run met and how it ended, and refuses the candidate on controllers it has
+seen stall (``--data force_candidate=yes`` overrides).
 """
 
 from functools import partial
 
 from pyinfra import host, inventory
 
-from operations import attempt, driver, gateway, gpu, link, lock, serving
+from operations import attempt, driver, gateway, gpu, ledger, link, lock, serving
 from operations.driver import CandidateModule
 from operations.states import resolve_state
 
@@ -38,6 +40,7 @@ workstation = "workstations" in host.groups
 on_gateway = "gateway" in host.groups
 this_run = lock.this_run(state.name)
 run = attempt.begin()
+workstation_names = [member.name for member in inventory.get_group("workstations")]
 
 if workstation:
     candidate = CandidateModule(
@@ -62,6 +65,12 @@ router = (serving.Router.from_hosts(host, inventory.get_group("workstations"))
           if on_gateway else None)
 proxy = gateway.Proxy.from_host(host, router) if on_gateway else None
 
+if workstation:
+    # However the run ends, the compatibility ledger on this machine gets one record.
+    ledger.keep(run, host.data.ledger_path, state.name, state.driver)
+    ledger.observed(name="Ledger: the controller, kernel and driver this run meets",
+                    module=host.data.candidate_module_name)
+
 lock.available(name="Lock: no other run holds these hosts", run_dir=host.data.run_dir,
                owner=this_run)
 
@@ -78,6 +87,12 @@ if workstation:
         loaded=state.driver,
         candidate=candidate,
     )
+    if state.driver == "candidate":
+        ledger.no_recorded_stall(
+            name="Preflight: no stall of the candidate is recorded for these controllers",
+            path=host.data.ledger_path, workstations=workstation_names,
+            force=host.data.get(ledger.FORCE_KEY) == "yes",
+        )
     if state.uses_link:
         # Production needs no link, and must stay reachable from a broken one.
         link.trained(name="Preflight: the link is up at the expected rate", wait=False,
@@ -178,10 +193,15 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
     gateway.verified(name=f"Verify: the gateway routes as {state.name} declares", proxy=proxy,
                      target=state)
 
+if workstation:
+    # Before any rollback: a failed attempt is recorded with what it ran.
+    ledger.observed(name="Ledger: the controller, kernel and driver the attempt ran",
+                    module=host.data.candidate_module_name)
+
 # A failed attempt ends in a verified production: a new run converges it.
 lock.released(name="Lock: released", run_dir=host.data.run_dir, owner=this_run)
 # One host speaks for the run: the rollback is one run, the conclusion one message.
-spokesman = inventory.get_group("workstations")[0].name
+spokesman = workstation_names[0]
 # A failed rollback is reported by the conclusion, not by pyinfra's abort.
 attempt.rolled_back(name="Rollback: production is converged and proven if the attempt failed",
                     on_failure=on_failure, runner=spokesman, _ignore_errors=True)

@@ -3,6 +3,7 @@ The experiment, from the operator's chair:
 
     python experiment.py status                  # which declared state the hosts are in
     python experiment.py diagnose [--json]       # every rung from the route to the cable
+    python experiment.py matrix [--ledger PATH]  # the compatibility ledger as a table
     python experiment.py measure [--window NAME ...] [--out DIR]
     python experiment.py campaign [--states A,B,...] [--no-baseline] [--out DIR]
     python experiment.py soak --minutes N [--interval S] [--out DIR]
@@ -26,13 +27,14 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from harness import campaign, compare, report
+from harness import campaign, compare, matrix, report
 from harness.diagnose import diagnose
 from harness.measure import NotMeasurable, failures, measure_state
 from harness.soak import soak
 from harness.status import observe
 from harness.topology import Topology
 from harness.windows import WINDOWS, EndpointDown, WindowSettings
+from operations import ledger
 from operations.states import STATES
 
 REPORTS = Path(__file__).resolve().parent / "reports"
@@ -113,6 +115,23 @@ async def run_soak(arguments: argparse.Namespace, topology: Topology) -> int:
     return 1 if result["stopped"] else 0
 
 
+async def run_matrix(arguments: argparse.Namespace, topology: Topology) -> int:
+    return show_matrix(arguments.ledger or matrix.ledger_path(topology))
+
+
+def show_matrix(path: Path) -> int:
+    try:
+        records = ledger.read(path)
+    except ValueError as error:
+        print(f"experiment: {error}", file=sys.stderr)
+        return 2
+    print(f"ledger: {path}, {len(records)} record(s)\n")
+    print(matrix.render(records) if records else "(no runs recorded yet)")
+    print("\nrecorded stalls (preflight refuses the candidate on these controllers):")
+    print("\n".join(f"- {stall}" for stall in matrix.stalls(records)))
+    return 0
+
+
 def run_compare(arguments: argparse.Namespace) -> int:
     reports = [report.load(path) for path in arguments.reports]
     print(compare.comparison(reports, arguments.baseline))
@@ -133,6 +152,11 @@ def parser() -> argparse.ArgumentParser:
         "diagnose", help="read-only: every rung from the user's route down to the cable, "
                          "and the lowest one that fails")
     diagnose_parser.add_argument("--json", action="store_true", help="print JSON")
+
+    matrix_parser = commands.add_parser(
+        "matrix", help="the compatibility ledger: controllers x kernel x driver x E2E -> outcomes")
+    matrix_parser.add_argument("--ledger", type=Path,
+                               help="a ledger file (default: the inventory's ledger.path)")
 
     measure_parser = commands.add_parser("measure", help="measure the current state")
     measure_parser.add_argument("--state", choices=list(STATES),
@@ -169,7 +193,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def with_topology(arguments: argparse.Namespace) -> int:
-    command = {"status": status, "diagnose": run_diagnose, "measure": measure,
+    command = {"status": status, "diagnose": run_diagnose, "matrix": run_matrix,
+               "measure": measure,
                "campaign": run_campaign, "soak": run_soak}[arguments.command]
     with tempfile.TemporaryDirectory(prefix="twinbolt-") as directory:
         return await command(arguments, Topology.load(Path(directory)))
@@ -180,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if arguments.command == "compare":
             return run_compare(arguments)
+        if arguments.command == "matrix" and arguments.ledger:
+            return show_matrix(arguments.ledger)
         if arguments.command in ("measure", "campaign"):
             window_settings(arguments)
         if arguments.command == "soak" and not (0 < arguments.minutes <= 24 * 60

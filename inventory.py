@@ -51,6 +51,7 @@ else:
             "thunderbolt_address": link,
             "peer_thunderbolt_address": peer_link,
             "candidate_path": str(_CANDIDATE),
+            "ledger_path": str(_LAB / "ledger.jsonl"),
             # Until the lab has built the candidate there is no checksum; the
             # driver layer reports that, the inventory must still load.
             "candidate_sha256": (

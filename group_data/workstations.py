@@ -8,7 +8,7 @@ even when its default is ``None``, because pyinfra raises on a missing
 ``host.data`` key.
 """
 
-from operations.site import Candidate, Link, Serving, site_default
+from operations.site import Candidate, Ledger, Link, Serving, site_default
 
 link_interface = site_default(Link, "interface")
 link_expected_rate_gbps = site_default(Link, "expected_rate_gbps")
@@ -31,3 +31,5 @@ serving_init_system = site_default(Serving, "init_system")
 serving_working_directory = site_default(Serving, "working_directory")
 serving_start_timeout_seconds = site_default(Serving, "start_timeout_seconds")
 serving_foreign_gpu_memory_mib = site_default(Serving, "foreign_gpu_memory_mib")
+
+ledger_path = str(site_default(Ledger, "path"))

@@ -1,6 +1,7 @@
 """
 One measurement of the state the hosts are in, start to finish: observe the
-state, find its endpoint, run the windows, write the report.
+state, find its endpoint, run the windows, write the report, and add its
+tok/s to the compatibility ledger.
 
 A report is labelled with the state the hosts were observed to be in, never
 with the state someone believed them to be in: a measurement of drifted hosts
@@ -13,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness import counters, report, windows
+from harness.matrix import record_measurement
 from harness.progress import say
 from harness.status import observe
 from harness.topology import Topology
@@ -46,7 +48,8 @@ async def measure_state(topology: Topology, names: list[str], settings: windows.
     built = report.build(state.name, status.to_json(), topology, endpoint, settings, info,
                          results)
     path = report.write(built, directory)
-    say(f"report: {path} and {path.with_suffix('.md').name}")
+    say(f"report: {path} and {path.with_suffix('.md').name}; "
+        f"ledger: {await record_measurement(topology, state, built)}")
     return path, built
 
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyinfra.api import FactBase, StringCommand
+from pyinfra.api import FactBase
 
+from operations.facts import raw_command, section_values, sections_script
 from operations.hosts import InventoryEntry
 
-MARKER = "@@twinbolt-fact"
 SSH_TIMEOUT_SECONDS = 30.0
 
 
@@ -36,11 +36,7 @@ class Query:
     arguments: dict[str, Any] = field(default_factory=dict)
 
     def command(self) -> str:
-        # A fact's command is a method, or (pyinfra allows it) a plain string.
-        command = self.fact.command
-        if callable(command):
-            command = command(**self.arguments)
-        return command.get_raw_value() if isinstance(command, StringCommand) else command
+        return raw_command(self.fact, self.arguments)
 
 
 @dataclass(frozen=True)
@@ -55,36 +51,12 @@ class Reading:
 
 def script(queries: list[Query]) -> str:
     """One shell script running every fact in a subshell, each section between markers."""
-    sections = [
-        f"echo '{MARKER} {query.key}'; ( {query.command()} ) 2>/dev/null; "
-        f"echo \"{MARKER}-status $?\""
-        for query in queries
-    ]
-    return "\n".join(sections)
+    return sections_script({query.key: query.command() for query in queries})
 
 
 def parse(output: str, queries: list[Query]) -> dict[str, Any]:
     """Each fact's value from the script's output, processed as pyinfra would."""
-    lines: dict[str, list[str]] = {}
-    status: dict[str, int] = {}
-    key = None
-    for line in output.splitlines():
-        if line.startswith(f"{MARKER} "):
-            key = line.removeprefix(f"{MARKER} ")
-            lines[key] = []
-        elif line.startswith(f"{MARKER}-status ") and key is not None:
-            status[key] = int(line.split()[-1])
-            key = None
-        elif key is not None:
-            lines[key].append(line)
-    values = {}
-    for query in queries:
-        found = lines.get(query.key)
-        if status.get(query.key) == 0 and found:
-            values[query.key] = query.fact.process(found)
-        else:
-            values[query.key] = query.fact.default()
-    return values
+    return section_values(output.splitlines(), {query.key: query.fact for query in queries})
 
 
 def remote_command(script: str, sudo: bool = False) -> str:

@@ -19,6 +19,7 @@ from lab import faults, modules
 from lab.topology import (
     LARGE_BACKEND_PORT,
     LARGE_BACKEND_SERVICE,
+    NHI_SLOT,
     OPERATOR,
     OPERATOR_HOME,
     OPERATOR_UID,
@@ -114,6 +115,10 @@ def prepare(host: LabHost) -> None:
         (host.root / "sys-module" / "thunderbolt" / "initstate").write_text("live\n")
         faults.signature_enforcement(host.root, faults.is_on("sig_enforce"))
         (host.root / "sys-bus" / "thunderbolt" / "devices").mkdir(parents=True)
+        nhi = host.root / "sys-bus" / "pci" / "devices" / NHI_SLOT
+        (nhi / "domain0").mkdir(parents=True)
+        (host.root / "sys-bus" / "thunderbolt" / "devices" / "domain0").symlink_to(
+            f"../../pci/devices/{NHI_SLOT}/domain0")
         (host.root / "statistics").mkdir()
         for command, module in SIMULATED_COMMANDS.items():
             _script(host.root / "sbin" / command,

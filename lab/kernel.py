@@ -13,10 +13,13 @@ module state asks for with what the network shows:
 - each side's XDomain sysfs shows the peer (``0-3``, beside the host router and
   a dock) and, while the peer's driver is loaded, its ``network`` service and
   capabilities (``prtcstns``);
+- each host's controller is a PCI device with a real NHI's ids under
+  ``/sys/bus/pci/devices``, ``domain0`` its child: an Intel JHL8540, or on wsb
+  under ``asm4242`` an ASMedia ASM4242, which never returns TX credits;
 - the stock driver's receiver drops frames at a small rate (iptables
   ``statistic``), so TCP really retransmits; the candidate with ``tx_e2e=1``
-  towards a peer that advertises E2E drops nothing; under ``tx_credit_stall``
-  it transmits nothing;
+  towards a peer that advertises E2E drops nothing; under ``tx_credit_stall``,
+  or with an ASM4242 at either end, it transmits nothing;
 - ``/sys/class/net/thunderbolt0/statistics`` shows the veth's real byte and
   packet counters since the driver loaded, plus receiver errors equal to the
   frames really dropped.
@@ -41,6 +44,7 @@ from lab.topology import (
     LINK_PREFIX,
     LINK_SPEED_GBPS,
     MODULE_NAME,
+    NHI_SLOT,
     RETRAIN_SECONDS,
     WORKSTATIONS,
     LabHost,
@@ -134,16 +138,43 @@ def xdomain_dir(host: LabHost) -> Path:
 XDOMAIN_DEVTYPE = "thunderbolt_xdomain"
 PEER_DEVICE = "0-3"
 DEVICE_ROUTERS = {
-    "0-0": {"uevent": "DEVTYPE=thunderbolt_device", "device_name": "host router",
-            "vendor_name": "twinbolt lab"},
+    "0-0": {"uevent": "DEVTYPE=thunderbolt_device"},
     "0-1": {"uevent": "DEVTYPE=thunderbolt_device", "device_name": "TB4 Dock",
             "vendor_name": "twinbolt lab", "rx_speed": "20.0 Gb/s", "tx_speed": "20.0 Gb/s",
             "rx_lanes": "2", "tx_lanes": "2"},
 }
 
 
+@dataclass(frozen=True)
+class Controller:
+    """A Thunderbolt/USB4 host controller: its NHI's PCI ids and its host router's."""
+
+    vendor: str
+    device: str
+    router: dict[str, str]
+    returns_tx_credits: bool = True
+
+
+# Maple Ridge's NHI (8086:1137, as lspci -n shows it); the ASM4242 is the USB4
+# host that upstream's revert of TX E2E names (1881f2efbf7f).
+JHL8540 = Controller("0x8086", "0x1137", {"vendor": "0x8087", "device": "0x1137",
+                                          "vendor_name": "Intel", "device_name": "JHL8540"})
+ASM4242 = Controller("0x1b21", "0x2425", {"vendor": "0x1b21", "device": "0x2425",
+                                          "vendor_name": "ASMedia", "device_name": "ASM4242"},
+                     returns_tx_credits=False)
+
+
+def controller(host: LabHost) -> Controller:
+    """The host's controller: rank 1's is an ASM4242 while ``asm4242`` is on."""
+    return ASM4242 if host is WORKSTATIONS[1] and faults.is_on("asm4242") else JHL8540
+
+
 def write_device_routers(link: HostLink) -> None:
-    for device, values in DEVICE_ROUTERS.items():
+    chip = controller(link.host)
+    nhi = link.host.root / "sys-bus" / "pci" / "devices" / NHI_SLOT
+    write_if_changed(nhi / "vendor", chip.vendor, link.written)
+    write_if_changed(nhi / "device", chip.device, link.written)
+    for device, values in {**DEVICE_ROUTERS, "0-0": chip.router}.items():
         for name, value in values.items():
             write_if_changed(xdomain_dir(link.host) / device / name, value, link.written)
 
@@ -318,7 +349,10 @@ def tick(links: dict[str, HostLink], speeds: dict[str, float]) -> None:
         write_device_routers(link)
         write_xdomain(link, peer, peer_module, speeds[name])
         rx_drop = 0.0 if tx_e2e_active(peer_module, module) else link.host.stock_rx_drop
-        tx_stall = tx_e2e_active(module, peer_module) and faults.is_on("tx_credit_stall")
+        credits_withheld = (faults.is_on("tx_credit_stall")
+                            or not controller(link.host).returns_tx_credits
+                            or not controller(peer).returns_tx_credits)
+        tx_stall = tx_e2e_active(module, peer_module) and credits_withheld
         apply_rules(link, rx_drop, tx_stall)
         write_statistics(link, module)
 

@@ -27,6 +27,10 @@ LINK_LANES = 1
 RETRAIN_SECONDS = 1.0
 
 MODULE_NAME = "thunderbolt_net"
+# Each workstation's Thunderbolt controller, a PCI device: domain0 is its child,
+# as on a real host, where /sys/bus/thunderbolt/devices/domain0 links to
+# /sys/devices/pci…/<NHI>/domain0.
+NHI_SLOT = "0000:05:00.0"
 # As Ubuntu since 23.10 installs it: zstd-compressed, which readelf cannot read.
 STOCK_MODULE_RELPATH = "kernel/drivers/net/thunderbolt/thunderbolt_net.ko.zst"
 GPU_NAME = "NVIDIA GeForce RTX 5090"

@@ -21,13 +21,16 @@ pyinfra runs each operation on every host before the next, and runs
 ``deploy.py`` once per host in one process, so this module-level record is
 shared by both workstations and the gateway: a failure on one host stops the
 others at the same step.
+
+How the run ended (:class:`Ending`: accepted, refused, rolled back, ...) is
+told once to whoever listens: the compatibility ledger does.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,13 +43,32 @@ from pyinfra.api.state import BaseStateCallback
 from operations.phase import executing
 
 
+@dataclass(frozen=True)
+class Ending:
+    """
+    How a run ended: ``accepted``, ``refused`` (before any change), or after a
+    failure ``rolled_back``, ``rollback_failed`` or ``stopped`` (``on_failure=stop``);
+    the layer that failed or refused, and its evidence.
+    """
+
+    outcome: str
+    layer: str | None = None
+    evidence: str = ""
+
+
 @dataclass
 class Attempt:
-    """The failures of this run, in order, each once per host and operation."""
+    """The failures of this run, in order, each once per host and operation, and its end."""
 
     failures: dict[tuple[str, str | None], str] = field(default_factory=dict)
+    layers: list[str] = field(default_factory=list)
     rollback_command: list[str] = field(default_factory=list)
     rollback_exit: int | None = None
+    dry: bool = False
+    # Said again when the run concludes, however it ends (a forced refusal, say).
+    caveats: list[str] = field(default_factory=list)
+    listeners: list[Callable[[Ending], None]] = field(default_factory=list)
+    ending: Ending | None = None
     registered: bool = False
 
     def healthy(self) -> bool:
@@ -55,11 +77,21 @@ class Attempt:
     def failed(self) -> bool:
         return bool(self.failures)
 
-    def record(self, host_name: str, op_hash: str | None, message: str) -> None:
-        self.failures.setdefault((host_name, op_hash), message)
+    def record(self, host_name: str, op_hash: str | None, message: str,
+               layer: str | None = None) -> None:
+        if (host_name, op_hash) not in self.failures:
+            self.failures[host_name, op_hash] = message
+            self.layers.append(layer or "")
 
     def messages(self) -> list[str]:
         return list(self.failures.values())
+
+    def end(self, ending: Ending) -> None:
+        """Tell the listeners how the run ended, once; a dry run ends unheard."""
+        if self.ending is None and not self.dry:
+            self.ending = ending
+            for listener in self.listeners:
+                listener(ending)
 
 
 ATTEMPT = Attempt()
@@ -71,8 +103,12 @@ class RecordFailedOperations(BaseStateCallback):
 
     @staticmethod
     def operation_host_error(state: Any, host: Any, op_hash: str, *_: Any) -> None:
-        names = ", ".join(sorted(state.get_op_meta(op_hash).names)) or "an operation"
-        ATTEMPT.record(host.name, op_hash, f"{host.name}: {names}: a command failed")
+        names = sorted(state.get_op_meta(op_hash).names)
+        # The runbook names each step after its layer: "Driver: thunderbolt_net is ...".
+        layer = names[0].partition(":")[0].lower() if names else None
+        ATTEMPT.record(host.name, op_hash,
+                       f"{host.name}: {', '.join(names) or 'an operation'}: a command failed",
+                       layer)
 
 
 def begin() -> Attempt:
@@ -100,7 +136,7 @@ def failure_message(host_name: str, layer: str, found: list[str]) -> str:
 def record_failure(on_host: Any, layer: str, found: list[str]) -> bool:
     """Record and print the evidence of a failure on ``on_host``; False, for pyinfra."""
     message = failure_message(on_host.name, layer, found)
-    ATTEMPT.record(on_host.name, on_host.executing_op_hash, message)
+    ATTEMPT.record(on_host.name, on_host.executing_op_hash, message, layer)
     on_host.log_styled(message, fg="red", log_func=logger.error)
     return False
 
@@ -116,7 +152,9 @@ def failing(layer: str, found: list[str]) -> FunctionCommand:
 
 def refuse(layer: str, found: list[str]) -> None:
     """Stop the whole run before any change, with every piece of evidence."""
-    raise OperationError(failure_message(host.name, layer, found))
+    message = failure_message(host.name, layer, found)
+    ATTEMPT.end(Ending("refused", layer, message))
+    raise OperationError(message)
 
 
 def remember_command_line(params: dict[str, Any], target: str = "production") -> None:
@@ -126,6 +164,7 @@ def remember_command_line(params: dict[str, Any], target: str = "production") ->
     parsed command line at hand.
     """
     data = [item for item in params["data"] if not item.startswith(("state=", "on_failure="))]
+    ATTEMPT.dry = bool(params.get("dry"))
     ATTEMPT.rollback_command = [
         sys.argv[0], "-y", params["inventory"], *params["operations"],
         *(argument for item in data for argument in ("--data", item)),
@@ -180,16 +219,26 @@ def concluded(on_failure: str, runner: str) -> Iterator[PyinfraCommand]:
 
         attempt.concluded(name="The attempt succeeded", on_failure="rollback", runner="wsa")
     """
-    if executing() and ATTEMPT.failed() and host.name == runner:
+    if not executing() or host.name != runner:
+        host.noop("the attempt succeeded" if ATTEMPT.healthy() else f"{runner} concludes")
+    elif ATTEMPT.failed():
         messages = ATTEMPT.messages()
         if on_failure == "stop":
-            after = ("on_failure=stop: THE HOSTS WERE LEFT AS THEY ARE for debugging; "
-                     "restore with: pyinfra inventory.py deploy.py --data state=production")
+            outcome, after = "stopped", (
+                "on_failure=stop: THE HOSTS WERE LEFT AS THEY ARE for debugging; "
+                "restore with: pyinfra inventory.py deploy.py --data state=production")
         elif ATTEMPT.rollback_exit == 0:
-            after = "production was restored and verified"
+            outcome, after = "rolled_back", "production was restored and verified"
         else:
-            after = (f"the rollback to production failed too (exit {ATTEMPT.rollback_exit}): "
-                     "the hosts need an operator")
-        raise OperationError(" | ".join([*messages, after]))
-    host.noop("the attempt succeeded")
+            outcome, after = "rollback_failed", (
+                f"the rollback to production failed too (exit {ATTEMPT.rollback_exit}): "
+                "the hosts need an operator")
+        layer = next((layer for layer in ATTEMPT.layers if layer), None)
+        ATTEMPT.end(Ending(outcome, layer, " | ".join(messages)))
+        raise OperationError(" | ".join([*messages, after, *ATTEMPT.caveats]))
+    else:
+        ATTEMPT.end(Ending("accepted"))
+        for caveat in ATTEMPT.caveats:
+            host.log_styled(caveat, fg="red", log_func=logger.warning)
+        host.noop("the attempt succeeded")
     yield from ()

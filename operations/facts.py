@@ -1,6 +1,12 @@
 """
 What twinbolt's facts share.
 
+Each fact is one remote command. Where a step needs several facts at once, they
+are read as one command in sections (:class:`FactGroup`, and the harness's
+reads): each fact's command in a subshell between markers, each section handed
+to that fact's ``process``, with pyinfra's rule that a failed or silent command
+yields the fact's ``default``. One SSH round trip instead of one per fact.
+
 pyinfra never calls a fact's ``process`` with an empty output: a command that
 prints nothing gets ``default()``, which is ``None`` unless the fact says
 otherwise. For a fact whose empty output has a meaning (no such interface, no
@@ -10,13 +16,73 @@ such file, no process), ``None`` is the wrong answer at the worst moment, say
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from pyinfra.api import FactBase
+from pyinfra.api import FactBase, StringCommand
+
+MARKER = "@@twinbolt-fact"
 
 
 class EmptyMeansSomething(FactBase):
     """A fact whose empty output means what ``process([])`` says it means."""
 
     def default(self) -> Any:
+        return self.process([])
+
+
+def raw_command(fact: FactBase, arguments: dict[str, Any]) -> str:
+    """A fact's command as shell text: a method's result, or (pyinfra allows it) a string."""
+    command = fact.command
+    if callable(command):
+        command = command(**arguments)
+    return command.get_raw_value() if isinstance(command, StringCommand) else command
+
+
+def sections_script(commands: dict[str, str]) -> str:
+    """One shell script running each command in a subshell, each section between markers."""
+    return "\n".join(
+        f"echo '{MARKER} {key}'; ( {command} ) 2>/dev/null; echo \"{MARKER}-status $?\""
+        for key, command in commands.items()
+    )
+
+
+def section_values(lines: list[str], facts: dict[str, FactBase]) -> dict[str, Any]:
+    """Each fact's value from its section of :func:`sections_script`'s output."""
+    found: dict[str, list[str]] = {}
+    status: dict[str, int] = {}
+    key = None
+    for line in lines:
+        if line.startswith(f"{MARKER} "):
+            key = line.removeprefix(f"{MARKER} ")
+            found[key] = []
+        elif line.startswith(f"{MARKER}-status ") and key is not None:
+            status[key] = int(line.split()[-1])
+            key = None
+        elif key is not None:
+            found[key].append(line)
+    return {key: fact.process(found[key]) if status.get(key) == 0 and found.get(key)
+            else fact.default()
+            for key, fact in facts.items()}
+
+
+class FactGroup(FactBase):
+    """
+    Several facts read by one command; the value maps each member's name to its value.
+
+    A subclass names its ``members``, and its ``command`` takes named arguments
+    (pyinfra passes a fact's arguments by the names its ``command`` declares) and
+    returns :meth:`sections` with each member's.
+    """
+
+    members: ClassVar[dict[str, type[FactBase]]] = {}
+
+    def sections(self, arguments: dict[str, dict[str, Any]]) -> str:
+        """The members' commands, each with its arguments (by member name; none if absent)."""
+        return sections_script({key: raw_command(fact(), arguments.get(key, {}))
+                                for key, fact in self.members.items()})
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return section_values(output, {key: fact() for key, fact in self.members.items()})
+
+    def default(self) -> dict[str, Any]:
         return self.process([])

@@ -33,6 +33,10 @@ SPEED = re.compile(r"([0-9.]+)\s*Gb/s")
 # Facts
 
 
+# The evidence of a stall: the link trained, yet nothing crosses it. The
+# compatibility ledger records a candidate's run that failed so as a stall.
+NO_TRAFFIC = "no traffic moves"
+
 # The peer host is the Thunderbolt device whose uevent names it an XDomain. Its
 # name depends on domain and port (0-1, 0-3, 1-1, ...), and device routers beside
 # it (the host router, a dock) have a link speed too. Opens a loop over the
@@ -203,7 +207,7 @@ def link_problems(interface: str, address: str, peer_address: str,
         # Carrier and rate are fine, yet nothing crosses: what a controller that never
         # returns TX credits does under tx_e2e=1.
         found.append(f"the peer {peer_address} does not answer across {interface} although "
-                     "it has carrier: no traffic moves (a TX credit stall under tx_e2e=1?)")
+                     f"it has carrier: {NO_TRAFFIC} (a TX credit stall under tx_e2e=1?)")
     return found, True
 
 

@@ -260,6 +260,12 @@ class GatewayRoles(_Section):
         return self
 
 
+class Ledger(_Section):
+    """The compatibility ledger, on the machine running twinbolt: one JSON line per run."""
+
+    path: LocalPath = Path("~/.local/state/twinbolt/ledger.jsonl")
+
+
 class Site(_Section):
     """A whole site: two workstations (rank 0 first), a gateway and their settings."""
 
@@ -270,6 +276,7 @@ class Site(_Section):
     candidate: Candidate
     serving: Serving
     gateway_roles: GatewayRoles
+    ledger: Ledger = Field(default_factory=Ledger)
 
     @model_validator(mode="after")
     def _distinct_hosts(self) -> "Site":
@@ -287,6 +294,7 @@ class Site(_Section):
             **_flat("link", self.link.model_dump(mode="json")),
             **_flat("candidate", self.candidate.model_dump(mode="json")),
             **_flat("serving", self.serving.model_dump(mode="json")),
+            **_flat("ledger", self.ledger.model_dump(mode="json")),
         }
         return [
             (

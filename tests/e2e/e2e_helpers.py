@@ -13,6 +13,7 @@ import json
 import re
 import shlex
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +26,9 @@ REPO = Path(__file__).resolve().parents[2]
 PYTHON = REPO / ".venv" / "bin" / "python"
 PYINFRA = REPO / ".venv" / "bin" / "pyinfra"
 SSH_CONFIG = REPO / ".lab" / "ssh" / "config"
+# The lab's link is back within about 2 s of a load; a wait that must run out need not
+# cost the default 30 s, twice (the failed run, then the rollback's own wait).
+SHORT_LINK_WAIT = ("--data", "link_wait_seconds=10")
 
 
 @dataclass
@@ -53,6 +57,20 @@ def deploy(state: str | None, *extra: str, timeout: float = 600) -> DeployRun:
     except json.JSONDecodeError:
         results = {}
     return DeployRun(result.returncode, results or {}, result.stdout + result.stderr)
+
+
+def refused_for_a_recorded_stall(pairing: str, *extra: str) -> DeployRun:
+    """A ``tp2_e2e`` run that the ledger refuses on ``pairing``, having changed nothing."""
+    before = snapshot()
+    started = time.monotonic()
+    run = deploy("tp2_e2e", *extra)
+    print(f"refusal on a recorded stall: {time.monotonic() - started:.1f}s")
+    assert run.returncode != 0
+    assert ("driver layer: the candidate's TX E2E has stalled on the controller pairing "
+            f"{pairing}") in run.output, run.output[-3000:]
+    assert "force_candidate=yes" in run.output
+    assert snapshot() == before, "a refused run must change nothing"
+    return run
 
 
 def dry_run(state: str, timeout: float = 600) -> DeployRun:

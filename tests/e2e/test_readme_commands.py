@@ -24,6 +24,7 @@ READ_ONLY = [
     "pytest tests/verify --state production",
     "python experiment.py status",
     "python experiment.py diagnose",
+    "python experiment.py matrix",
 ]
 
 

@@ -14,15 +14,23 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from e2e_helpers import PYTHON, REPO, deploy, fault, lab, snapshot, ssh, verify
+from e2e_helpers import (
+    PYTHON,
+    REPO,
+    SHORT_LINK_WAIT,
+    deploy,
+    fault,
+    lab,
+    refused_for_a_recorded_stall,
+    snapshot,
+    ssh,
+    verify,
+)
 
 from lab.topology import STATE, host_named
+from operations import ledger
 
 LOCK = "/run/twinbolt/lock"
-
-# The lab's link is back within about 2 s of a load; a wait that must run out need not
-# cost the default 30 s, twice (the failed run, then the rollback's own wait).
-SHORT_LINK_WAIT = ("--data", "link_wait_seconds=10")
 
 
 def assert_production_verified() -> None:
@@ -30,10 +38,13 @@ def assert_production_verified() -> None:
     assert checks.returncode == 0, checks.stdout[-3000:]
 
 
-def test_a_candidate_that_stalls_the_link_is_rolled_back_to_verified_production() -> None:
+def test_a_candidate_that_stalls_the_link_is_rolled_back_and_its_controllers_remembered(
+        tmp_path) -> None:
+    """The stall is recorded in the ledger, and the next candidate run on the pair is refused."""
+    own_ledger = ("--data", f"ledger_path={tmp_path / 'ledger.jsonl'}")
     started = time.monotonic()
     with fault("tx_credit_stall"):
-        run = deploy("tp2_e2e", *SHORT_LINK_WAIT)
+        run = deploy("tp2_e2e", *SHORT_LINK_WAIT, *own_ledger)
     print(f"failure to verified production: {time.monotonic() - started:.1f}s")
     assert run.returncode != 0
     assert "link layer" in run.output and "no traffic moves" in run.output
@@ -42,6 +53,17 @@ def test_a_candidate_that_stalls_the_link_is_rolled_back_to_verified_production(
     assert "Traceback" not in run.output, run.output[-3000:]
     for host in ("wsa", "wsb"):
         assert "tx_e2e" not in ssh(host, "ls /sys/module/thunderbolt_net/parameters")
+    # The rollback is a run of its own, and ends first.
+    rollback, attempt = ledger.read(tmp_path / "ledger.jsonl")
+    assert (rollback["state"], rollback["outcome"]) == ("production", "accepted")
+    assert (attempt["outcome"], attempt["layer"], attempt["stall"]) == ("rolled_back", "link",
+                                                                        True)
+    # Recorded as it ran: the candidate loaded with tx_e2e, before the rollback.
+    assert {part["parameters"].get("tx_e2e") for part in attempt["hosts"]} == {"Y"}
+    assert ledger.controllers(attempt) == ["8086:1137", "8086:1137"]
+
+    refused_for_a_recorded_stall("8086:1137 + 8086:1137", *own_ledger)
+    assert ledger.read(tmp_path / "ledger.jsonl")[-1]["outcome"] == "refused"
     assert_production_verified()
 
 

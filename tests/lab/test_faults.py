@@ -6,6 +6,7 @@ import pytest
 from lab_helpers import carrier, linked, load, read, ssh, transfer, wait_until
 
 from lab import faults
+from operations.ledger import ThunderboltController
 
 pytestmark = pytest.mark.usefixtures("restore_stock")
 
@@ -15,8 +16,8 @@ def test_unknown_fault_is_refused_with_the_list() -> None:
         faults.switch("no_such_fault", True)
 
 
-def test_tx_credit_stall_stops_all_traffic_under_tx_e2e_only() -> None:
-    faults.switch("tx_credit_stall", True)
+def assert_only_tx_e2e_stalls() -> None:
+    """The stock driver moves data; the candidate with tx_e2e=1 at both ends moves nothing."""
     assert transfer(64 << 20, timeout=15) == 64 << 20, "stock driver must be unaffected"
     for host in ("wsa", "wsb"):
         load(host, "candidate", "tx_e2e=1")
@@ -24,6 +25,28 @@ def test_tx_credit_stall_stops_all_traffic_under_tx_e2e_only() -> None:
         wait_until(lambda host=host: linked(host))
     assert ssh("wsa", "ping -c 2 -W 1 169.254.77.2", check=False).returncode != 0
     assert transfer(64 << 20, timeout=5) == 0
+
+
+def test_tx_credit_stall_stops_all_traffic_under_tx_e2e_only() -> None:
+    faults.switch("tx_credit_stall", True)
+    assert_only_tx_e2e_stalls()
+
+
+def controller(host: str) -> dict | None:
+    """The host's controller as the ledger's own fact reads it, over SSH."""
+    fact = ThunderboltController()
+    return fact.process(ssh(host, fact.command()).stdout.splitlines())
+
+
+def test_asm4242_gives_wsb_that_controller_and_stalls_the_link_under_tx_e2e_only() -> None:
+    """A real host's sysfs: domain0 links to its NHI, a PCI device with the chip's ids."""
+    assert controller("wsb") == {"domain": "domain0", "nhi": "8086:1137",
+                                 "router": "Intel JHL8540 (8087:1137)"}
+    faults.switch("asm4242", True)
+    wait_until(lambda: controller("wsb")["nhi"] == "1b21:2425", timeout=2)
+    assert controller("wsb")["router"] == "ASMedia ASM4242 (1b21:2425)"
+    assert controller("wsa")["nhi"] == "8086:1137"
+    assert_only_tx_e2e_stalls()
 
 
 def test_peer_no_e2e_clears_bit_zero_of_the_peer_capabilities() -> None:

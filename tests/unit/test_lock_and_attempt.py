@@ -94,12 +94,9 @@ def test_route_fact_command_names_the_interface_on_this_machine() -> None:
 
 
 @pytest.fixture
-def fresh_attempt():
-    attempt.ATTEMPT.failures.clear()
-    attempt.ATTEMPT.rollback_exit = None
-    yield attempt.ATTEMPT
-    attempt.ATTEMPT.failures.clear()
-    attempt.ATTEMPT.rollback_exit = None
+def fresh_attempt(monkeypatch):
+    monkeypatch.setattr(attempt, "ATTEMPT", attempt.Attempt())
+    return attempt.ATTEMPT
 
 
 def no_facts(cls, kwargs):

@@ -15,6 +15,7 @@ from harness.counters import LinkCounters, LinkSnapshot
 from harness.server_stats import ServerSnapshot
 from harness.topology import Endpoint, Topology
 from harness.windows import WindowSettings
+from operations.facts import MARKER
 from operations.hosts import InventoryEntry
 from operations.link import XDomainLink
 
@@ -36,10 +37,10 @@ def test_facts_are_read_in_one_script_and_parsed_by_their_own_process():
     queries = [remote.Query("xdomain", XDomainLink()),
                remote.Query("counters", LinkCounters(), {"interface": "thunderbolt0"})]
     script = remote.script(queries)
-    assert script.count(remote.MARKER + " ") == 2 and "thunderbolt0" in script
+    assert script.count(MARKER + " ") == 2 and "thunderbolt0" in script
     output = "\n".join([
-        f"{remote.MARKER} xdomain", "0-1|wsb|20.0 Gb/s|20.0 Gb/s|1|1", f"{remote.MARKER}-status 0",
-        f"{remote.MARKER} counters", "rx_bytes 5", f"{remote.MARKER}-status 1",
+        f"{MARKER} xdomain", "0-1|wsb|20.0 Gb/s|20.0 Gb/s|1|1", f"{MARKER}-status 0",
+        f"{MARKER} counters", "rx_bytes 5", f"{MARKER}-status 1",
     ])
     values = remote.parse(output, queries)
     assert values["xdomain"]["peer"] == "wsb" and values["xdomain"]["rx_speed_gbps"] == 20.0

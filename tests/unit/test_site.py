@@ -48,6 +48,14 @@ def test_minimal_site_loads_with_the_defaults(write_site):
     assert site.gateway_roles.litellm_port == 4000
     assert str(site.gateway_roles.listen_address) == "0.0.0.0"
     assert dict(site.gateway_hosts())["gw0"]["gateway_roles_listen_address"] == "0.0.0.0"
+    assert dict(site.workstation_hosts())["ws0"]["ledger_path"] == (
+        "~/.local/state/twinbolt/ledger.jsonl")
+
+
+def test_a_ledger_path_is_relative_to_the_site_file(write_site, tmp_path):
+    site = load_site(write_site(MINIMAL_SITE + '\n[ledger]\npath = "records/ledger.jsonl"\n'))
+    assert dict(site.workstation_hosts())["ws1"]["ledger_path"] == str(
+        tmp_path / "records" / "ledger.jsonl")
 
 
 def test_example_site_loads():

@@ -1,0 +1,84 @@
+"""
+The compatibility ledger read back: ``experiment.py matrix`` prints controller
+pairing x kernel x driver x E2E setting -> outcomes, and ``measure`` adds its
+tok/s to the ledger.
+
+The records are written by the runs themselves (``operations/ledger.py``); this
+only groups them. The driver column is the declared driver with the build-ids
+seen loaded of it, and the E2E column the parameters seen loaded: a refused
+candidate run shows no candidate build-id and ``tx -``, which is the truth.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from harness import remote
+from harness.report import headline, table
+from harness.topology import Topology
+from operations import ledger
+from operations.states import State
+
+
+def ledger_path(topology: Topology) -> Path:
+    """The ledger the inventory names (``[ledger] path``), as the deploy writes it."""
+    return Path(topology.workstations[0].data["ledger_path"]).expanduser()
+
+
+def row_key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
+    hosts = entry["hosts"]
+    kernels = sorted({str(part.get("kernel")) for part in hosts})
+    # A build-id counts under the driver declared only if it is that driver (the
+    # candidate declares tx_e2e): a refused candidate run left the stock one loaded.
+    build_ids = sorted({
+        part["build_id"][:12] for part in hosts
+        if part.get("build_id")
+        and ("tx_e2e" in part.get("parameters", {})) == (entry["driver"] == "candidate")
+    })
+    settings = sorted({
+        f"rx {part.get('parameters', {}).get('e2e', '-')} "
+        f"tx {part.get('parameters', {}).get('tx_e2e', '-')}"
+        for part in hosts
+    })
+    return (" + ".join(ledger.controllers(entry)), ", ".join(kernels),
+            " ".join([entry["driver"], *build_ids]), ", ".join(settings))
+
+
+def render(records: list[dict[str, Any]]) -> str:
+    """The matrix as a Markdown table, one row per combination, in order of first use."""
+    outcomes: dict[tuple[str, ...], Counter[str]] = defaultdict(Counter)
+    best: dict[tuple[str, ...], float] = {}
+    for entry in records:
+        key = row_key(entry)
+        outcomes[key][entry["outcome"] + (" (forced)" if entry.get("forced") else "")] += 1
+        if entry.get("tok_s") is not None:
+            best[key] = max(best.get(key, 0.0), entry["tok_s"])
+    rows = [
+        [*key, ", ".join(f"{count} {outcome}" for outcome, count in counted.items()),
+         f"{best[key]:.1f}" if key in best else "-"]
+        for key, counted in outcomes.items()
+    ]
+    header = ["controllers (NHI)", "kernel", "driver", "E2E (rx, tx)", "outcomes", "best tok/s"]
+    return "\n".join(table(header, rows))
+
+
+def stalls(records: list[dict[str, Any]]) -> list[str]:
+    """Every stall the preflight would act on, the upstream report first."""
+    return [ledger.describe_stall(entry)
+            for entry in [*ledger.SEEDED, *records] if entry["stall"]]
+
+
+async def record_measurement(topology: Topology, state: State, built: dict[str, Any]) -> Path:
+    """Append a ``measured`` record: the hosts as they are now, and the single-stream tok/s."""
+    module = topology.workstations[0].data["candidate_module_name"]
+    query = remote.Query("identity", ledger.HostIdentity(), {"module": module})
+    readings = await remote.read_all({entry: [query] for entry in topology.workstations},
+                                     topology.ssh_config)
+    hosts = [ledger.host_entry(name, reading.values["identity"] if not reading.error else {})
+             for name, reading in readings.items()]
+    path = ledger_path(topology)
+    ledger.append(path, ledger.record(state.name, state.driver, "measured", hosts,
+                                      tok_s=headline(built)["single_tok_s"]))
+    return path

@@ -1,0 +1,314 @@
+"""
+The compatibility ledger: which controllers, kernel and driver a run met, and how it ended.
+
+The field's operators learnt by hand which Thunderbolt controllers take the
+candidate's TX E2E. Upstream learnt it the hard way: TX E2E was reverted
+(1881f2efbf7f) because an ASMedia ASM4242 never returns TX credits, and the link
+then carries nothing while the XDomain handshake completes. twinbolt reads every
+layer anyway, so every run appends one JSON line to a ledger on the operator's
+machine (site key ``ledger.path``):
+
+- each workstation's controller (its NHI's PCI ``vendor:device``, as
+  ``lspci -n`` prints it, and its host router), kernel release,
+  ``thunderbolt_net`` build-id and parameters, the peer's capabilities and the
+  trained rate x lanes;
+- the declared driver, and the outcome: ``accepted``, ``refused`` or, after a
+  failure, ``rolled_back``, ``rollback_failed`` or ``stopped``, with the layer;
+- tok/s, in the records ``experiment.py measure`` appends.
+
+A candidate run that failed at the link layer with nothing crossing it is a
+stall. Preflight refuses the candidate on a controller pairing with a recorded
+stall, the upstream report included (:data:`SEEDED`); ``--data
+force_candidate=yes`` overrides that, loudly.
+
+The deploy reads the hosts twice (:func:`observed`): before preflight, so that a
+refused run is recorded with what it met, and after the attempt, before any
+rollback, so that a failed one is recorded with what it ran. The record is
+written once, when the attempt tells how the run ended (:func:`keep`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api import FactBase, operation
+from pyinfra.api.command import PyinfraCommand
+from pyinfra.facts.server import KernelVersion
+
+from operations import attempt
+from operations.driver import LoadedModule, PeerCapabilities
+from operations.facts import FactGroup
+from operations.link import NO_TRAFFIC, XDOMAIN_PEERS, XDomainLink, trained_rate
+
+FAILED = ("rolled_back", "rollback_failed", "stopped")
+OUTCOMES = ("accepted", "refused", *FAILED, "measured")
+FORCE_KEY = "force_candidate"
+
+
+class ThunderboltController(FactBase):
+    """
+    The controller of the Thunderbolt domain the peer is on (domain 0 without a
+    peer): its NHI's PCI ids and its host router; ``None`` on a host without one.
+
+    ``domainN`` links to its NHI's PCI device, so ``domainN/..`` is the NHI.
+
+    .. code:: python
+
+        {"domain": "domain0", "nhi": "8086:1137", "router": "Intel JHL8540 (8087:1137)"}
+    """
+
+    def command(self) -> str:
+        return (
+            "peer=$(" + XDOMAIN_PEERS + 'echo "${d##*/}"; break; done); n=${peer%%-*}; '
+            'n=${n:-0}; tb=/sys/bus/thunderbolt/devices; nhi="$tb/domain$n/.."; r="$tb/$n-0"; '
+            'echo "domain$n|$(cat "$nhi/vendor")|$(cat "$nhi/device")|$(cat "$r/vendor")'
+            '|$(cat "$r/device")|$(cat "$r/vendor_name")|$(cat "$r/device_name")"'
+        )
+
+    def process(self, output: list[str]) -> dict | None:
+        if not output:
+            return None
+        domain, vendor, device, router_vendor, router_device, vendor_name, device_name = (
+            output[0].split("|"))
+        if not vendor:
+            return None
+        ids = f"{pci_id(router_vendor)}:{pci_id(router_device)}"
+        return {"domain": domain, "nhi": f"{pci_id(vendor)}:{pci_id(device)}",
+                "router": f"{vendor_name} {device_name} ({ids})".strip()}
+
+
+def pci_id(value: str) -> str:
+    """``0x1B21`` as ``lspci -n`` writes it: ``1b21``."""
+    return value.strip().lower().removeprefix("0x")
+
+
+class HostIdentity(FactGroup):
+    """
+    What a ledger entry says of a host, read in one command: its controller,
+    kernel release, ``thunderbolt_net`` module, the peer's capabilities, the link.
+    """
+
+    members = {"controller": ThunderboltController, "kernel": KernelVersion,
+               "module": LoadedModule, "peer": PeerCapabilities, "xdomain": XDomainLink}
+
+    def command(self, module: str) -> str:
+        return self.sections({"module": {"module": module}})
+
+
+def host_entry(name: str, values: dict[str, Any]) -> dict[str, Any]:
+    """One host's entry in a record, from :class:`HostIdentity`'s value."""
+    controller, module = values.get("controller"), values.get("module")
+    peer, xdomain = values.get("peer"), values.get("xdomain")
+    rate, lanes = trained_rate(xdomain) if xdomain else (None, None)
+    return {
+        "host": name,
+        "nhi": controller["nhi"] if controller else None,
+        "router": controller["router"] if controller else None,
+        "kernel": values.get("kernel"),
+        "build_id": module["build_id"] if module else None,
+        "parameters": module["parameters"] if module else {},
+        "peer_prtcstns": f"0x{peer['prtcstns']:08x}" if peer else None,
+        "rate_gbps": rate,
+        "lanes": lanes,
+    }
+
+
+def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
+           layer: str | None = None, evidence: str = "", forced: bool = False,
+           tok_s: float | None = None) -> dict[str, Any]:
+    """
+    One ledger line. ``stall`` is the judgement :func:`stall_reports` acts on: the
+    candidate's run failed at the link layer because nothing crossed a link that
+    trained, which is what a TX ring that never gets credits does.
+    """
+    if outcome not in OUTCOMES:
+        raise ValueError(f"unknown outcome {outcome!r}; outcomes are: {', '.join(OUTCOMES)}")
+    return {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "state": state,
+        "driver": driver,
+        "outcome": outcome,
+        "layer": layer,
+        "stall": (driver == "candidate" and outcome in FAILED and layer == "link"
+                  and NO_TRAFFIC in evidence),
+        "forced": forced,
+        "tok_s": tok_s,
+        "evidence": evidence,
+        "hosts": hosts,
+    }
+
+
+# The upstream report the refusal starts from: the revert names the controller,
+# not the one at the other end, so the pairing is any that includes it.
+SEEDED = [{
+    **record("tx_e2e (upstream)", "candidate", "rolled_back",
+             [{"host": "upstream report", "nhi": "1b21:2425", "router": "ASMedia ASM4242"}],
+             layer="link",
+             evidence="upstream revert 1881f2efbf7f of TX E2E (a8065af3346e): the ASMedia "
+                      "ASM4242 (1b21:2425) never returns TX credits; the TX ring freezes and "
+                      f"{NO_TRAFFIC} (100% loss) though the XDomain handshake completes"),
+    "time": "upstream",
+}]
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    """The ledger's records, oldest first; none when there is no ledger yet."""
+    path = path.expanduser()
+    if not path.exists():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not a JSON line ({error.msg})") from None
+    return records
+
+
+def append(path: Path, entry: dict[str, Any]) -> None:
+    """Add one record; the ledger and its directory are created on first use."""
+    path = path.expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as ledger:
+        ledger.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def controllers(entry: dict[str, Any]) -> list[str]:
+    return sorted(str(part.get("nhi")) for part in entry["hosts"])
+
+
+def stall_reports(records: list[dict[str, Any]], pairing: list[str]) -> list[dict[str, Any]]:
+    """
+    The recorded stalls, seeded ones first, whose controllers are all in ``pairing``
+    (the two NHIs): a record of one controller covers every pairing with it.
+    """
+    found = Counter(pairing)
+    return [entry for entry in [*SEEDED, *records]
+            if entry["stall"] and not Counter(controllers(entry)) - found]
+
+
+def describe_stall(entry: dict[str, Any]) -> str:
+    if entry["time"] == "upstream":
+        return entry["evidence"]
+    return (f"{entry['time']}: {entry['state']} on {' + '.join(controllers(entry))} "
+            f"failed at the {entry['layer']} layer ({entry['outcome']}): {entry['evidence']}")
+
+
+@dataclass
+class Run:
+    """What this run has seen of each workstation, and whether the ledger listens."""
+
+    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    forced: bool = False
+    kept: bool = False
+
+
+RUN = Run()
+
+
+def keep(run: attempt.Attempt, path: str, state: str, driver: str) -> None:
+    """
+    Have the run's ending appended to the ledger at ``path``, with what the run
+    observed; ``deploy.py`` calls this on every host, the first call counts.
+    """
+    if RUN.kept:
+        return
+    RUN.kept = True
+
+    def write(ending: attempt.Ending) -> None:
+        append(Path(path), record(state, driver, ending.outcome, list(RUN.hosts.values()),
+                                  layer=ending.layer, evidence=ending.evidence,
+                                  forced=RUN.forced))
+
+    run.listeners.append(write)
+
+
+def pairing(names: list[str]) -> list[str] | None:
+    """The NHIs of the named workstations, once each has been observed this run."""
+    if any(RUN.hosts.get(name, {}).get("nhi") is None for name in names):
+        return None
+    return sorted(RUN.hosts[name]["nhi"] for name in names)
+
+
+# Operations
+
+
+@operation(is_idempotent=True)
+def observed(module: str) -> Iterator[PyinfraCommand]:
+    """
+    Note this workstation's controller, kernel, driver and link for the run's record.
+
+    Read-only. The record is written when the run ends (:func:`keep`): this only
+    remembers what the host showed when the step ran.
+
+    + module: the ``thunderbolt_net`` module's name
+
+    **Example:**
+
+    .. code:: python
+
+        ledger.observed(name="Ledger: what this run meets", module="thunderbolt_net")
+    """
+    entry = RUN.hosts[host.name] = host_entry(host.name,
+                                              host.get_fact(HostIdentity, module=module))
+    host.noop(f"controller {entry['nhi']}, kernel {entry['kernel']}, "
+              f"{module} {entry['build_id'] or 'not loaded'}")
+    yield from ()
+
+
+@operation(is_idempotent=True)
+def no_recorded_stall(path: str, workstations: list[str], force: bool = False
+                      ) -> Iterator[PyinfraCommand]:
+    """
+    Refuse the candidate on a controller pairing with a recorded stall, before any change.
+
+    The ledger at ``path`` and the upstream report (:data:`SEEDED`) are the record.
+    Judged once every workstation has been observed: at execute time, or earlier
+    when pyinfra predicts changes host by host and both are known.
+
+    + path: the ledger, on this machine
+    + workstations: the two workstations, whose controllers make the pairing
+    + force: go ahead anyway (``--data force_candidate=yes``), saying so in capitals
+
+    **Example:**
+
+    .. code:: python
+
+        ledger.no_recorded_stall(name="Preflight: no stall is recorded for these controllers",
+                                 path="~/.local/state/twinbolt/ledger.jsonl",
+                                 workstations=["ws0", "ws1"])
+    """
+    controllers_now = pairing(workstations)
+    if controllers_now is None:
+        host.noop("the pairing is judged once both workstations are observed")
+        return
+    try:
+        stalls = stall_reports(read(Path(path)), controllers_now)
+    except ValueError as error:
+        attempt.refuse("ledger", [f"the ledger cannot be read: {error}; "
+                                  "move it aside to start a new one"])
+    pair = " + ".join(controllers_now)
+    if stalls and not force:
+        attempt.refuse("driver", [
+            f"the candidate's TX E2E has stalled on the controller pairing {pair}",
+            *(describe_stall(entry) for entry in stalls),
+            f"override at your own risk with --data {FORCE_KEY}=yes",
+        ])
+    elif stalls:
+        warning = (f"FORCED: THE CANDIDATE RUNS ON THE CONTROLLER PAIRING {pair} DESPITE "
+                   f"{len(stalls)} RECORDED STALL(S) ({FORCE_KEY}=yes)")
+        if not RUN.forced:
+            RUN.forced = True
+            attempt.ATTEMPT.caveats.append(warning)
+        host.log_styled(warning, fg="red", log_func=logger.warning)
+        host.noop("forced past a recorded stall")
+    else:
+        host.noop(f"no stall is recorded for {pair}")
+    yield from ()

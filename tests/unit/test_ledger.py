@@ -1,0 +1,279 @@
+"""The compatibility ledger: what a record says, which stalls refuse which pairing, the matrix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from pyinfra.api import OperationError
+from pyinfra.facts.server import KernelVersion
+
+from harness import matrix
+from operations import attempt, driver, ledger
+from operations.driver import CandidateModule, LoadedModule, ModprobeTarget, PeerCapabilities
+from operations.facts import MARKER
+from operations.link import XDomainLink
+from tests.unit.operation_harness import run_operation
+
+INTEL, ASM4242 = "8086:1137", "1b21:2425"
+CANDIDATE_BUILD = "c0ffee" * 6
+
+
+def host(name: str, nhi: str, tx_e2e: str | None = None, kernel: str = "6.8.0-49-generic"
+         ) -> dict:
+    parameters = {"e2e": "Y", **({"tx_e2e": tx_e2e} if tx_e2e else {})}
+    return {"host": name, "nhi": nhi, "router": None, "kernel": kernel,
+            "build_id": CANDIDATE_BUILD if tx_e2e else "5t0c4" * 8, "parameters": parameters,
+            "peer_prtcstns": "0x00000007", "rate_gbps": 20.0, "lanes": 1}
+
+
+@pytest.fixture(autouse=True)
+def fresh_run(monkeypatch):
+    monkeypatch.setattr(attempt, "ATTEMPT", attempt.Attempt())
+    monkeypatch.setattr(ledger, "RUN", ledger.Run())
+
+
+def test_the_controller_fact_reads_the_nhi_of_the_peers_domain(tmp_path) -> None:
+    """The command runs here against a sysfs laid out as a real host's, domain1 the peer's."""
+    sysfs = tmp_path / "sys"
+    for slot, domain, (vendor, device) in (("0000:00:0d.2", 0, ("0x8086", "0x9a1b")),
+                                           ("0000:05:00.0", 1, ("0x1B21", "0x2425"))):
+        nhi = sysfs / "bus/pci/devices" / slot
+        (nhi / f"domain{domain}").mkdir(parents=True)
+        (nhi / "vendor").write_text(vendor + "\n")
+        (nhi / "device").write_text(device + "\n")
+        devices = sysfs / "bus/thunderbolt/devices"
+        devices.mkdir(parents=True, exist_ok=True)
+        (devices / f"domain{domain}").symlink_to(nhi / f"domain{domain}")
+        router = devices / f"{domain}-0"
+        router.mkdir()
+        for name, value in (("vendor", vendor), ("device", device), ("vendor_name", "Maker"),
+                            ("device_name", f"chip{domain}")):
+            (router / name).write_text(value + "\n")
+    peer = sysfs / "bus/thunderbolt/devices/1-1"
+    peer.mkdir()
+    (peer / "uevent").write_text("DEVTYPE=thunderbolt_xdomain\n")
+    command = ledger.ThunderboltController().command().replace("/sys/", f"{sysfs}/")
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
+    assert ledger.ThunderboltController().process(output.splitlines()) == {
+        "domain": "domain1", "nhi": ASM4242, "router": "Maker chip1 (1b21:2425)"}
+
+
+def test_a_host_without_a_controller_has_none() -> None:
+    assert ledger.ThunderboltController().process(["domain0||||||"]) is None
+
+
+def test_a_host_entry_holds_what_the_facts_said_and_none_for_what_they_did_not() -> None:
+    values = {
+        "controller": {"domain": "domain0", "nhi": INTEL, "router": "Intel JHL8540 (8087:1137)"},
+        "kernel": "6.8.0-49-generic",
+        "module": {"initstate": "live", "parameters": {"e2e": "Y", "tx_e2e": "Y"},
+                   "build_id": CANDIDATE_BUILD},
+        "peer": {"service": "0-3.0", "prtcstns": 7},
+        "xdomain": {"device": "0-3", "peer": "wsb", "rx_speed_gbps": 20.0, "tx_speed_gbps": 10.0,
+                    "rx_lanes": 2, "tx_lanes": 2, "others": []},
+    }
+    entry = ledger.host_entry("wsa", values)
+    assert entry == {"host": "wsa", "nhi": INTEL, "router": "Intel JHL8540 (8087:1137)",
+                     "kernel": "6.8.0-49-generic", "build_id": CANDIDATE_BUILD,
+                     "parameters": {"e2e": "Y", "tx_e2e": "Y"}, "peer_prtcstns": "0x00000007",
+                     "rate_gbps": 20.0, "lanes": 2}
+    bare = ledger.host_entry("wsb", {"kernel": "6.8.0-49-generic"})
+    assert (bare["nhi"], bare["build_id"], bare["peer_prtcstns"], bare["rate_gbps"]) == (
+        None, None, None, None)
+
+
+def test_the_identity_is_the_layers_own_facts_read_in_one_command() -> None:
+    assert ledger.HostIdentity.members == {
+        "controller": ledger.ThunderboltController, "kernel": KernelVersion,
+        "module": LoadedModule, "peer": PeerCapabilities, "xdomain": XDomainLink}
+    command = ledger.HostIdentity().command(module="thunderbolt_net")
+    assert command.count(f"{MARKER} ") == 5 and "/sys/module/" in command
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
+    values = ledger.HostIdentity().process(output.splitlines())
+    # This machine: a kernel, and (most likely) no Thunderbolt; whatever is absent is None.
+    assert values["kernel"] == subprocess.run(["uname", "-r"], capture_output=True,
+                                              text=True).stdout.strip()
+    assert set(values) == set(ledger.HostIdentity.members)
+    assert ledger.HostIdentity().default() == {
+        "controller": None, "kernel": None, "module": None, "peer": None, "xdomain": None}
+
+
+NOTHING_CROSSES = ("wsa: link layer: the peer 169.254.77.2 does not answer across thunderbolt0 "
+                   "although it has carrier: no traffic moves (a TX credit stall under tx_e2e=1?)")
+SLOW_LINK = "wsa: link layer: the link to wsb trained at 10 Gb/s over 1 lane(s), not 20 Gb/s"
+
+
+@pytest.mark.parametrize(("driver", "outcome", "layer", "evidence", "stall"), [
+    ("candidate", "rolled_back", "link", NOTHING_CROSSES, True),
+    ("candidate", "stopped", "link", NOTHING_CROSSES, True),
+    ("candidate", "rollback_failed", "link", NOTHING_CROSSES, True),
+    ("candidate", "rolled_back", "link", SLOW_LINK, False),
+    ("candidate", "rolled_back", "serving", "wsa: serving layer: rank 0 hangs", False),
+    ("candidate", "refused", "driver", "wsa: driver layer: RX E2E is off", False),
+    ("candidate", "accepted", None, "", False),
+    ("stock", "rolled_back", "link", NOTHING_CROSSES, False),
+])
+def test_a_stall_is_a_candidate_that_failed_with_nothing_crossing_the_link(
+        driver, outcome, layer, evidence, stall) -> None:
+    entry = ledger.record("tp2_e2e", driver, outcome, [host("wsa", INTEL)], layer=layer,
+                          evidence=evidence)
+    assert entry["stall"] is stall
+
+
+def test_an_unknown_outcome_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown outcome 'won'"):
+        ledger.record("tp2_e2e", "candidate", "won", [])
+
+
+def test_the_upstream_report_covers_every_pairing_with_the_asm4242() -> None:
+    assert [entry["time"] for entry in ledger.stall_reports([], [INTEL, ASM4242])] == ["upstream"]
+    assert ledger.stall_reports([], sorted([ASM4242, ASM4242]))
+    assert ledger.stall_reports([], [INTEL, INTEL]) == []
+
+
+def test_a_recorded_stall_covers_its_own_pairing_only() -> None:
+    stalled = ledger.record("tp2_e2e", "candidate", "rolled_back",
+                            [host("wsa", INTEL, "Y"), host("wsb", "8086:5781", "Y")],
+                            layer="link", evidence=NOTHING_CROSSES)
+    accepted = ledger.record("tp2_e2e", "candidate", "accepted",
+                             [host("wsa", INTEL, "Y"), host("wsb", INTEL, "Y")])
+    records = [stalled, accepted]
+    assert ledger.stall_reports(records, sorted([INTEL, "8086:5781"])) == [stalled]
+    assert ledger.stall_reports(records, [INTEL, INTEL]) == []
+    assert f"failed at the link layer (rolled_back): {NOTHING_CROSSES}" in (
+        ledger.describe_stall(stalled))
+
+
+def test_the_ledger_is_appended_and_read_back(tmp_path) -> None:
+    path = tmp_path / "deep" / "ledger.jsonl"
+    assert ledger.read(path) == []
+    first = ledger.record("production", "stock", "accepted", [host("wsa", INTEL)])
+    second = ledger.record("tp2_e2e", "candidate", "refused", [host("wsa", INTEL)],
+                           layer="driver")
+    ledger.append(path, first)
+    ledger.append(path, second)
+    assert ledger.read(path) == [first, second]
+    with path.open("a") as file:
+        file.write("{not json\n")
+    with pytest.raises(ValueError, match=r"ledger.jsonl:3: not a JSON line"):
+        ledger.read(path)
+
+
+def test_the_run_is_recorded_once_when_it_ends(tmp_path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    ledger.RUN.hosts["wsa"] = host("wsa", INTEL)
+    ledger.keep(attempt.ATTEMPT, str(path), "tp2_e2e", "candidate")
+    ledger.keep(attempt.ATTEMPT, str(path), "tp2_e2e", "candidate")  # the next host's call
+    attempt.ATTEMPT.end(attempt.Ending("rolled_back", "link", NOTHING_CROSSES))
+    attempt.ATTEMPT.end(attempt.Ending("accepted"))
+    [entry] = ledger.read(path)
+    assert (entry["state"], entry["driver"], entry["outcome"], entry["layer"], entry["stall"],
+            entry["hosts"]) == ("tp2_e2e", "candidate", "rolled_back", "link", True,
+                                [host("wsa", INTEL)])
+
+
+def test_a_dry_run_and_a_refusal_in_it_record_nothing(tmp_path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    attempt.ATTEMPT.dry = True
+    ledger.keep(attempt.ATTEMPT, str(path), "tp2_e2e", "candidate")
+    with pytest.raises(OperationError):
+        refused_stock_driver()
+    assert not path.exists()
+
+
+def no_facts(cls, kwargs):
+    raise AssertionError("this step reads no facts")
+
+
+def refused_stock_driver() -> None:
+    """Preflight's refusal of a stock driver that modprobe cannot find."""
+    def facts(cls, kwargs):
+        assert cls is ModprobeTarget
+        return None
+    run_operation(driver.admissible, facts, loaded="stock",
+                  candidate=CandidateModule("/nonexistent.ko", "0" * 64))
+
+
+def test_a_refusal_is_recorded_with_its_layer(tmp_path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    ledger.keep(attempt.ATTEMPT, str(path), "tp2_e2e", "candidate")
+    with pytest.raises(OperationError):
+        refused_stock_driver()
+    [entry] = ledger.read(path)
+    assert (entry["outcome"], entry["layer"], entry["evidence"]) == (
+        "refused", "driver", "wsa: driver layer: modprobe finds no thunderbolt_net module for "
+                             "this kernel")
+
+
+def stall_check(tmp_path: Path, pairing: tuple[str, str], force: bool = False) -> list[str]:
+    ledger.RUN.hosts.update(wsa=host("wsa", pairing[0]), wsb=host("wsb", pairing[1]))
+    return run_operation(ledger.no_recorded_stall, no_facts, path=str(tmp_path / "ledger.jsonl"),
+                         workstations=["wsa", "wsb"], force=force)
+
+
+def test_preflight_refuses_the_candidate_on_the_seeded_controller(tmp_path) -> None:
+    with pytest.raises(OperationError) as refusal:
+        stall_check(tmp_path, (INTEL, ASM4242))
+    message = str(refusal.value)
+    assert message.startswith("wsa: driver layer: the candidate's TX E2E has stalled on the "
+                              "controller pairing 1b21:2425 + 8086:1137")
+    assert "1881f2efbf7f" in message and "force_candidate=yes" in message
+    assert stall_check(tmp_path, (INTEL, INTEL)) == []
+    assert attempt.ATTEMPT.caveats == []
+
+
+def test_forcing_goes_ahead_and_says_so_in_capitals(tmp_path) -> None:
+    assert stall_check(tmp_path, (INTEL, ASM4242), force=True) == []
+    [caveat] = attempt.ATTEMPT.caveats
+    assert caveat.startswith("FORCED: THE CANDIDATE RUNS ON THE CONTROLLER PAIRING "
+                             "1b21:2425 + 8086:1137 DESPITE 1 RECORDED STALL(S)")
+    assert ledger.RUN.forced
+
+
+def test_the_pairing_waits_until_both_workstations_are_observed(tmp_path) -> None:
+    ledger.RUN.hosts["wsa"] = host("wsa", ASM4242)
+    assert run_operation(ledger.no_recorded_stall, no_facts, path=str(tmp_path / "l.jsonl"),
+                         workstations=["wsa", "wsb"]) == []
+
+
+def test_an_unreadable_ledger_refuses_and_says_how_to_start_anew(tmp_path) -> None:
+    (tmp_path / "ledger.jsonl").write_text("garbage\n")
+    with pytest.raises(OperationError, match="ledger layer: the ledger cannot be read: .*:1: "
+                                             "not a JSON line .*move it aside"):
+        stall_check(tmp_path, (INTEL, INTEL))
+
+
+def test_the_matrix_groups_runs_by_controllers_kernel_driver_and_e2e() -> None:
+    intel_pair = [host("wsa", INTEL, "Y"), host("wsb", INTEL, "Y")]
+    records = [
+        ledger.record("tp2_e2e", "candidate", "accepted", intel_pair),
+        ledger.record("tp2_e2e", "candidate", "measured", intel_pair, tok_s=77.1),
+        ledger.record("tp2_e2e", "candidate", "measured", intel_pair, tok_s=70.0),
+        ledger.record("tp2_e2e", "candidate", "rolled_back",
+                      [host("wsa", INTEL, "Y"), host("wsb", ASM4242, "Y")], layer="link",
+                      evidence=NOTHING_CROSSES, forced=True),
+        ledger.record("tp2_stock", "stock", "accepted", [host("wsa", INTEL), host("wsb", INTEL)]),
+    ]
+    lines = matrix.render(records).splitlines()
+    assert lines[0] == ("| controllers (NHI) | kernel | driver | E2E (rx, tx) | outcomes "
+                        "| best tok/s |")
+    assert lines[2] == (f"| 8086:1137 + 8086:1137 | 6.8.0-49-generic | candidate "
+                        f"{CANDIDATE_BUILD[:12]} | rx Y tx Y | 1 accepted, 2 measured | 77.1 |")
+    assert lines[3].startswith("| 1b21:2425 + 8086:1137 |")
+    assert lines[3].endswith("| 1 rolled_back (forced) | - |")
+    assert "| candidate" not in lines[4] and "| rx Y tx - |" in lines[4]
+    assert len(lines) == 5
+    upstream, learned = matrix.stalls(records)
+    assert upstream.startswith("upstream revert 1881f2efbf7f of TX E2E")
+    assert learned.startswith(f"{records[3]['time']}: tp2_e2e on 1b21:2425 + 8086:1137 failed "
+                              "at the link layer")
+
+
+def test_records_are_json_lines_with_sorted_keys(tmp_path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    ledger.append(path, ledger.record("production", "stock", "accepted", []))
+    line = path.read_text().splitlines()[0]
+    assert list(json.loads(line)) == sorted(json.loads(line))
