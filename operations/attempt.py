@@ -157,16 +157,43 @@ def refuse(layer: str, found: list[str]) -> None:
     raise OperationError(message)
 
 
+# pyinfra's own options that decide which hosts are reached, and how: the rollback
+# reaches the same hosts the same way. Passwords are not carried: they would show
+# in the process list, and the rollback has no terminal to prompt on.
+CARRIED_OPTIONS = {
+    "limit": "--limit", "exclude": "--exclude", "group_data": "--group-data",
+    "config_filename": "--config", "sudo": "--sudo", "sudo_user": "--sudo-user",
+    "use_sudo_login": "--use-sudo-login", "su_user": "--su-user", "dzdo": "--dzdo",
+    "dzdo_user": "--dzdo-user", "shell_executable": "--shell-executable",
+    "ssh_user": "--ssh-user", "ssh_port": "--ssh-port", "ssh_key": "--ssh-key",
+}
+
+
+def carried_options(params: dict[str, Any]) -> list[str]:
+    """The command line's :data:`CARRIED_OPTIONS`, as given (a flag once, a value each time)."""
+    options = []
+    for key, option in CARRIED_OPTIONS.items():
+        value = params.get(key)
+        if value is True:
+            options.append(option)
+        elif isinstance(value, tuple | list):
+            options += [part for item in value for part in (option, str(item))]
+        elif value not in (None, False):
+            options += [option, str(value)]
+    return options
+
+
 def remember_command_line(params: dict[str, Any], target: str = "production") -> None:
     """
     Keep this very command line, aimed at ``target`` and unable to roll back in
-    turn, for the rollback. ``config.py`` calls this: only there is pyinfra's
-    parsed command line at hand.
+    turn, for the rollback: the same inventory, data and way of reaching the
+    hosts (``--sudo``, ``--ssh-user``, ...). ``config.py`` calls this: only there
+    is pyinfra's parsed command line at hand.
     """
     data = [item for item in params["data"] if not item.startswith(("state=", "on_failure="))]
     ATTEMPT.dry = bool(params.get("dry"))
     ATTEMPT.rollback_command = [
-        sys.argv[0], "-y", params["inventory"], *params["operations"],
+        sys.argv[0], "-y", *carried_options(params), params["inventory"], *params["operations"],
         *(argument for item in data for argument in ("--data", item)),
         "--data", f"state={target}", "--data", "on_failure=stop",
     ]

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from operation_harness import run_operation
 from pyinfra.api import OperationError
 from pyinfra.facts.server import KernelVersion
 
@@ -15,7 +16,6 @@ from operations import attempt, driver, ledger
 from operations.driver import CandidateModule, LoadedModule, ModprobeTarget, PeerCapabilities
 from operations.facts import MARKER
 from operations.link import XDomainLink
-from tests.unit.operation_harness import run_operation
 
 INTEL, ASM4242 = "8086:1137", "1b21:2425"
 CANDIDATE_BUILD = "c0ffee" * 6

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
+import sys
 
 import pytest
 from operation_harness import run_operation
@@ -148,3 +150,42 @@ def test_a_command_run_at_once_runs_as_the_operation_does_under_sudo(monkeypatch
     monkeypatch.setattr(phase, "host", Host())
     assert phase.run_now(StringCommand("true")) == (True, None)
     assert ran == [{"_sudo": True, "_sudo_user": None}]
+
+
+PARSE = ("import json, sys; from pyinfra_cli.cli import cli; "
+         "print(json.dumps(cli.make_context('pyinfra', sys.argv[1:]).params, default=list))")
+
+
+def parsed(arguments: list[str]) -> dict:
+    """
+    pyinfra's own command line parser's view of ``arguments``; nothing runs. In a
+    process of its own: importing pyinfra's CLI monkey-patches the interpreter.
+    """
+    result = subprocess.run([sys.executable, "-c", PARSE, *arguments], capture_output=True,
+                            text=True, check=True)
+    return json.loads(result.stdout)
+
+
+def test_the_rollback_reaches_the_hosts_as_the_run_did(fresh_attempt) -> None:
+    """The rollback is the same command line aimed at production: --sudo and friends too."""
+    attempt.remember_command_line(parsed([
+        "--sudo", "--sudo-user", "root", "--ssh-user", "admin", "--ssh-port", "2222",
+        "--ssh-key", "/keys/id", "--limit", "workstations", "--limit", "gateway",
+        "--ssh-password", "secret", "inventory.py", "deploy.py",
+        "--data", "state=tp2_e2e", "--data", "ledger_path=/tmp/l.jsonl",
+    ]))
+    command = fresh_attempt.rollback_command
+    assert "secret" not in command, "a password must not reach the process list"
+    again = parsed(command[1:])
+    assert (again["sudo"], again["sudo_user"], again["ssh_user"], again["ssh_port"],
+            again["ssh_key"], again["limit"]) == (True, "root", "admin", 2222, "/keys/id",
+                                                  ["workstations", "gateway"])
+    assert again["yes"] and again["data"] == ["ledger_path=/tmp/l.jsonl", "state=production",
+                                              "on_failure=stop"]
+    assert (again["inventory"], again["operations"]) == ("inventory.py", ["deploy.py"])
+
+
+def test_a_dry_run_is_remembered_as_one(fresh_attempt) -> None:
+    attempt.remember_command_line(parsed(["inventory.py", "deploy.py", "--dry"]))
+    assert fresh_attempt.dry
+    assert "--sudo" not in fresh_attempt.rollback_command
