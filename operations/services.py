@@ -7,7 +7,8 @@ logs in the journal) or a runit service (``/etc/sv/NAME/run`` linked from
 ``/etc/service/NAME``, logs appended to ``/var/log/twinbolt/NAME.log``). pyinfra's
 own ``systemd``/``runit`` operations start and stop it; a running service is
 restarted only when its rendered file changed or the caller says the state
-needs it.
+needs it. Each init system is one :class:`Supervisor` (where the file goes, its
+status, its logs, start and stop): nothing else branches on which one it is.
 
 Nothing here knows SGLang: the serving and gateway layers describe their
 services with it.
@@ -37,7 +38,6 @@ from operations.facts import EmptyMeansSomething
 InitSystem = Literal["systemd", "runit"]
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
-TEMPLATE = {"systemd": TEMPLATES / "systemd.service.j2", "runit": TEMPLATES / "runit.run.j2"}
 SYSTEMD_DIR = "/etc/systemd/system"
 RUNIT_SOURCEDIR = "/etc/sv"
 RUNIT_SVDIR = "/etc/service"
@@ -125,8 +125,136 @@ def log_path(name: str) -> str:
     return f"{LOG_DIR}/{name}.log"
 
 
+class Supervisor:
+    """
+    What twinbolt asks of an init system: where a service's file goes, how to read
+    its status, its running services and its log, and how to start and stop it.
+    systemd and runit each answer once, here; nothing else branches on them.
+    """
+
+    template: Path
+    mode: str
+
+    def rendered_path(self, name: str) -> str:
+        raise NotImplementedError
+
+    def log_location(self, name: str) -> str:
+        """Where an operator reads the service's log."""
+        raise NotImplementedError
+
+    def status_script(self) -> str:
+        """Shell that sets ``status`` (one line) and ``pid`` (or empty) for service ``$1``."""
+        raise NotImplementedError
+
+    def running_script(self) -> str:
+        """Shell that prints the running services whose name starts with ``$1``."""
+        raise NotImplementedError
+
+    def log_command(self, service: str, lines: int) -> StringCommand:
+        raise NotImplementedError
+
+    def start(self, service: Service, changed: bool,
+              restarted: bool) -> Iterator[PyinfraCommand]:
+        """Keep ``service`` running (its file just ``changed`` or not), restarted if asked."""
+        raise NotImplementedError
+
+    def stop(self, name: str) -> Iterator[PyinfraCommand]:
+        """Stop the service and keep it from starting again; its file stays."""
+        raise NotImplementedError
+
+
+class Systemd(Supervisor):
+    """A unit in ``/etc/systemd/system``, its output in the journal."""
+
+    template = TEMPLATES / "systemd.service.j2"
+    mode = "644"
+
+    def rendered_path(self, name: str) -> str:
+        return unit_path(name)
+
+    def log_location(self, name: str) -> str:
+        return f"journalctl -u {name}.service"
+
+    def status_script(self) -> str:
+        return ('status=$(systemctl show -p ActiveState -p SubState -p MainPID -p NRestarts '
+                '"$1.service" 2>&1 | tr "\\n" " "); '
+                'pid=$(systemctl show -p MainPID --value "$1.service" 2>/dev/null); ')
+
+    def running_script(self) -> str:
+        return ('systemctl list-units --type=service --state=running --plain --no-legend "$1*" '
+                "| awk '{print $1}' | sed 's/\\.service$//'; ")
+
+    def log_command(self, service: str, lines: int) -> StringCommand:
+        return StringCommand(
+            "journalctl", "--no-pager", "-o", "cat", "-n", str(int(lines)), "-u",
+            QuoteString(f"{service}.service"), "2>/dev/null", "||", "true",
+        )
+
+    def start(self, service: Service, changed: bool,
+              restarted: bool) -> Iterator[PyinfraCommand]:
+        # Not at boot: started, neither enabled nor restarted when it exits.
+        yield from systemd.service._inner(
+            service=f"{service.name}.service", running=True, enabled=service.at_boot,
+            restarted=changed or restarted, daemon_reload=changed,
+        )
+
+    def stop(self, name: str) -> Iterator[PyinfraCommand]:
+        yield from systemd.service._inner(service=f"{name}.service", running=False,
+                                          enabled=False)
+
+
+class Runit(Supervisor):
+    """A run script in ``/etc/sv``, linked from ``/etc/service``, its output in ``LOG_DIR``."""
+
+    template = TEMPLATES / "runit.run.j2"
+    mode = "755"
+
+    def rendered_path(self, name: str) -> str:
+        return run_script_path(name)
+
+    def log_location(self, name: str) -> str:
+        return log_path(name)
+
+    def status_script(self) -> str:
+        return (f'status=$(sv status {RUNIT_SVDIR}/"$1" 2>&1 | head -n 1); '
+                "pid=$(echo \"$status\" | sed -n 's/^run: [^(]*(pid \\([0-9]*\\)).*/\\1/p'); ")
+
+    def running_script(self) -> str:
+        return (f'for s in {RUNIT_SVDIR}/"$1"*; do [ -e "$s" ] && sv status "$s"; done '
+                "| sed -n 's|^run: [^:]*/\\([^/:]*\\): .*|\\1|p'; ")
+
+    def log_command(self, service: str, lines: int) -> StringCommand:
+        return StringCommand("tail", "-n", str(int(lines)), QuoteString(log_path(service)),
+                             "2>/dev/null", "||", "true")
+
+    def start(self, service: Service, changed: bool,
+              restarted: bool) -> Iterator[PyinfraCommand]:
+        if service.at_boot:
+            yield from runit.service._inner(service=service.name, running=True,
+                                            restarted=changed or restarted, svdir=RUNIT_SVDIR,
+                                            sourcedir=RUNIT_SOURCEDIR)
+        else:
+            yield from started_once(service.name, restarted=changed or restarted)
+
+    def stop(self, name: str) -> Iterator[PyinfraCommand]:
+        if name not in host.get_fact(RunitManaged, service=name, svdir=RUNIT_SVDIR):
+            host.noop(f"runit service {name} is not managed")
+            return
+        # Stopped first, waiting for it to exit: removing the link alone leaves the
+        # process to runsvdir's next scan, with the GPU still held meanwhile.
+        yield from runit.service._inner(
+            service=name, running=False, svdir=RUNIT_SVDIR, sourcedir=RUNIT_SOURCEDIR
+        )
+        yield from runit.manage._inner(
+            service=name, managed=False, svdir=RUNIT_SVDIR, sourcedir=RUNIT_SOURCEDIR
+        )
+
+
+SUPERVISORS: dict[InitSystem, Supervisor] = {"systemd": Systemd(), "runit": Runit()}
+
+
 def rendered_path(name: str, init_system: InitSystem) -> str:
-    return unit_path(name) if init_system == "systemd" else run_script_path(name)
+    return SUPERVISORS[init_system].rendered_path(name)
 
 
 def unit_quote(word: str) -> str:
@@ -157,7 +285,8 @@ def template_context(service: Service) -> dict[str, object]:
 
 def render(service: Service, init_system: InitSystem) -> str:
     """The file :func:`present` uploads, rendered locally (pyinfra's own jinja2 environment)."""
-    return get_template(str(TEMPLATE[init_system])).render(template_context(service))
+    return get_template(str(SUPERVISORS[init_system].template)).render(
+        template_context(service))
 
 
 def rendered_differs(service: Service, init_system: InitSystem) -> bool:
@@ -182,15 +311,7 @@ class ServiceProcess(EmptyMeansSomething):
     """
 
     def command(self, service: str, init_system: InitSystem) -> StringCommand:
-        script = (
-            'if [ "$1" = runit ]; then '
-            f'status=$(sv status {RUNIT_SVDIR}/"$2" 2>&1 | head -n 1); '
-            "pid=$(echo \"$status\" | sed -n 's/^run: [^(]*(pid \\([0-9]*\\)).*/\\1/p'); "
-            "else "
-            'status=$(systemctl show -p ActiveState -p SubState -p MainPID -p NRestarts '
-            '"$2.service" 2>&1 | tr "\\n" " "); '
-            'pid=$(systemctl show -p MainPID --value "$2.service" 2>/dev/null); '
-            "fi; "
+        script = SUPERVISORS[init_system].status_script() + (
             'echo "status $status"; '
             '[ -n "$pid" ] && [ "$pid" != 0 ] && [ -r "/proc/$pid/cmdline" ] || exit 0; '
             'echo "pid $pid"; '
@@ -200,9 +321,7 @@ class ServiceProcess(EmptyMeansSomething):
             "tr '\\0' '\\n' < \"/proc/$pid/cmdline\" | sed 's/^/arg /'; "
             "tr '\\0' '\\n' < \"/proc/$pid/environ\" | sed 's/^/env /'"
         )
-        return StringCommand(
-            "sh", "-c", QuoteString(script), "-", QuoteString(init_system), QuoteString(service)
-        )
+        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(service))
 
     def process(self, output: list[str]) -> dict:
         process: dict = {"running": False, "status": "", "pid": None, "seconds": None,
@@ -237,18 +356,8 @@ class RunningServices(FactBase):
     default = list
 
     def command(self, prefix: str, init_system: InitSystem) -> StringCommand:
-        script = (
-            'if [ "$1" = runit ]; then '
-            f'for s in {RUNIT_SVDIR}/"$2"*; do [ -e "$s" ] && sv status "$s"; done '
-            "| sed -n 's|^run: [^:]*/\\([^/:]*\\): .*|\\1|p'; "
-            "else "
-            'systemctl list-units --type=service --state=running --plain --no-legend "$2*" '
-            "| awk '{print $1}' | sed 's/\\.service$//'; "
-            "fi; true"
-        )
-        return StringCommand(
-            "sh", "-c", QuoteString(script), "-", QuoteString(init_system), QuoteString(prefix)
-        )
+        script = SUPERVISORS[init_system].running_script() + "true"
+        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(prefix))
 
     def process(self, output: list[str]) -> list[str]:
         return sorted(line.strip() for line in output if line.strip())
@@ -266,15 +375,7 @@ class ServiceLog(FactBase):
     default = list
 
     def command(self, service: str, init_system: InitSystem, lines: int = 20) -> StringCommand:
-        if init_system == "runit":
-            return StringCommand(
-                "tail", "-n", str(int(lines)), QuoteString(log_path(service)), "2>/dev/null",
-                "||", "true",
-            )
-        return StringCommand(
-            "journalctl", "--no-pager", "-o", "cat", "-n", str(int(lines)), "-u",
-            QuoteString(f"{service}.service"), "2>/dev/null", "||", "true",
-        )
+        return SUPERVISORS[init_system].log_command(service, lines)
 
     def process(self, output: list[str]) -> list[str]:
         # Colour codes (sglang-router logs in colour) only garble an error message.
@@ -313,33 +414,17 @@ def present(
             init_system="systemd",
         )
     """
+    supervisor = SUPERVISORS[init_system]
     changed = False
     for command in files.template._inner(
-        src=str(TEMPLATE[init_system]),
-        dest=rendered_path(service.name, init_system),
-        mode="644" if init_system == "systemd" else "755",
+        src=str(supervisor.template),
+        dest=supervisor.rendered_path(service.name),
+        mode=supervisor.mode,
         **template_context(service),
     ):
         changed = True
         yield command
-    if init_system == "systemd":
-        yield from systemd.service._inner(
-            service=f"{service.name}.service",
-            running=True,
-            enabled=service.at_boot,
-            restarted=changed or restarted,
-            daemon_reload=changed,
-        )
-    elif service.at_boot:
-        yield from runit.service._inner(
-            service=service.name,
-            running=True,
-            restarted=changed or restarted,
-            svdir=RUNIT_SVDIR,
-            sourcedir=RUNIT_SOURCEDIR,
-        )
-    else:
-        yield from started_once(service.name, restarted=changed or restarted)
+    yield from supervisor.start(service, changed, restarted)
 
 
 def started_once(name: str, restarted: bool) -> Iterator[PyinfraCommand]:
@@ -380,21 +465,7 @@ def absent(service: str, init_system: InitSystem) -> Iterator[PyinfraCommand]:
 
         services.absent(name="Stop the echo server", service="echo", init_system="systemd")
     """
-    name = service
-    if init_system == "systemd":
-        yield from systemd.service._inner(service=f"{name}.service", running=False, enabled=False)
-        return
-    if name not in host.get_fact(RunitManaged, service=name, svdir=RUNIT_SVDIR):
-        host.noop(f"runit service {name} is not managed")
-        return
-    # Stopped first, waiting for it to exit: removing the link alone leaves the
-    # process to runsvdir's next scan, with the GPU still held meanwhile.
-    yield from runit.service._inner(
-        service=name, running=False, svdir=RUNIT_SVDIR, sourcedir=RUNIT_SOURCEDIR
-    )
-    yield from runit.manage._inner(
-        service=name, managed=False, svdir=RUNIT_SVDIR, sourcedir=RUNIT_SOURCEDIR
-    )
+    yield from SUPERVISORS[init_system].stop(service)
 
 
 def log_tails(workstations: list[tuple[Host, str, InitSystem]]) -> str:
@@ -409,8 +480,7 @@ def log_tails(workstations: list[tuple[Host, str, InitSystem]]) -> str:
         lines = other.get_fact(ServiceLog, service=name, init_system=init_system,
                                lines=LOG_LINES * 20)
         lines = [line for line in lines if not ACCESS_LOG_LINE.search(line)][-LOG_LINES:]
-        where = (log_path(name) if init_system == "runit"
-                 else f"journalctl -u {name}.service")
+        where = SUPERVISORS[init_system].log_location(name)
         body = "\n".join(f"    | {line}" for line in lines) or "    (empty)"
         sections.append(f"  {other.name} {name}, last lines of {where} (requests left out):"
                         f"\n{body}")
