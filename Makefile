@@ -12,8 +12,13 @@ PY := $(VENV)/bin/python
 # client and lint. The tests run here.
 LAB_VENV := .venv-lab
 LAB_PY := $(LAB_VENV)/bin/python
+# python3-venv: the lab's gateway makes its own venvs, as a real gateway does.
 APT_PACKAGES := openssh-server openssh-client runit kmod iptables iproute2 iputils-ping \
-	binutils gcc procps util-linux zstd xz-utils sudo
+	binutils gcc procps util-linux zstd xz-utils sudo python3-venv
+# The gateway's locks; the lab's gateway installs them from this wheelhouse,
+# built once, so that a converge sends nothing to a package registry.
+GATEWAY_LOCKS := requirements-litellm.lock requirements-router.lock
+WHEELHOUSE := wheelhouse
 # The demo's windows are short: it shows the experiment, it is not the campaign.
 DEMO_WINDOWS := --window single --window concurrent --single-tokens 128 \
 	--concurrent-requests 4 --concurrent-tokens 64
@@ -35,7 +40,12 @@ $(LAB_VENV)/.installed: requirements-lab.lock
 	$(LAB_VENV)/bin/python -m pip install -q --require-hashes -r requirements-lab.lock
 	touch $@
 
-setup: packages venv $(LAB_VENV)/.installed  ## the lab's Debian packages (root) and both venvs
+setup: packages venv $(LAB_VENV)/.installed $(WHEELHOUSE)/.built  ## the lab's Debian packages (root), both venvs, the gateway's wheelhouse
+
+$(WHEELHOUSE)/.built: $(GATEWAY_LOCKS) $(LAB_VENV)/.installed
+	$(LAB_PY) -m pip download -q --require-hashes --only-binary=:all: -d $(WHEELHOUSE) \
+		$(addprefix -r ,$(GATEWAY_LOCKS))
+	touch $@
 
 packages:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -76,8 +86,14 @@ SOAK_POINTS ?= 2
 soak: lab  ## the interruption sweep (SOAK_POINTS per leg)
 	$(PY) tests/soak/interrupt.py --points $(SOAK_POINTS)
 
-lock: $(LAB_VENV)/.installed  ## re-pin both requirement sets, with hashes
+lock: $(LAB_VENV)/.installed  ## re-pin every requirement set, with hashes
 	for set in requirements requirements-lab; do \
 		$(LAB_VENV)/bin/uv pip compile -q --generate-hashes --python-version 3.11 \
 			--custom-compile-command "make lock" $$set.txt -o $$set.lock; \
+	done
+	# The gateway's, at the versions the lab's venv runs the tests with.
+	for set in litellm router; do \
+		$(LAB_VENV)/bin/uv pip compile -q --generate-hashes --python-version 3.11 \
+			-c requirements-lab.lock --custom-compile-command "make lock" \
+			requirements-$$set.txt -o requirements-$$set.lock; \
 	done

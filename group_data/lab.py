@@ -20,11 +20,13 @@ serving_working_directory = str(Path(__file__).resolve().parents[1])
 serving_start_timeout_seconds = 60
 
 gateway_roles_init_system = "runit"
-# sglang-router and LiteLLM are already in the lab's virtualenv (requirements-lab.lock),
-# which `make setup` installs; the operator's own .venv has neither.
-_lab_venv = str(Path(__file__).resolve().parents[1] / ".venv-lab")
-gateway_roles_router_venv = _lab_venv
+# The gateway makes its own venvs, in its private /var/lib, from the locks, as a
+# real gateway does; pip finds the distributions in the wheelhouse `make setup`
+# downloaded once, so a converge sends nothing to a package registry.
+gateway_roles_router_venv = "/var/lib/twinbolt/venvs/sglang-router"
 gateway_roles_router_user = "root"
+gateway_roles_pip_options = ["--no-index", "--find-links",
+                             str(Path(__file__).resolve().parents[1] / "wheelhouse")]
 
 gateway_roles_large_api_base = "http://10.66.0.13:31000/v1"
 gateway_roles_large_served_model_name = "large"
@@ -32,5 +34,5 @@ gateway_roles_large_served_model_name = "large"
 # private to it), so the gateway keeps its files in its private /var/lib.
 gateway_roles_master_key_file = "/var/lib/twinbolt/litellm_master_key"
 gateway_roles_litellm_config_file = "/var/lib/twinbolt/litellm.yaml"
-gateway_roles_litellm_venv = _lab_venv
+gateway_roles_litellm_venv = "/var/lib/twinbolt/venvs/litellm"
 gateway_roles_litellm_user = "root"

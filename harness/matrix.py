@@ -70,14 +70,22 @@ def stalls(records: list[dict[str, Any]]) -> list[str]:
             for entry in [*ledger.SEEDED, *records] if entry["stall"]]
 
 
+def identity_queries(topology: Topology) -> list[remote.Query]:
+    """
+    :class:`~operations.ledger.HostIdentity`'s members, one query each: the harness
+    reads them in sections of its own, which a group's sections cannot nest in.
+    """
+    arguments = ledger.HostIdentity.arguments(
+        topology.workstations[0].data["candidate_module_name"])
+    return [remote.Query(key, fact(), arguments.get(key, {}))
+            for key, fact in ledger.HostIdentity.members.items()]
+
+
 async def record_measurement(topology: Topology, state: State, built: dict[str, Any]) -> Path:
     """Append a ``measured`` record: the hosts as they are now, and the single-stream tok/s."""
-    module = topology.workstations[0].data["candidate_module_name"]
-    query = remote.Query("identity", ledger.HostIdentity(), {"module": module})
-    readings = await remote.read_all({entry: [query] for entry in topology.workstations},
-                                     topology.ssh_config)
-    hosts = [ledger.host_entry(name, reading.values["identity"] if not reading.error else {})
-             for name, reading in readings.items()]
+    readings = await remote.read_all({entry: identity_queries(topology)
+                                      for entry in topology.workstations}, topology.ssh_config)
+    hosts = [ledger.host_entry(name, reading.values) for name, reading in readings.items()]
     path = ledger_path(topology)
     ledger.append(path, ledger.record(state.name, state.driver, "measured", hosts,
                                       tok_s=headline(built)["single_tok_s"]))

@@ -21,7 +21,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from operations.facts import raw_command, section_values, sections_script
+from operations.facts import FactGroup, raw_command, section_values, sections_script
 from operations.hosts import InventoryEntry
 
 SSH_TIMEOUT_SECONDS = 30.0
@@ -51,6 +51,10 @@ class Reading:
 
 def script(queries: list[Query]) -> str:
     """One shell script running every fact in a subshell, each section between markers."""
+    for query in queries:
+        if isinstance(query.fact, FactGroup):
+            # Its own sections would end the harness's early: read its members instead.
+            raise TypeError(f"{query.key}: a FactGroup's members are read one query each")
     return sections_script({query.key: query.command() for query in queries})
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 from pyinfra import host
@@ -58,7 +59,8 @@ DEPLOYMENTS = {"small": "small-router", "large": "large-backend"}
 # The kinds of fallback, as the config names them and as /fallback/<role> asks for them.
 FALLBACK_KINDS = {"fallbacks": "general", "context_window_fallbacks": "context_window"}
 # The proxy twinbolt installs on the gateway; requirements-lab.txt pins the same release.
-LITELLM_REQUIREMENT = "litellm[proxy]==1.108.5"
+# litellm[proxy], hash-pinned; installed into the proxy's venv as it is.
+LITELLM_LOCK = Path(__file__).resolve().parents[1] / "requirements-litellm.lock"
 TEMPLATE = services.TEMPLATES / "litellm_config.yaml.j2"
 # LiteLLM fetches these from GitHub or its documentation site unless told to use
 # the copies bundled with it; a gateway may have no route to the internet.
@@ -485,7 +487,7 @@ def proxy(proxy: Proxy | None, fallback: bool,
     fallback ``small -> large`` present or absent, and wait until it is ready
     with exactly that routing.
 
-    Installs ``litellm[proxy]`` into ``proxy.venv``, generates the master key on
+    Installs ``litellm[proxy]`` into ``proxy.venv`` from its lock, generates the master key on
     the gateway if the site provides none, and renders the config. The proxy is
     restarted unless it already routes as the config says (asked of its own API,
     so a proxy left running an older config is caught too).
@@ -508,7 +510,8 @@ def proxy(proxy: Proxy | None, fallback: bool,
         return
     wanted = wanted_routing(proxy, fallback)
     live = host.get_fact(LiveRouting, url=proxy.url, master_key_file=proxy.master_key_file)
-    yield from venvs.pinned_package._inner(venv=proxy.venv, requirement=LITELLM_REQUIREMENT)
+    yield from venvs.locked._inner(venv=proxy.venv, lock=LITELLM_LOCK,
+                                   pip_options=proxy.pip_options)
     if proxy.user not in host.get_fact(Users):
         yield from server.user._inner(user=proxy.user, system=True)
     key = host.get_fact(File, path=proxy.master_key_file)

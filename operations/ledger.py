@@ -98,8 +98,13 @@ class HostIdentity(FactGroup):
     members = {"controller": ThunderboltController, "kernel": KernelVersion,
                "module": LoadedModule, "peer": PeerCapabilities, "xdomain": XDomainLink}
 
+    @staticmethod
+    def arguments(module: str) -> dict[str, dict[str, Any]]:
+        """Each member's arguments: only the module's name."""
+        return {"module": {"module": module}}
+
     def command(self, module: str) -> str:
-        return self.sections({"module": {"module": module}})
+        return self.sections(self.arguments(module))
 
 
 def host_entry(name: str, values: dict[str, Any]) -> dict[str, Any]:

@@ -84,7 +84,8 @@ class GatewayService:
     """
     A service of the gateway's own (sglang-router, the LiteLLM proxy): where
     clients reach it (the host's ``ssh_hostname``), what it binds
-    (``gateway_roles_listen_address``), and how it runs.
+    (``gateway_roles_listen_address``), how it runs, and where pip finds what
+    its venv holds (``gateway_roles_pip_options``).
     """
 
     address: str
@@ -93,6 +94,7 @@ class GatewayService:
     venv: str
     user: str
     init_system: InitSystem
+    pip_options: tuple[str, ...]
 
     @staticmethod
     def settings(gateway: Host, key: str) -> dict[str, Any]:
@@ -105,6 +107,7 @@ class GatewayService:
             "venv": data.get(f"gateway_roles_{key}_venv"),
             "user": data.get(f"gateway_roles_{key}_user"),
             "init_system": data.gateway_roles_init_system,
+            "pip_options": tuple(data.get("gateway_roles_pip_options") or ()),
         }
 
     @property

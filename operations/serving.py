@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 from pyinfra import host, inventory
@@ -56,7 +57,8 @@ ROUTER = "sglang-router"
 GPU_SERVICES = (REPLICA, *TP_RANKS)
 SGLANG_SERVICES = "sglang-"
 # The router twinbolt installs on the gateway; requirements-lab.txt pins the same release.
-ROUTER_REQUIREMENT = "sglang-router==0.3.2"
+# sglang-router, hash-pinned; installed into the router's venv as it is.
+ROUTER_LOCK = Path(__file__).resolve().parents[1] / "requirements-router.lock"
 # SGLang reports the NEXTN drafter under the name of the worker that runs it.
 REPORTED_ALGORITHM = {"NEXTN": "EAGLE"}
 ACCEPTANCE_TOKENS = 32
@@ -698,7 +700,8 @@ def router(router: Router | None, present: bool = True) -> Iterator[PyinfraComma
     if not present:
         yield from services.absent._inner(service=ROUTER, init_system=router.init_system)
         return
-    yield from venvs.pinned_package._inner(venv=router.venv, requirement=ROUTER_REQUIREMENT)
+    yield from venvs.locked._inner(venv=router.venv, lock=ROUTER_LOCK,
+                                   pip_options=router.pip_options)
     yield from services.present._inner(service=router_service(router),
                                        init_system=router.init_system)
 

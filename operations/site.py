@@ -241,7 +241,8 @@ class GatewayRoles(_Section):
     master_key_file: Text = "/etc/twinbolt/litellm_master_key"
     # A path on the gateway; the config holds no secret.
     litellm_config_file: Text = "/etc/twinbolt/litellm.yaml"
-    # twinbolt installs litellm[proxy] into this virtualenv on the gateway.
+    # twinbolt installs litellm[proxy] into this virtualenv on the gateway,
+    # from requirements-litellm.lock (hash-pinned).
     litellm_venv: Text = "/opt/twinbolt/litellm"
     # The proxy reads the master key, so it runs as an account of its own
     # (created if missing) that owns the key file.
@@ -249,6 +250,10 @@ class GatewayRoles(_Section):
     init_system: Literal["systemd", "runit"] = "systemd"
     # twinbolt installs sglang-router into this virtualenv on the gateway.
     router_venv: Text = "/opt/twinbolt/sglang-router"
+    # Where pip on the gateway finds the locked distributions: its own
+    # configuration when empty; say ["--index-url", "https://mirror/simple"], or
+    # ["--no-index", "--find-links", "/srv/wheelhouse"] for a gateway offline.
+    pip_options: list[Text] = Field(default_factory=list)
     # The router keeps no state: an unprivileged user that exists everywhere.
     router_user: Text = "nobody"
     large: LargeBackend

@@ -11,6 +11,10 @@ from pathlib import Path
 
 from e2e_helpers import PYTHON, REPO, deploy, inventory
 
+from harness import matrix
+from harness.topology import Topology
+from operations import ledger
+
 # One short window keeps the whole file within a few minutes.
 SHORT = ("--window", "single", "--single-tokens", "64")
 
@@ -64,6 +68,13 @@ def test_tp2_e2e_is_observed_and_measured_with_the_link_counters_in_its_window(
         for key in single["link"]["after"][name]["sockets"]:
             assert key.partition(">")[2].startswith(f"{peers[name]}:"), key
     assert single["link"]["totals"]["socket_retransmissions"] is not None
+    # The measurement's tok/s is in the compatibility ledger, with the hosts it ran on.
+    entry = ledger.read(matrix.ledger_path(Topology.load(tmp_path)))[-1]
+    assert (entry["outcome"], entry["state"], entry["driver"]) == ("measured", "tp2_e2e",
+                                                                   "candidate")
+    assert entry["tok_s"] == single["summary"]["output_tok_s"]
+    assert [part["nhi"] for part in entry["hosts"]] == ["8086:1137", "8086:1137"]
+    assert {part["parameters"].get("tx_e2e") for part in entry["hosts"]} == {"Y"}
 
 
 def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from pyinfra.facts.server import TmpDir, Users
 
 from operations import gateway, probes, services
 from operations.gateway import (
-    LITELLM_REQUIREMENT,
+    LITELLM_LOCK,
     Deployment,
     LiveRouting,
     Proxy,
@@ -30,7 +31,7 @@ from operations.gateway import (
     wanted_routing,
 )
 from operations.states import STATES
-from operations.venvs import InstalledVersions
+from operations.venvs import InstalledVersions, lock_pins
 
 REPO = Path(__file__).resolve().parents[2]
 KEY_FILE = "/etc/twinbolt/litellm_master_key"
@@ -38,7 +39,8 @@ KEY_FILE = "/etc/twinbolt/litellm_master_key"
 PROXY = Proxy(
     address="10.66.0.13", listen_address="0.0.0.0", port=4000, venv="/opt/twinbolt/litellm",
     user="litellm",
-    init_system="runit", config_file="/etc/twinbolt/litellm.yaml", master_key_file=KEY_FILE,
+    init_system="runit", pip_options=(), config_file="/etc/twinbolt/litellm.yaml",
+    master_key_file=KEY_FILE,
     small=Deployment("small-router", "qwen", "http://10.66.0.13:30080/v1", "unused"),
     large=Deployment("large-backend", "large", "http://10.66.0.13:31000/v1",
                      "os.environ/TWINBOLT_LARGE_API_KEY"),
@@ -148,8 +150,13 @@ def test_the_master_key_is_generated_on_the_host_into_a_private_file(tmp_path: P
     assert key not in command
 
 
-def test_the_pinned_litellm_is_the_one_the_lab_requirements_pin() -> None:
-    assert LITELLM_REQUIREMENT in (REPO / "requirements-lab.txt").read_text().splitlines()
+def test_the_gateway_installs_the_litellm_the_lab_tests_with() -> None:
+    """The proxy's lock pins the version the lab's venv has, at the same dependency versions."""
+    pins = lock_pins(LITELLM_LOCK)
+    assert pins["litellm"] == version("litellm") == "1.108.5"
+    lab = lock_pins(REPO / "requirements-lab.lock")
+    assert {name: pin for name, pin in pins.items() if name in lab} == {
+        name: lab[name] for name in pins if name in lab}
 
 
 # Facts
@@ -309,7 +316,7 @@ def converged_gateway(fallback: bool, live: dict | None):
     sha1 = {PROXY.config_file: hashlib.sha1(config.encode()).hexdigest(),
             services.run_script_path("litellm"): hashlib.sha1(run_script.encode()).hexdigest()}
     values = {
-        InstalledVersions: {"litellm": "1.108.5"},
+        InstalledVersions: lock_pins(LITELLM_LOCK),
         Users: {"litellm": {}},
         Directory: {"mode": 755},
         Link: {"link_target": "/etc/sv/litellm"},

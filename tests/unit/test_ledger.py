@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from operation_harness import run_operation
 from pyinfra.api import OperationError
 from pyinfra.facts.server import KernelVersion
 
-from harness import matrix
+from harness import matrix, remote
 from operations import attempt, driver, ledger
 from operations.driver import CandidateModule, LoadedModule, ModprobeTarget, PeerCapabilities
 from operations.facts import MARKER
@@ -277,3 +278,16 @@ def test_records_are_json_lines_with_sorted_keys(tmp_path) -> None:
     ledger.append(path, ledger.record("production", "stock", "accepted", []))
     line = path.read_text().splitlines()[0]
     assert list(json.loads(line)) == sorted(json.loads(line))
+
+
+def test_the_harness_reads_the_identity_as_the_deploy_does() -> None:
+    """Each member in a section of the harness's own script, run here; nothing nested."""
+    entry = SimpleNamespace(data={"candidate_module_name": "thunderbolt_net"})
+    queries = matrix.identity_queries(SimpleNamespace(workstations=[entry]))
+    assert [query.key for query in queries] == list(ledger.HostIdentity.members)
+    output = subprocess.run(["sh", "-c", remote.script(queries)], capture_output=True,
+                            text=True).stdout
+    values = remote.parse(output, queries)
+    assert values["kernel"] == subprocess.run(["uname", "-r"], capture_output=True,
+                                              text=True).stdout.strip()
+    assert ledger.host_entry("here", values)["kernel"] == values["kernel"]

@@ -120,7 +120,8 @@ def analyzable_services() -> list[Service]:
     router = serving.Router(
         address="10.66.0.13", listen_address="0.0.0.0", port=30080,
         venv=str(Path(sys.executable).parents[1]),
-        user="root", init_system="systemd", workers=("http://10.66.0.11:30000",),
+        user="root", init_system="systemd", pip_options=(),
+        workers=("http://10.66.0.11:30000",),
         served_model_name="qwen", start_timeout=900,
     )
     return [

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from dataclasses import replace
+from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +19,7 @@ from sglang_router.launch_router import parse_router_args
 from lab.sglang_sim.args import parse_server_args
 from operations import probes, services, serving
 from operations.serving import (
-    ROUTER_REQUIREMENT,
+    ROUTER_LOCK,
     Router,
     Sglang,
     SglangVersion,
@@ -30,6 +31,7 @@ from operations.serving import (
     version_problems,
 )
 from operations.states import NEXTN_3_1_4, STATES
+from operations.venvs import lock_pins
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -124,7 +126,7 @@ def test_every_rendered_command_passes_sglangs_strict_parser(state) -> None:
 def test_the_router_fronts_only_the_replicas_with_cache_aware_policy() -> None:
     router = Router(address="10.66.0.13", listen_address="0.0.0.0", port=30080,
                     venv="/opt/twinbolt/sglang-router",
-                    user="nobody", init_system="systemd",
+                    user="nobody", init_system="systemd", pip_options=(),
                     workers=("http://10.66.0.11:30000", "http://10.66.0.12:30000"),
                     served_model_name="qwen", start_timeout=900)
     service = router_service(router)
@@ -136,9 +138,9 @@ def test_the_router_fronts_only_the_replicas_with_cache_aware_policy() -> None:
     assert (parsed.policy, parsed.host, parsed.port) == ("cache_aware", "0.0.0.0", 30080)
 
 
-def test_the_router_pin_is_the_projects_pin() -> None:
-    pins = (REPO / "requirements-lab.txt").read_text().splitlines()
-    assert ROUTER_REQUIREMENT in pins
+def test_the_gateway_installs_the_router_the_lab_tests_with() -> None:
+    """The router's lock pins the version the lab's venv has, which these tests import."""
+    assert lock_pins(ROUTER_LOCK)["sglang-router"] == version("sglang-router") == "0.3.2"
 
 
 def test_settings_come_from_host_data_rank_1_meets_at_its_peers_address() -> None:
