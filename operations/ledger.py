@@ -186,7 +186,8 @@ def append(path: Path, entry: dict[str, Any]) -> None:
 
 
 def controllers(entry: dict[str, Any]) -> list[str]:
-    return sorted(str(part.get("nhi")) for part in entry["hosts"])
+    """A record's NHIs, ``unknown`` where a host's could not be read."""
+    return sorted(part.get("nhi") or "unknown" for part in entry["hosts"])
 
 
 def stall_reports(records: list[dict[str, Any]], pairing: list[str]) -> list[dict[str, Any]]:
@@ -236,10 +237,13 @@ def keep(run: attempt.Attempt, path: str, state: str, driver: str) -> None:
 
 
 def pairing(names: list[str]) -> list[str] | None:
-    """The NHIs of the named workstations, once each has been observed this run."""
-    if any(RUN.hosts.get(name, {}).get("nhi") is None for name in names):
+    """
+    The NHIs of the named workstations, once each has been observed this run
+    (``"unknown"`` for one whose controller could not be read).
+    """
+    if any(name not in RUN.hosts for name in names):
         return None
-    return sorted(RUN.hosts[name]["nhi"] for name in names)
+    return sorted(RUN.hosts[name]["nhi"] or "unknown" for name in names)
 
 
 # Operations
@@ -294,6 +298,11 @@ def no_recorded_stall(path: str, workstations: list[str], force: bool = False
     if controllers_now is None:
         host.noop("the pairing is judged once both workstations are observed")
         return
+    if "unknown" in controllers_now:
+        # Not a reason to refuse, but the operator must know the check saw nothing.
+        host.log_styled("no Thunderbolt controller could be read (/sys/bus/thunderbolt/devices/"
+                        "domainN/../vendor): recorded stalls cannot be matched to it",
+                        fg="yellow", log_func=logger.warning)
     try:
         stalls = stall_reports(read(Path(path)), controllers_now)
     except ValueError as error:

@@ -240,6 +240,12 @@ def test_the_pairing_waits_until_both_workstations_are_observed(tmp_path) -> Non
                          workstations=["wsa", "wsb"]) == []
 
 
+def test_a_controller_that_cannot_be_read_still_pairs_with_the_one_that_can(tmp_path) -> None:
+    assert stall_check(tmp_path, (None, INTEL)) == []
+    with pytest.raises(OperationError, match="pairing 1b21:2425 \\+ unknown"):
+        stall_check(tmp_path, (None, ASM4242))
+
+
 def test_an_unreadable_ledger_refuses_and_says_how_to_start_anew(tmp_path) -> None:
     (tmp_path / "ledger.jsonl").write_text("garbage\n")
     with pytest.raises(OperationError, match="ledger layer: the ledger cannot be read: .*:1: "
