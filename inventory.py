@@ -14,6 +14,7 @@ between its hosts; the rest is ``group_data/``.
 import os
 from pathlib import Path
 
+from operations.connect import nodelay_data
 from operations.site import SITE_ENV, load_site, sudo_data
 
 if os.environ.get(SITE_ENV):
@@ -41,6 +42,7 @@ else:
             "ssh_known_hosts_file": str(_LAB / "ssh" / "known_hosts"),
             "ssh_strict_host_key_checking": "yes",
             **sudo_data(user != "root"),
+            **nodelay_data(address, 22),
         }
 
     def _lab_workstation(rank: int, address: str, link: str, peer_link: str,

@@ -40,7 +40,6 @@ from pyinfra.api import FactBase, FunctionCommand, Host, QuoteString, StringComm
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.util import get_template
 from pyinfra.facts.files import File
-from pyinfra.facts.server import Users
 from pyinfra.operations import files, server
 
 from operations import probes, services, venvs
@@ -512,7 +511,7 @@ def proxy(proxy: Proxy | None, fallback: bool,
     live = host.get_fact(LiveRouting, url=proxy.url, master_key_file=proxy.master_key_file)
     yield from venvs.locked._inner(venv=proxy.venv, lock=LITELLM_LOCK,
                                    pip_options=proxy.pip_options)
-    if proxy.user not in host.get_fact(Users):
+    if not host.get_fact(services.AccountExists, user=proxy.user):
         yield from server.user._inner(user=proxy.user, system=True)
     key = host.get_fact(File, path=proxy.master_key_file)
     if not key or not key["size"]:

@@ -301,6 +301,20 @@ def rendered_differs(service: Service, init_system: InitSystem) -> bool:
 # Facts
 
 
+class AccountExists(EmptyMeansSomething):
+    """
+    Whether the account ``user`` a service runs as exists. pyinfra's ``Users``
+    reads every account with its lastlog, a quarter of a second each converge.
+    """
+
+    def command(self, user: str) -> StringCommand:
+        return StringCommand("sh", "-c", QuoteString('id -u "$1" >/dev/null 2>&1 && echo yes'),
+                             "-", QuoteString(user))
+
+    def process(self, output: list[str]) -> bool:
+        return bool(output) and output[0].strip() == "yes"
+
+
 class ServiceProcess(EmptyMeansSomething):
     """
     The process an init system runs for a service, read from ``/proc``: its argv and

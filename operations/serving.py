@@ -61,7 +61,9 @@ SGLANG_SERVICES = "sglang-"
 ROUTER_LOCK = Path(__file__).resolve().parents[1] / "requirements-router.lock"
 # SGLang reports the NEXTN drafter under the name of the worker that runs it.
 REPORTED_ALGORITHM = {"NEXTN": "EAGLE"}
-ACCEPTANCE_TOKENS = 32
+# A few tokens: enough for a real completion (and, in TP, for its all-reduces to show on
+# the link), short enough that every converge can afford one per server.
+ACCEPTANCE_TOKENS = 8
 # How long a link's byte counters may lag the traffic (drivers that refresh them on a timer).
 COUNTER_LAG_SECONDS = 2.0
 

@@ -38,6 +38,8 @@ from pydantic import (
 )
 from pyinfra.api.exceptions import InventoryError
 
+from operations.connect import nodelay_data
+
 SITE_ENV = "TWINBOLT_SITE"
 
 # The host data key twinbolt's own SSH readers (the harness, testinfra) consult;
@@ -340,6 +342,7 @@ class Site(_Section):
         return {
             **{key: value for key, value in data.items() if value is not None},
             **sudo_data(host.sudo),
+            **nodelay_data(host.ssh_hostname, host.ssh_port),
         }
 
 

@@ -29,11 +29,11 @@ from pyinfra.operations import apt, files, pip
 
 from operations.facts import EmptyMeansSomething
 
-# Every installed distribution's dist-info in the venv, as "<directory> <Version: line>".
+# Every installed distribution's "Version:" line, as "<path>/<name>-<version>.dist-info/METADATA:
+# Version: <version>", by one grep (a shell loop over some hundred dist-infos took 0.3 s).
 DIST_INFO_SCRIPT = (
-    'for meta in "$1"/lib/python3*/site-packages/*.dist-info/METADATA; do '
-    '[ -f "$meta" ] || continue; '
-    'echo "$(basename "$(dirname "$meta")") $(grep -m1 "^Version: " "$meta")"; done'
+    'grep -m1 -H "^Version: " "$1"/lib/python3*/site-packages/*.dist-info/METADATA '
+    '2>/dev/null || true'
 )
 
 
@@ -55,9 +55,9 @@ class InstalledVersions(FactBase):
     def process(self, output: list[str]) -> dict[str, str]:
         installed = {}
         for line in output:
-            directory, _, version_line = line.partition(" ")
+            path, _, version_line = line.partition("/METADATA:")
             # "<name>-<version>.dist-info": the name never holds a "-" there.
-            name = directory.removesuffix(".dist-info").rpartition("-")[0]
+            name = path.rpartition("/")[2].removesuffix(".dist-info").rpartition("-")[0]
             version = version_line.removeprefix("Version: ").strip()
             if name and version:
                 installed[canonicalize_name(name)] = version

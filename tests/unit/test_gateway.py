@@ -14,7 +14,7 @@ from operation_harness import run_operation
 from pyinfra.api import OperationError
 from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.runit import RunitManaged, RunitStatus
-from pyinfra.facts.server import TmpDir, Users
+from pyinfra.facts.server import TmpDir
 
 from operations import gateway, probes, services
 from operations.gateway import (
@@ -317,7 +317,7 @@ def converged_gateway(fallback: bool, live: dict | None):
             services.run_script_path("litellm"): hashlib.sha1(run_script.encode()).hexdigest()}
     values = {
         InstalledVersions: lock_pins(LITELLM_LOCK),
-        Users: {"litellm": {}},
+        services.AccountExists: True,
         Directory: {"mode": 755},
         Link: {"link_target": "/etc/sv/litellm"},
         RunitManaged: {"litellm"},

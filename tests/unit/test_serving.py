@@ -19,6 +19,7 @@ from sglang_router.launch_router import parse_router_args
 from lab.sglang_sim.args import parse_server_args
 from operations import probes, services, serving
 from operations.serving import (
+    ACCEPTANCE_TOKENS,
     ROUTER_LOCK,
     Router,
     Sglang,
@@ -313,7 +314,7 @@ def test_a_young_or_serving_replica_is_not_stuck(monkeypatch) -> None:
     monkeypatch.setattr(probes, "chat_completion",
                         lambda url, *args, **kwargs: asked.append(url) or answer(
                             {"choices": [{"message": {"content": "ok"}}],
-                             "usage": {"completion_tokens": 32}}))
+                             "usage": {"completion_tokens": ACCEPTANCE_TOKENS}}))
     young = FakeHost({services.ServiceProcess: replica_process(seconds=60)})
     with on(young):
         assert serving.stuck(RANK0, replica_service(RANK0)) == []

@@ -1,0 +1,78 @@
+"""pyinfra's SSH connection with Nagle's algorithm off, opened only when paramiko uses it."""
+
+from __future__ import annotations
+
+import copy
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from operations.connect import NoDelaySocket, nodelay_data, rerouted
+
+
+@pytest.fixture
+def listener():
+    """A loopback TCP listener that accepts connections and counts them."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                accepted.append(server.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield server.getsockname()[1], accepted
+    server.close()
+    for connection in accepted:
+        connection.close()
+
+
+def test_nothing_connects_until_the_socket_is_used(listener) -> None:
+    port, accepted = listener
+    lazy = NoDelaySocket("127.0.0.1", port)
+    copy.deepcopy(lazy)  # pyinfra may copy host data: special names must not connect
+    repr(lazy)
+    assert lazy.to_json() == f"tcp://127.0.0.1:{port} with TCP_NODELAY"
+    assert lazy._socket is None
+    assert accepted == []
+
+
+def test_first_use_connects_once_with_nagle_off(listener) -> None:
+    port, _ = listener
+    lazy = NoDelaySocket("127.0.0.1", port)
+    lazy.settimeout(0.1)  # paramiko's first call on a socket it is given
+    assert lazy.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    assert lazy.getpeername() == ("127.0.0.1", port)
+    first = lazy._socket
+    lazy.sendall(b"SSH-2.0-test\r\n")
+    assert lazy._socket is first
+    lazy.close()
+
+
+def test_a_refused_connection_raises_and_the_next_use_tries_again() -> None:
+    closed = socket.create_server(("127.0.0.1", 0))
+    refused_port = closed.getsockname()[1]
+    closed.close()
+    lazy = NoDelaySocket("127.0.0.1", refused_port, timeout=1)
+    with pytest.raises(OSError):
+        lazy.settimeout(0.1)
+    assert lazy._socket is None  # pyinfra's ssh_connect_retries get a fresh attempt
+
+
+def test_a_host_the_operators_ssh_config_reroutes_keeps_pyinfras_connection(
+        tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.write_text("Host jumped\n    ProxyJump bastion\nHost renamed\n    HostName 10.0.0.9\n"
+                      "Host moved\n    Port 2222\nHost *\n    ServerAliveInterval 30\n")
+    for address in ("jumped", "renamed", "moved"):
+        assert rerouted(address, config)
+        assert nodelay_data(address, 22, config) == {}
+    assert not rerouted("10.66.0.11", config)
+    plain = nodelay_data("10.66.0.11", 22, config)["ssh_paramiko_connect_kwargs"]["sock"]
+    assert (plain.address, plain.port) == ("10.66.0.11", 22)
+    assert not rerouted("10.66.0.11", tmp_path / "absent")
