@@ -10,7 +10,7 @@ bounded waits), ``transport`` (where the TP group's bytes go), ``phase``
 (executing or only planning, and which hosts an operation concerns), ``lock``
 (one run at a time), ``attempt`` (a failure after a change ends in a verified
 production), ``ledger`` (what each run met
-and how it ended; no candidate on controllers seen to stall) ``facts``
+and how it ended; no candidate on controllers seen to stall), ``facts``
 (what facts share, several read as one command) and ``connect`` (pyinfra's SSH
 connection with Nagle's algorithm off).
 """
