@@ -424,10 +424,21 @@ def answer_problems(role: str, answer: probes.Answer, deployment: str,
 
 
 def roles_problems(proxy: Proxy, target: State, tokens: int) -> list[str]:
-    """A real request through each role, served by the deployment ``target`` implies."""
+    """
+    A real request through each role, served by the deployment ``target``
+    implies; asked once per run while the same proxy process serves.
+    """
     expected = serving_deployments(target)
-    return [problem for role in ROLES
-            for problem in answer_problems(role, ask(proxy, role, tokens), expected[role], tokens)]
+    route = f"{SERVICE}: " + ", ".join(f"{role} by {expected[role]}" for role in ROLES)
+    pid = host.get_fact(services.ServiceProcess, service=SERVICE,
+                        init_system=proxy.init_system)["pid"]
+    if probes.served_earlier(route, pid):
+        return []
+    found = [problem for role in ROLES
+             for problem in answer_problems(role, ask(proxy, role, tokens), expected[role], tokens)]
+    if not found and pid:
+        probes.remember_served(route, pid)
+    return found
 
 
 def proxy_log(proxy: Proxy) -> str:

@@ -126,6 +126,23 @@ def green_health(url: str, timeout: float = 5.0) -> list[str]:
         f"{url}/health", timeout).ok else []
 
 
+# Each server that served a real completion in this run, by host and service
+# name, with the pid that served it. A run proves a server once: verifying it
+# after its acceptance asks again only if another process serves now
+# (restarted, replaced, crashed). A run is one process, the rollback another.
+SERVED: dict[tuple[str, str], int] = {}
+
+
+def remember_served(service: str, pid: int) -> None:
+    """Record that ``service``'s process ``pid`` on this host served a real completion."""
+    SERVED[(host.name, service)] = pid
+
+
+def served_earlier(service: str, pid: int | None) -> bool:
+    """Whether process ``pid`` of ``service`` on this host served a real completion in this run."""
+    return pid is not None and SERVED.get((host.name, service)) == pid
+
+
 def wait_until(what: str, check: Callable[[float], tuple[list[str], bool]], timeout: float,
                outcome: dict) -> bool:
     """

@@ -438,13 +438,18 @@ def server_check(sglang: Sglang, service: Service, tp_size: int,
         if process["pid"] != first_pid[0]:
             return [f"{service.name} exited and was restarted (pid {first_pid[0]} -> "
                     f"{process['pid']})"], False
+        if probes.served_earlier(service.name, process["pid"]):
+            return [], False
         answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
                                         timeout=min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left))
         found = probes.completion_problems(answer, tokens)
         if found:
             return found + probes.green_health(sglang.url), True
-        return server_info_problems(server_info(sglang.url).body, tp_size, speculative,
-                                    sglang.served_model_name), False
+        found = server_info_problems(server_info(sglang.url).body, tp_size, speculative,
+                                     sglang.served_model_name)
+        if not found:
+            probes.remember_served(service.name, process["pid"])
+        return found, False
 
     return check
 
@@ -500,9 +505,14 @@ def router_check(router: Router, tokens: int) -> Check:
         readiness = probes.get(f"{router.url}/readiness")
         if not readiness.ok:
             return [f"the router is not ready: {readiness.describe()}"], True
+        if probes.served_earlier(ROUTER, process["pid"]):
+            return [], True
         answer = probes.chat_completion(router.url, router.served_model_name, tokens,
                                         timeout=min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left))
-        return probes.completion_problems(answer, tokens), True
+        found = probes.completion_problems(answer, tokens)
+        if not found:
+            probes.remember_served(ROUTER, process["pid"])
+        return found, True
 
     return check
 

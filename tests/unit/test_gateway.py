@@ -228,9 +228,15 @@ def completion(model_id: str, fallbacks: str = "0", tokens: int = 8) -> probes.A
     )
 
 
-def answering(by_role: dict[str, probes.Answer], forced: probes.Answer | None = None):
+def answering(by_role: dict[str, probes.Answer], forced: probes.Answer | None = None,
+              proxy_pid: int = 41, asked: list[str] | None = None):
     def facts(cls: type, kwargs: dict) -> object:
+        if cls is services.ServiceProcess:
+            assert kwargs["service"] == "litellm"
+            return {"running": True, "pid": proxy_pid}
         assert cls is RoleAnswer, cls
+        if asked is not None:
+            asked.append(kwargs["role"])
         assert kwargs["master_key_file"] == KEY_FILE and kwargs["url"] == "http://10.66.0.13:4000"
         return forced if kwargs.get("forced_fallback") else by_role[kwargs["role"]]
     return facts
@@ -265,6 +271,23 @@ def test_during_the_outage_small_must_be_answered_by_large() -> None:
                            target=STATES["production"])
     assert failed == ["fail: gateway layer: role small: it was served by deployment "
                       "'large-backend', not 'small-router' (x-litellm-attempted-fallbacks: 1)"]
+
+
+def test_the_route_is_asked_once_per_run_while_the_same_proxy_serves() -> None:
+    outage = {"small": completion("large-backend", "1"), "large": completion("large-backend")}
+    asked: list[str] = []
+    for _ in range(2):
+        assert run_operation(gateway.roles_proven, answering(outage, asked=asked), proxy=PROXY,
+                             target=STATES["tp2_e2e"]) == []
+    assert asked == ["small", "large"]
+    # Another proxy process (restarted with a new config) is asked again.
+    assert run_operation(gateway.roles_proven, answering(outage, proxy_pid=42, asked=asked),
+                         proxy=PROXY, target=STATES["tp2_e2e"]) == []
+    assert asked == ["small", "large"] * 2
+    # So is another route: production's small is the Qwen deployment again.
+    failed = run_operation(gateway.roles_proven, answering(outage, proxy_pid=42, asked=asked),
+                           proxy=PROXY, target=STATES["production"])
+    assert failed and asked == ["small", "large"] * 3
 
 
 def test_a_route_that_does_not_answer_fails_with_the_proxys_own_words() -> None:

@@ -325,6 +325,22 @@ def test_a_young_or_serving_replica_is_not_stuck(monkeypatch) -> None:
     assert asked == ["http://10.66.0.11:30000"]
 
 
+def test_a_server_is_asked_once_per_run_while_the_same_process_serves(monkeypatch) -> None:
+    asked: list[str] = []
+    monkeypatch.setattr(probes, "chat_completion",
+                        lambda url, *args, **kwargs: asked.append(url) or answer(
+                            {"choices": [{"message": {"content": "ok"}}],
+                             "usage": {"completion_tokens": ACCEPTANCE_TOKENS}}))
+    monkeypatch.setattr(serving, "server_info", lambda url: answer(
+        {"tp_size": 1, "served_model_name": "qwen", "speculative_algorithm": None}))
+    service = replica_service(RANK0)
+    for pid, expected in ((7, 1), (7, 1), (8, 2)):
+        with on(FakeHost({services.ServiceProcess: {**replica_process(60), "pid": pid}})):
+            check = serving.server_check(RANK0, service, 1, None, ACCEPTANCE_TOKENS)
+            assert check() == ([], False)
+        assert len(asked) == expected  # asked again only of another process
+
+
 def test_an_old_replica_that_serves_nothing_is_stuck(monkeypatch) -> None:
     monkeypatch.setattr(probes, "chat_completion", lambda *args, **kwargs: probes.Answer(
         "http://10.66.0.11:30000/v1/chat/completions", error="no answer within 30s"))
