@@ -23,7 +23,7 @@ import httpx
 from harness import remote
 from harness.counters import rx_rate_gbps
 from harness.topology import Topology, server_url
-from operations.driver import CandidateModule, LoadedModule, ModuleFileBuildId
+from operations.driver import CandidateModule, LoadedModule, ModuleFileBuildId, loaded_driver
 from operations.gateway import SERVICE as PROXY
 from operations.gateway import LiveRouting, ProxyConfig
 from operations.link import InterfaceState, XDomainLink
@@ -222,17 +222,16 @@ def driver_layer(topology: Topology, readings: dict[str, remote.Reading],
 
 def classify_driver(module: dict | None, stock_build: str | None,
                     candidate_build: str | None) -> tuple[Any, str]:
-    """``stock``, ``candidate`` or :class:`Unknown`, and what was seen."""
+    """``stock``, ``candidate`` or :class:`Unknown`, by the driver layer's judge; what was seen."""
     if module is None:
         return Unknown("not loaded"), "thunderbolt_net is not loaded"
     parameters = " ".join(f"{key}={value}" for key, value in sorted(module["parameters"].items()))
     seen = f"build {module['build_id']}  {parameters}"
-    build = module["build_id"]
-    if build and build == candidate_build and module["parameters"].get("tx_e2e") == "Y":
-        return "candidate", f"candidate  {seen}"
-    if build and build == stock_build and "tx_e2e" not in module["parameters"]:
-        return "stock", f"stock  {seen}"
-    return Unknown(f"build {build}"), f"neither the stock nor the candidate build  {seen}"
+    driver = loaded_driver(module, stock_build, candidate_build)
+    if driver is None:
+        return (Unknown(f"build {module['build_id']}"),
+                f"neither the stock nor the candidate build  {seen}")
+    return driver, f"{driver}  {seen}"
 
 
 def link_rows(topology: Topology, readings: dict[str, remote.Reading],

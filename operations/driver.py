@@ -350,47 +350,58 @@ def persistence_problems(candidate: CandidateModule, run_dir: str) -> list[str]:
     return found
 
 
-def driver_problems(loaded: Driver, candidate: CandidateModule, run_dir: str) -> list[str]:
-    """Everything that differs from the wanted driver on this host; empty when it holds."""
-    module = host.get_fact(LoadedModule, module=candidate.name)
-    found = persistence_problems(candidate, run_dir)
+def build_problems(module: dict | None, wanted: Driver, stock_build: str | None,
+                   candidate_build: str | None, stock_file: str | None = None) -> list[str]:
+    """
+    The driver layer's judge: why the loaded ``thunderbolt_net`` (a
+    :class:`LoadedModule`) is not the ``wanted`` build; empty when it is.
+
+    The candidate is its build-id with ``tx_e2e=Y`` (insmod ignores parameters
+    a module does not declare); the stock driver is the build-id of the file
+    modprobe loads (``stock_build``; ``stock_file`` names it in the evidence),
+    with no ``tx_e2e`` at all.
+    """
     if module is None or module["initstate"] != "live":
-        return [f"{candidate.name} is not loaded", *found]
-    parameters = module["parameters"]
-    if parameters.get("e2e") != "Y":
-        found.append(f"RX E2E is off (parameters/e2e is {parameters.get('e2e')})")
-    if loaded == "candidate":
-        if module["build_id"] != candidate.build_id:
-            found.append(
-                f"the loaded build-id {module['build_id']} is not the candidate's "
-                f"{candidate.build_id}"
-            )
+        return ["thunderbolt_net is not loaded"]
+    build, parameters = module["build_id"], module["parameters"]
+    if wanted == "candidate":
+        found = [] if build == candidate_build else [
+            f"the loaded build-id {build} is not the candidate's {candidate_build}"]
         if parameters.get("tx_e2e") != "Y":
-            found.append(
-                f"parameters/tx_e2e is {parameters.get('tx_e2e', 'absent')}, not Y "
-                "(insmod ignores parameters a module does not declare)"
-            )
+            found.append(f"parameters/tx_e2e is {parameters.get('tx_e2e', 'absent')}, not Y "
+                         "(insmod ignores parameters a module does not declare)")
         return found
-    stock_file = host.get_fact(ModprobeTarget, module=candidate.name)
-    stock_build = host.get_fact(ModuleFileBuildId, path=stock_file) if stock_file else None
-    if module["build_id"] != stock_build:
-        found.append(
-            f"the loaded build-id {module['build_id']} is not that of {stock_file}, the file "
-            f"modprobe loads ({stock_build})"
-        )
+    found = [] if build == stock_build else [
+        f"the loaded build-id {build} is not that of {stock_file or 'the file'}, the file "
+        f"modprobe loads ({stock_build})"]
     if "tx_e2e" in parameters:
         found.append("parameters/tx_e2e exists: a candidate build is loaded")
-    if host.get_fact(File, path=staged_path(run_dir, candidate)):
-        found.append(f"the staged candidate {staged_path(run_dir, candidate)} is still present")
     return found
 
 
-def candidate_loaded(module: dict | None, candidate: CandidateModule) -> bool:
-    return (
-        module is not None
-        and module["build_id"] == candidate.build_id
-        and module["parameters"].get("tx_e2e") == "Y"
-    )
+def loaded_driver(module: dict | None, stock_build: str | None,
+                  candidate_build: str | None) -> Driver | None:
+    """Which build :func:`build_problems` finds loaded: ``None`` for neither."""
+    return next((driver for driver in ("stock", "candidate")
+                 if not build_problems(module, driver, stock_build, candidate_build)), None)
+
+
+def stock_module(module_name: str) -> tuple[str | None, str | None]:
+    """The file ``modprobe`` would load on this host, and its build-id."""
+    stock_file = host.get_fact(ModprobeTarget, module=module_name)
+    return stock_file, (host.get_fact(ModuleFileBuildId, path=stock_file) if stock_file else None)
+
+
+def driver_problems(loaded: Driver, candidate: CandidateModule, run_dir: str) -> list[str]:
+    """Everything that differs from the wanted driver on this host; empty when it holds."""
+    module = host.get_fact(LoadedModule, module=candidate.name)
+    stock_file, stock_build = stock_module(candidate.name)
+    found = build_problems(module, loaded, stock_build, candidate.build_id, stock_file)
+    if module is not None and module["parameters"].get("e2e") != "Y":
+        found.append(f"RX E2E is off (parameters/e2e is {module['parameters'].get('e2e')})")
+    if loaded == "stock" and host.get_fact(File, path=staged_path(run_dir, candidate)):
+        found.append(f"the staged candidate {staged_path(run_dir, candidate)} is still present")
+    return found + persistence_problems(candidate, run_dir)
 
 
 def swap_planned(loaded: Driver, candidate: CandidateModule) -> bool:
@@ -400,14 +411,9 @@ def swap_planned(loaded: Driver, candidate: CandidateModule) -> bool:
     above it stop for. Leftovers it only tidies (a staged copy, a persistent
     option) cut nothing.
     """
-    current = host.get_fact(LoadedModule, module=candidate.name)
-    if loaded == "candidate":
-        return not candidate_loaded(current, candidate)
-    if current is None or "tx_e2e" in current["parameters"]:
-        return True
-    stock_file = host.get_fact(ModprobeTarget, module=candidate.name)
-    stock_build = host.get_fact(ModuleFileBuildId, path=stock_file) if stock_file else None
-    return current["build_id"] != stock_build
+    _, stock_build = stock_module(candidate.name)
+    return bool(build_problems(host.get_fact(LoadedModule, module=candidate.name), loaded,
+                               stock_build, candidate.build_id))
 
 
 # Operations

@@ -25,6 +25,8 @@ from operations.driver import (
     PersistentModuleCopies,
     SignatureEnforcement,
     build_id_from_note,
+    build_problems,
+    loaded_driver,
 )
 
 RELEASE = __import__("os").uname().release
@@ -78,6 +80,23 @@ def test_loaded_module_fact_parses_sysfs() -> None:
     assert parsed == {"initstate": "live", "parameters": {"e2e": "Y", "tx_e2e": "Y"},
                       "build_id": "ab" * 20}
     assert LoadedModule().process([]) is None
+
+
+def test_the_judge_names_the_build_by_build_id_and_tx_e2e() -> None:
+    def module(build: str, **parameters: str) -> dict:
+        return {"initstate": "live", "build_id": build, "parameters": {"e2e": "Y", **parameters}}
+    candidate_build = "c" * 40
+    assert loaded_driver(module(STOCK_BUILD), STOCK_BUILD, candidate_build) == "stock"
+    assert loaded_driver(module(candidate_build, tx_e2e="Y"), STOCK_BUILD,
+                         candidate_build) == "candidate"
+    # insmod ignored tx_e2e=1, or the candidate's own build has it off: neither build.
+    assert loaded_driver(module(candidate_build, tx_e2e="N"), STOCK_BUILD, candidate_build) is None
+    assert loaded_driver(module("d" * 40), STOCK_BUILD, candidate_build) is None
+    assert loaded_driver(None, STOCK_BUILD, candidate_build) is None
+    assert build_problems(module(candidate_build, tx_e2e="Y"), "stock", STOCK_BUILD,
+                          candidate_build, STOCK_FILE) == [
+        f"the loaded build-id {candidate_build} is not that of {STOCK_FILE}, the file modprobe "
+        f"loads ({STOCK_BUILD})", "parameters/tx_e2e exists: a candidate build is loaded"]
 
 
 def test_candidate_is_staged_in_run_and_inserted_with_tx_e2e(candidate) -> None:
