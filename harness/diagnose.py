@@ -51,7 +51,7 @@ from operations.gpu import Gpus
 from operations.link import InterfaceState, PeerAnswers, XDomainLink, trained_rate
 from operations.lock import HostLock
 from operations.services import ServiceLog, ServiceProcess
-from operations.serving import REPLICA, TP_RANKS, server_info_problems
+from operations.serving import TP_RANKS, server_info_problems, service_for
 from operations.states import STATES, State
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
@@ -138,7 +138,7 @@ def first_reading(entry: Any, state: State) -> list[remote.Query]:
     data = entry.data
     interface, module = data["link_interface"], data["candidate_module_name"]
     init = data["serving_init_system"]
-    services = [TP_RANKS[data["rank"]]] if state.serving == "tp2" else [REPLICA]
+    services = [service_for(state.serving, data["rank"])]
     return [
         remote.Query("module", LoadedModule(), {"module": module}),
         remote.Query("stock_build", ModuleFileBuildId(), {"module": module}),

@@ -28,11 +28,10 @@ from operations.gateway import SERVICE as PROXY
 from operations.gateway import LiveRouting, ProxyConfig
 from operations.link import InterfaceState, XDomainLink
 from operations.services import RunningServices
-from operations.serving import REPLICA, REPORTED_ALGORITHM, ROUTER, SGLANG_SERVICES, TP_RANKS
+from operations.serving import ROUTER, SGLANG_SERVICES, serving_of, speculative_of
 from operations.states import LAYERS, STATES, Speculative, State
 
 SERVER_INFO_TIMEOUT_SECONDS = 5.0
-ALGORITHM_OF_REPORTED = {reported: declared for declared, reported in REPORTED_ALGORITHM.items()}
 
 
 @dataclass(frozen=True)
@@ -258,12 +257,7 @@ def serving_layer(topology: Topology, readings: dict[str, remote.Reading],
         reading = readings[entry.name]
         running = reading.values.get("services", [])
         rows.append(("serving", entry.name, ", ".join(running) or "no SGLang service"))
-        if running == [REPLICA]:
-            shape[entry.name] = "replicas"
-        elif running == [TP_RANKS[rank]]:
-            shape[entry.name] = "tp2"
-        else:
-            shape[entry.name] = Unknown(", ".join(running) or "nothing")
+        shape[entry.name] = serving_of(running, rank) or Unknown(", ".join(running) or "nothing")
     router = False
     if topology.gateway:
         reading = readings[topology.gateway.name]
@@ -288,7 +282,10 @@ def speculative_layer(topology: Topology, infos: dict[str, dict | None],
         if info is None:
             rows.append(("speculative", entry.name, f"no /server_info at {url}"))
             continue
-        value = speculative_of(info)
+        try:
+            value = speculative_of(info)
+        except ValueError:
+            value = Unknown(f"speculative algorithm {info.get('speculative_algorithm')}")
         seen[entry.name] = value
         rows.append(("speculative", entry.name,
                      f"{describe(value)} (/server_info: speculative_algorithm="
@@ -296,20 +293,6 @@ def speculative_layer(topology: Topology, infos: dict[str, dict | None],
     if not seen:
         return Unknown("no server answers /server_info")
     return agreed(seen, "the speculative decoder")
-
-
-def speculative_of(info: dict) -> Any:
-    """The declared form of what ``/server_info`` reports (NEXTN shows as EAGLE)."""
-    reported = info.get("speculative_algorithm")
-    if reported is None:
-        return None
-    algorithm = ALGORITHM_OF_REPORTED.get(reported, reported)
-    try:
-        return Speculative(algorithm=algorithm, num_steps=info.get("speculative_num_steps"),
-                           eagle_topk=info.get("speculative_eagle_topk"),
-                           num_draft_tokens=info.get("speculative_num_draft_tokens"))
-    except ValueError:
-        return Unknown(f"speculative algorithm {reported}")
 
 
 def gateway_layer(topology: Topology, readings: dict[str, remote.Reading],

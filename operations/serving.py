@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from packaging.version import InvalidVersion, Version
 from pyinfra import host, inventory
@@ -356,25 +357,56 @@ def process_problems(process: dict, service: Service, argv: bool = True) -> list
     return found
 
 
+def service_for(serving: Literal["replicas", "tp2"], rank: int) -> str:
+    """The SGLang service a workstation of rank ``rank`` runs for ``serving``."""
+    return REPLICA if serving == "replicas" else TP_RANKS[rank]
+
+
+def serving_of(running: list[str], rank: int) -> Literal["replicas", "tp2"] | None:
+    """
+    The serving layer's judge on one workstation, from its running SGLang
+    services: ``replicas`` or ``tp2`` when exactly that one runs; ``None`` else.
+    """
+    return next((serving for serving in ("replicas", "tp2")
+                 if running == [service_for(serving, rank)]), None)
+
+
+def reported_speculative(speculative: Speculative | None) -> dict[str, object]:
+    """What ``/server_info`` reports for ``speculative`` (SGLang names NEXTN's drafter EAGLE)."""
+    if speculative is None:
+        return {"speculative_algorithm": None}
+    return {
+        "speculative_algorithm": REPORTED_ALGORITHM.get(speculative.algorithm,
+                                                        speculative.algorithm),
+        "speculative_num_steps": speculative.num_steps,
+        "speculative_eagle_topk": speculative.eagle_topk,
+        "speculative_num_draft_tokens": speculative.num_draft_tokens,
+    }
+
+
+def speculative_of(info: dict) -> Speculative | None:
+    """
+    The speculative layer's judge: the declared form of what ``/server_info``
+    reports, the inverse of :func:`reported_speculative`. ``ValueError`` for an
+    algorithm or settings no state declares.
+    """
+    reported = info.get("speculative_algorithm")
+    if reported is None:
+        return None
+    declared = {shown: name for name, shown in REPORTED_ALGORITHM.items()}
+    return Speculative(algorithm=declared.get(reported, reported),
+                       num_steps=info.get("speculative_num_steps"),
+                       eagle_topk=info.get("speculative_eagle_topk"),
+                       num_draft_tokens=info.get("speculative_num_draft_tokens"))
+
+
 def server_info_problems(info: object, tp_size: int, speculative: Speculative | None,
                          served_model_name: str) -> list[str]:
     """Whether ``/server_info`` reports the declared parallelism and speculative settings."""
     if not isinstance(info, dict):
         return [f"/server_info is not a JSON object: {info!r:.200}"]
-    wanted = {
-        "tp_size": tp_size,
-        "served_model_name": served_model_name,
-        "speculative_algorithm": (
-            REPORTED_ALGORITHM.get(speculative.algorithm, speculative.algorithm)
-            if speculative else None
-        ),
-    }
-    if speculative:
-        wanted.update(
-            speculative_num_steps=speculative.num_steps,
-            speculative_eagle_topk=speculative.eagle_topk,
-            speculative_num_draft_tokens=speculative.num_draft_tokens,
-        )
+    wanted = {"tp_size": tp_size, "served_model_name": served_model_name,
+              **reported_speculative(speculative)}
     return [
         f"/server_info reports {key}={info.get(key)!r}, expected {value!r}"
         for key, value in wanted.items()

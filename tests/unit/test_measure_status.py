@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from harness import remote, status
 from harness.status import Status, Unknown
 from harness.topology import Topology
 from operations.hosts import InventoryEntry
+from operations.serving import speculative_of
 from operations.states import NEXTN_3_1_4, STATES
 
 STOCK, CANDIDATE = "aa" * 20, "cc" * 20
@@ -45,10 +48,15 @@ def test_the_driver_is_named_by_build_id_and_parameters():
 def test_nextn_is_recognised_under_the_name_sglang_reports():
     info = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
             "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}
-    assert status.speculative_of(info) == NEXTN_3_1_4
-    assert status.speculative_of({"speculative_algorithm": None}) is None
-    assert isinstance(status.speculative_of({**info, "speculative_algorithm": "EAGLE3"}),
-                      Unknown)
+    assert speculative_of(info) == NEXTN_3_1_4
+    assert speculative_of({"speculative_algorithm": None}) is None
+    with pytest.raises(ValueError):
+        speculative_of({**info, "speculative_algorithm": "EAGLE3"})
+    # The status shows an algorithm no state declares as unknown.
+    rows: list = []
+    infos = {"http://10.0.0.1:30000": {**info, "speculative_algorithm": "EAGLE3"},
+             "http://10.0.0.2:30000": None}
+    assert isinstance(status.speculative_layer(TOPOLOGY, infos, rows), Unknown)
 
 
 def reading(host: str, **values: object) -> remote.Reading:
