@@ -25,7 +25,7 @@ from harness.counters import rx_rate_gbps
 from harness.topology import Topology, server_url
 from operations.driver import CandidateModule, LoadedModule, ModuleFileBuildId, loaded_driver
 from operations.gateway import SERVICE as PROXY
-from operations.gateway import LiveRouting, ProxyConfig
+from operations.gateway import LiveRouting, ProxyConfig, fallback_present
 from operations.link import InterfaceState, XDomainLink
 from operations.services import RunningServices
 from operations.serving import ROUTER, SGLANG_SERVICES, serving_of, speculative_of
@@ -304,7 +304,7 @@ def gateway_layer(topology: Topology, readings: dict[str, remote.Reading],
     if reading.error:
         return Unknown("unreachable")
     live, config = reading.values["live"], reading.values["config"]
-    in_file = "large" in (config or {}).get("fallbacks", {}).get("small", [])
+    in_file = fallback_present(config or {})
     file_text = f"config file: general fallback {'present' if in_file else 'absent'}"
     if live is None:
         running = PROXY in reading.values["proxy"]
@@ -316,4 +316,4 @@ def gateway_layer(topology: Topology, readings: dict[str, remote.Reading],
     rows.append(("gateway", name,
                  f"{PROXY}: small -> {', '.join(general) or 'nothing'} on any error; "
                  f"small -> {', '.join(context) or 'nothing'} on context overflow; {file_text}"))
-    return "large" in general
+    return fallback_present(live)

@@ -129,20 +129,20 @@ def begin() -> Attempt:
     return ATTEMPT
 
 
-def failure_message(host_name: str, layer: str, found: list[str]) -> str:
+def failure(host_name: str, layer: str, found: list[str]) -> str:
+    """How a refusal or a failure reads: the host, the layer, then every piece of evidence."""
     return f"{host_name}: {layer} layer: " + "; ".join(found)
 
 
-def record_failure(on_host: Any, layer: str, found: list[str]) -> bool:
-    """Record and print the evidence of a failure on ``on_host``; False, for pyinfra."""
-    message = failure_message(on_host.name, layer, found)
+def fail(state: Any, on_host: Any, layer: str, found: list[str]) -> bool:
+    """
+    Record and print the evidence of a failure on ``on_host``; False, which fails
+    the operation (called by pyinfra as a ``FunctionCommand``: see :func:`failing`).
+    """
+    message = failure(on_host.name, layer, found)
     ATTEMPT.record(on_host.name, on_host.executing_op_hash, message, layer)
     on_host.log_styled(message, fg="red", log_func=logger.error)
     return False
-
-
-def fail(state: Any, host: Any, layer: str, found: list[str]) -> bool:
-    return record_failure(host, layer, found)
 
 
 def failing(layer: str, found: list[str]) -> FunctionCommand:
@@ -152,7 +152,7 @@ def failing(layer: str, found: list[str]) -> FunctionCommand:
 
 def refuse(layer: str, found: list[str]) -> None:
     """Stop the whole run before any change, with every piece of evidence."""
-    message = failure_message(host.name, layer, found)
+    message = failure(host.name, layer, found)
     ATTEMPT.end(Ending("refused", layer, message))
     raise OperationError(message)
 
@@ -201,7 +201,7 @@ def remember_command_line(params: dict[str, Any], target: str = "production") ->
 
 def run_rollback(state: Any, host: Any, command: list[str]) -> bool:
     if not command:
-        return record_failure(host, "rollback", ["no pyinfra command line to run again"])
+        return fail(state, host, "rollback", ["no pyinfra command line to run again"])
     host.log_styled(f"rollback: converging production: {' '.join(command)}", fg="yellow",
                     log_func=logger.warning)
     ATTEMPT.rollback_exit = subprocess.run(command, stdin=subprocess.DEVNULL).returncode

@@ -209,6 +209,11 @@ def wanted_routing(proxy: Proxy, fallback: bool) -> dict:
     return routing(yaml.safe_load(render_config(proxy, fallback)))
 
 
+def fallback_present(routing: dict) -> bool:
+    """The gateway layer's judge: whether ``routing`` sends ``small`` to ``large`` on any error."""
+    return "large" in routing.get("fallbacks", {}).get("small", [])
+
+
 def serving_deployments(target: State) -> dict[str, str]:
     """
     The deployment that answers each role in ``target``: ``small`` is served by

@@ -23,7 +23,7 @@ from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, o
 from pyinfra.api.command import PyinfraCommand
 
 from operations import probes
-from operations.attempt import failing, failure_message, refuse
+from operations.attempt import failing, failure, refuse
 from operations.facts import EmptyMeansSomething
 from operations.phase import executing, run_now
 
@@ -225,7 +225,7 @@ def apply_address(interface: str, address: str, prefix_length: int) -> None:
 def warn(state: Any, host: Any, found: list[str]) -> bool:
     # pyinfra passes the state and the host to a FunctionCommand by these names.
     host.log_styled(
-        failure_message(host.name, "link", found)
+        failure(host.name, "link", found)
         + " (the target state does not use the link; fix it before the next experiment)",
         fg="yellow", log_func=logger.warning)
     return True
