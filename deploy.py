@@ -63,7 +63,8 @@ if workstation:
 sglang = serving.Sglang.from_host(host) if workstation else None
 router = (serving.Router.from_hosts(host, inventory.get_group("workstations"))
           if on_gateway else None)
-proxy = gateway.Proxy.from_host(host, router) if on_gateway else None
+proxy = (gateway.Proxy.from_host(host, router.served_model_name, router.url)
+         if on_gateway else None)
 
 if workstation:
     # However the run ends, the compatibility ledger on this machine gets one record.

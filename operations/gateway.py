@@ -47,7 +47,6 @@ from operations.attempt import failing, refuse
 from operations.facts import EmptyMeansSomething
 from operations.phase import elsewhere, executing
 from operations.services import GatewayService, Service, log_tails
-from operations.serving import Router
 from operations.states import State
 
 LAYER = "gateway"
@@ -117,8 +116,11 @@ class Proxy(GatewayService):
     secret_files: tuple[tuple[str, str], ...]
 
     @classmethod
-    def from_host(cls, gateway: Host, router: Router) -> Proxy:
-        """The gateway's settings; ``small`` is served through ``router``."""
+    def from_host(cls, gateway: Host, small_model: str, small_url: str) -> Proxy:
+        """
+        The gateway's settings; ``small`` is ``small_model`` served at ``small_url``
+        (the serving layer's router, whose settings the runbook passes on).
+        """
         data = gateway.data
         secret_files = [(MASTER_KEY_ENV, data.gateway_roles_master_key_file)]
         large_key = NO_KEY
@@ -132,8 +134,7 @@ class Proxy(GatewayService):
             **GatewayService.settings(gateway, "litellm"),
             config_file=data.gateway_roles_litellm_config_file,
             master_key_file=data.gateway_roles_master_key_file,
-            small=Deployment(DEPLOYMENTS["small"], router.served_model_name,
-                             f"{router.url}/v1", NO_KEY),
+            small=Deployment(DEPLOYMENTS["small"], small_model, f"{small_url}/v1", NO_KEY),
             large=Deployment(DEPLOYMENTS["large"], data.gateway_roles_large_served_model_name,
                              str(data.gateway_roles_large_api_base).rstrip("/"), large_key),
             secret_files=tuple(secret_files),
@@ -477,7 +478,7 @@ def admissible(proxy: Proxy | None, target: State,
 
         gateway.admissible(
             name="Preflight: the large role answers",
-            proxy=Proxy.from_host(host, router),
+            proxy=Proxy.from_host(host, router.served_model_name, router.url),
             target=resolve_state("tp2_e2e"),
         )
     """
@@ -517,7 +518,7 @@ def proxy(proxy: Proxy | None, fallback: bool,
 
         gateway.proxy(
             name="Gateway: the temporary fallback small -> large is present",
-            proxy=Proxy.from_host(host, router),
+            proxy=Proxy.from_host(host, router.served_model_name, router.url),
             fallback=True,
         )
     """

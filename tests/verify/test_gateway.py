@@ -36,7 +36,7 @@ TOKENS = 16
 @pytest.fixture(scope="module")
 def proxy(gateway, workstations) -> Proxy:
     router = Router.from_hosts(InventoryView(gateway), [InventoryView(w) for w in workstations])
-    return Proxy.from_host(InventoryView(gateway), router)
+    return Proxy.from_host(InventoryView(gateway), router.served_model_name, router.url)
 
 
 def test_the_config_has_the_fallbacks_the_state_declares(gateway, proxy: Proxy,
