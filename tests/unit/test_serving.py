@@ -309,12 +309,18 @@ def replica_process(seconds: float) -> dict:
             "argv": list(service.command), "environment": {}}
 
 
-def test_a_young_or_serving_replica_is_not_stuck(monkeypatch) -> None:
+def completions_answered(monkeypatch) -> list[str]:
+    """Every chat completion answered in full; the servers asked, in order."""
     asked: list[str] = []
     monkeypatch.setattr(probes, "chat_completion",
                         lambda url, *args, **kwargs: asked.append(url) or answer(
                             {"choices": [{"message": {"content": "ok"}}],
                              "usage": {"completion_tokens": ACCEPTANCE_TOKENS}}))
+    return asked
+
+
+def test_a_young_or_serving_replica_is_not_stuck(monkeypatch) -> None:
+    asked = completions_answered(monkeypatch)
     young = FakeHost({services.ServiceProcess: replica_process(seconds=60)})
     with on(young):
         assert serving.stuck(RANK0, replica_service(RANK0)) == []
@@ -326,11 +332,7 @@ def test_a_young_or_serving_replica_is_not_stuck(monkeypatch) -> None:
 
 
 def test_a_server_is_asked_once_per_run_while_the_same_process_serves(monkeypatch) -> None:
-    asked: list[str] = []
-    monkeypatch.setattr(probes, "chat_completion",
-                        lambda url, *args, **kwargs: asked.append(url) or answer(
-                            {"choices": [{"message": {"content": "ok"}}],
-                             "usage": {"completion_tokens": ACCEPTANCE_TOKENS}}))
+    asked = completions_answered(monkeypatch)
     monkeypatch.setattr(serving, "server_info", lambda url: answer(
         {"tp_size": 1, "served_model_name": "qwen", "speculative_algorithm": None}))
     service = replica_service(RANK0)
