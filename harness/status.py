@@ -18,8 +18,6 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from harness import remote
 from harness.counters import rx_rate_gbps
 from harness.topology import Topology, server_url
@@ -28,10 +26,8 @@ from operations.gateway import SERVICE as PROXY
 from operations.gateway import LiveRouting, ProxyConfig, fallback_present
 from operations.link import InterfaceState, XDomainLink
 from operations.services import RunningServices
-from operations.serving import ROUTER, SGLANG_SERVICES, serving_of, speculative_of
+from operations.serving import ROUTER, SGLANG_SERVICES, server_info, serving_of, speculative_of
 from operations.states import LAYERS, STATES, Speculative, State
-
-SERVER_INFO_TIMEOUT_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -161,17 +157,13 @@ def gateway_queries(data: dict[str, Any]) -> list[remote.Query]:
 
 
 async def server_infos(urls: list[str]) -> dict[str, dict | None]:
-    """Each server's ``/server_info``, or ``None`` where none answers (rank 1, a stopped one)."""
-    async with httpx.AsyncClient(timeout=SERVER_INFO_TIMEOUT_SECONDS) as client:
-
-        async def info(url: str) -> dict | None:
-            try:
-                response = await client.get(f"{url}/server_info")
-            except httpx.HTTPError:
-                return None
-            return response.json() if response.status_code == 200 else None
-
-        return dict(zip(urls, await asyncio.gather(*(info(url) for url in urls)), strict=True))
+    """
+    Each server's ``/server_info``, or ``None`` where none answers (rank 1, a
+    stopped one): asked as the serving layer asks it, all at once.
+    """
+    answers = await asyncio.gather(*(asyncio.to_thread(server_info, url) for url in urls))
+    return {url: answer.body if answer.ok and isinstance(answer.body, dict) else None
+            for url, answer in zip(urls, answers, strict=True)}
 
 
 async def observe(topology: Topology) -> Status:
