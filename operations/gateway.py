@@ -221,7 +221,7 @@ def serving_deployments(target: State) -> dict[str, str]:
     the replicas behind the router, or by ``large`` through the fallback while
     they are down.
     """
-    small = "small" if target.serving == "replicas" else "large"
+    small = "large" if target.gateway_fallback else "small"
     return {"small": DEPLOYMENTS[small], "large": DEPLOYMENTS["large"]}
 
 

@@ -16,13 +16,18 @@ import pytest
 from verify_helpers import InventoryView, fact
 
 from operations.services import Service
-from operations.serving import Sglang, replica_service, tp_environment, tp_rank_service
+from operations.serving import (
+    GPU_SERVICES,
+    ROUTER,
+    Sglang,
+    replica_service,
+    service_for,
+    tp_environment,
+    tp_rank_service,
+)
 from operations.states import State
 from operations.transport import Connections, connection_problems, connections_of
 
-REPLICA = "sglang-replica"
-TP_RANKS = ("sglang-tp2-rank0", "sglang-tp2-rank1")
-ROUTER = "sglang-router"
 TOKENS = 24
 # NEXTN runs on SGLang's EAGLE worker, and /server_info says so.
 REPORTED = {"NEXTN": "EAGLE"}
@@ -118,7 +123,7 @@ def processes(inventory_host, init_system: str, *names: str) -> dict[str, dict |
 @pytest.fixture(scope="module")
 def servers(workstation) -> dict[str, dict | None]:
     """This workstation's SGLang services, read once for the module's checks."""
-    return processes(workstation, workstation.data["serving_init_system"], REPLICA, *TP_RANKS)
+    return processes(workstation, workstation.data["serving_init_system"], *GPU_SERVICES)
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +165,7 @@ def completion_problem(base_url: str, model: str) -> str | None:
 def test_the_declared_sglang_servers_run_and_no_others(workstation, servers,
                                                        state: State) -> None:
     rank = workstation.data["rank"]
-    wanted = REPLICA if state.serving == "replicas" else TP_RANKS[rank]
+    wanted = service_for(state.serving, rank)
     running = {name for name, server in servers.items() if server is not None}
     assert running == {wanted}, (
         f"{workstation.name}: {state.name} runs {wanted} here and nothing else, but running "
@@ -171,7 +176,7 @@ def test_the_declared_sglang_servers_run_and_no_others(workstation, servers,
 def test_the_server_runs_with_the_declared_arguments(workstation, servers,
                                                      state: State) -> None:
     rank = workstation.data["rank"]
-    name = REPLICA if state.serving == "replicas" else TP_RANKS[rank]
+    name = service_for(state.serving, rank)
     server = servers[name]
     assert server is not None, f"{workstation.name}: {name} does not run"
     argv = server["argv"]
