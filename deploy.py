@@ -30,7 +30,7 @@ from functools import partial
 
 from pyinfra import host, inventory
 
-from operations import attempt, driver, gateway, gpu, ledger, link, lock, serving
+from operations import attempt, driver, gateway, gpu, ledger, link, lock, serving, serving_router
 from operations.driver import CandidateModule
 from operations.states import resolve_state
 
@@ -61,7 +61,7 @@ if workstation:
 # other kind. Every serving step is called on every host (a no-op where it has no
 # part): pyinfra orders operations across hosts only through the ones they share.
 sglang = serving.Sglang.from_host(host) if workstation else None
-router = (serving.Router.from_hosts(host, inventory.get_group("workstations"))
+router = (serving_router.Router.from_hosts(host, inventory.get_group("workstations"))
           if on_gateway else None)
 proxy = (gateway.Proxy.from_host(host, router.served_model_name, router.url)
          if on_gateway else None)
@@ -121,7 +121,7 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
 
     # 3. Serving: stop what the target does not run; a GPU holds a replica or a rank, never both.
     if state.serving == "tp2":
-        serving.router(name="Serving: the router stops with the replicas", router=router,
+        serving_router.router(name="Serving: the router stops with the replicas", router=router,
                        present=False)
         serving.replica(name="Serving: the replicas are stopped", sglang=sglang, present=False)
         # A running TP group that is to change, or whose link a driver swap will take
@@ -166,8 +166,9 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
         serving.replica(name="Serving: the replicas run", sglang=sglang)
         serving.replica_accepted(name="Serving: each replica serves a real completion",
                                  sglang=sglang)
-        serving.router(name="Serving: the router fronts the replicas", router=router)
-        serving.router_accepted(name="Serving: the router serves a real completion", router=router)
+        serving_router.router(name="Serving: the router fronts the replicas", router=router)
+        serving_router.router_accepted(name="Serving: the router serves a real completion",
+                                       router=router)
 
     # 7. Gateway: the fallback goes only once production is proven, then both roles are proven.
     if not state.gateway_fallback:
@@ -186,7 +187,7 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
         )
     serving.verified(name=f"Verify: the workstations serve as {state.name} declares",
                      sglang=sglang, target=state)
-    serving.router_verified(
+    serving_router.router_verified(
         name="Verify: the router " + ("serves" if state.serving == "replicas" else "is stopped"),
         router=router,
         present=state.serving == "replicas",

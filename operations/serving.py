@@ -1,14 +1,13 @@
 """
-The serving layer: SGLang on the workstations, sglang-router on the gateway.
+The serving layer on the workstations: SGLang (its part on the gateway,
+sglang-router, is ``operations/serving_router.py``).
 
 ``production`` runs one single-GPU replica per workstation (``sglang-replica``)
 behind sglang-router on the gateway (``sglang-router``). The TP states run one
 server split across both workstations: ``sglang-tp2-rank0`` on the first,
 ``sglang-tp2-rank1`` on the second, NCCL and Gloo pinned to the Thunderbolt
 interface. A GPU holds a replica or a rank, never both: replicas stop before
-ranks start and ranks stop before replicas start. The router stops with the
-replicas: its workers are gone, and on their port rank 1's dummy ``/health``
-would answer 200 and draw traffic it cannot serve.
+ranks start and ranks stop before replicas start.
 
 A server is accepted only by a real chat completion of the requested length,
 asked from the machine running pyinfra (see ``operations/probes.py``), and for
@@ -28,7 +27,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from packaging.version import InvalidVersion, Version
@@ -43,11 +41,11 @@ from pyinfra.api import (
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.facts.files import Directory
 
-from operations import probes, services, transport, venvs
+from operations import probes, services, transport
 from operations.attempt import failing, refuse
 from operations.facts import EmptyMeansSomething
 from operations.phase import elsewhere, executing
-from operations.services import GatewayService, InitSystem, Service, ServiceProcess, log_tails
+from operations.services import InitSystem, Service, ServiceProcess, log_tails
 from operations.states import Speculative, State
 
 LAYER = "serving"
@@ -57,9 +55,6 @@ ROUTER = "sglang-router"
 # Every service that puts SGLang on a workstation's GPU.
 GPU_SERVICES = (REPLICA, *TP_RANKS)
 SGLANG_SERVICES = "sglang-"
-# The router twinbolt installs on the gateway; requirements-lab.txt pins the same release.
-# sglang-router, hash-pinned; installed into the router's venv as it is.
-ROUTER_LOCK = Path(__file__).resolve().parents[1] / "requirements-router.lock"
 # SGLang reports the NEXTN drafter under the name of the worker that runs it.
 REPORTED_ALGORITHM = {"NEXTN": "EAGLE"}
 # A few tokens: enough for a real completion (and, in TP, for its all-reduces to show on
@@ -147,26 +142,6 @@ class Sglang:
     @property
     def rank0_link_address(self) -> str:
         return self.link_address if self.rank == 0 else self.peer_link_address
-
-
-@dataclass(frozen=True)
-class Router(GatewayService):
-    """sglang-router on the gateway (host data ``gateway_roles_router_*``) and its workers."""
-
-    workers: tuple[str, ...]
-    served_model_name: str
-    start_timeout: float
-
-    @classmethod
-    def from_hosts(cls, gateway: Host, workstations: list[Host]) -> Router:
-        """The gateway's settings, with every workstation's replica as a worker."""
-        replicas = [Sglang.from_host(workstation) for workstation in workstations]
-        return cls(
-            **GatewayService.settings(gateway, "router"),
-            workers=tuple(replica.url for replica in replicas),
-            served_model_name=replicas[0].served_model_name,
-            start_timeout=max(replica.start_timeout for replica in replicas),
-        )
 
 
 def server_command(sglang: Sglang) -> list[str]:
@@ -257,22 +232,6 @@ def tp_rank_service(sglang: Sglang, speculative: Speculative | None) -> Service:
         # A rank needs its peer: alone after a reboot, or restarted after a crash, it
         # only waits for a rendezvous that never comes.
         at_boot=False,
-    )
-
-
-def router_service(router: Router) -> Service:
-    """sglang-router in front of the replicas; only replicas are ever its workers."""
-    return Service(
-        name=ROUTER,
-        description="sglang-router in front of the SGLang replicas (twinbolt production)",
-        command=[
-            f"{router.venv}/bin/python", "-m", "sglang_router.launch_router",
-            "--worker-urls", *router.workers,
-            "--policy", "cache_aware",
-            "--host", router.listen_address,
-            "--port", str(router.port),
-        ],
-        user=router.user,
     )
 
 
@@ -525,30 +484,6 @@ def transport_check(sglang: Sglang, service: Service, tokens: int) -> Check:
     return check
 
 
-def router_check(router: Router, tokens: int) -> Check:
-    """The router's acceptance: running, ready with a healthy worker, and serving."""
-
-    def check(seconds_left: float = probes.REQUEST_TIMEOUT_SECONDS) -> tuple[list[str], bool]:
-        process = host.get_fact(ServiceProcess, service=ROUTER, init_system=router.init_system)
-        found = process_problems(process, router_service(router), argv=False)
-        if found:
-            return found, False
-        # Its /health always says OK; /readiness needs a healthy worker.
-        readiness = probes.get(f"{router.url}/readiness")
-        if not readiness.ok:
-            return [f"the router is not ready: {readiness.describe()}"], True
-        if probes.served_earlier(ROUTER, process["pid"]):
-            return [], True
-        answer = probes.chat_completion(router.url, router.served_model_name, tokens,
-                                        timeout=min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left))
-        found = probes.completion_problems(answer, tokens)
-        if not found:
-            probes.remember_served(ROUTER, process["pid"])
-        return found, True
-
-    return check
-
-
 def accept(what: str, check: Check, timeout: float,
            tails: Callable[[], str]) -> Iterator[PyinfraCommand]:
     """
@@ -721,35 +656,6 @@ def tp_rank_stopped_for_change(sglang: Sglang | None,
         yield from services.absent._inner(service=name, init_system=sglang.init_system)
 
 
-@operation()
-def router(router: Router | None, present: bool = True) -> Iterator[PyinfraCommand]:
-    """
-    Install and run sglang-router on the gateway with the replicas as its workers,
-    or stop it.
-
-    + router: the gateway's :class:`Router` settings and workers; ``None`` elsewhere (a no-op)
-    + present: whether the router should run
-
-    **Example:**
-
-    .. code:: python
-
-        serving.router(
-            name="Serving: the router fronts the replicas",
-            router=Router.from_hosts(host, inventory.get_group("workstations")),
-        )
-    """
-    if elsewhere(router, "gateway"):
-        return
-    if not present:
-        yield from services.absent._inner(service=ROUTER, init_system=router.init_system)
-        return
-    yield from venvs.locked._inner(venv=router.venv, lock=ROUTER_LOCK,
-                                   pip_options=router.pip_options)
-    yield from services.present._inner(service=router_service(router),
-                                       init_system=router.init_system)
-
-
 @operation(is_idempotent=True)
 def replica_accepted(sglang: Sglang | None,
                      tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
@@ -820,32 +726,6 @@ def tp_accepted(sglang: Sglang | None, speculative: Speculative | None = None,
 
 
 @operation(is_idempotent=True)
-def router_accepted(router: Router | None,
-                    tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
-    """
-    Accept the router only by ``/readiness`` (its ``/health`` always says OK) and a
-    real completion of ``tokens`` tokens through it.
-
-    + router: the gateway's :class:`Router` settings; ``None`` elsewhere (a no-op)
-    + tokens: the completion's length
-
-    **Example:**
-
-    .. code:: python
-
-        serving.router_accepted(name="Serving: the router serves", router=router)
-    """
-    if elsewhere(router, "gateway"):
-        return
-    yield from accept(
-        f"the router at {router.url} serves a real completion",
-        router_check(router, tokens),
-        router.start_timeout,
-        lambda: log_tails([(host, ROUTER, router.init_system)]),
-    )
-
-
-@operation(is_idempotent=True)
 def verified(sglang: Sglang | None, target: State,
              tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
@@ -896,34 +776,3 @@ def verified(sglang: Sglang | None, target: State,
     host.noop(f"this workstation serves as {target.name} declares")
 
 
-@operation(is_idempotent=True)
-def router_verified(router: Router | None, present: bool = True,
-                    tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
-    """
-    Prove the router runs and serves (production), or is stopped (TP states).
-
-    + router: the gateway's :class:`Router` settings; ``None`` elsewhere (a no-op)
-    + present: whether the router should run
-    + tokens: the completion's length
-
-    **Example:**
-
-    .. code:: python
-
-        serving.router_verified(name="Verify: the router", router=router, present=True)
-    """
-    if elsewhere(router, "gateway"):
-        return
-    if not executing():
-        host.noop("verified when the run executes")
-        return
-    if present:
-        found = router_check(router, tokens)()[0]
-    else:
-        process = host.get_fact(ServiceProcess, service=ROUTER, init_system=router.init_system)
-        found = [f"the router runs (pid {process['pid']}) while the replicas are down"
-                 ] if process["running"] else []
-    if found:
-        yield failing(LAYER, [*found, log_tails([(host, ROUTER, router.init_system)])])
-        return
-    host.noop("the router is " + ("serving" if present else "stopped"))

@@ -16,7 +16,7 @@ from e2e_helpers import deploy, inventory, ssh
 
 from operations.gateway import LITELLM_LOCK
 from operations.services import RUNIT_SVDIR, ServiceProcess
-from operations.serving import ROUTER_LOCK
+from operations.serving_router import ROUTER_LOCK
 from operations.venvs import DIST_INFO_SCRIPT, InstalledVersions, lock_pins
 
 SERVICES = {"litellm": "litellm", "sglang-router": "router"}

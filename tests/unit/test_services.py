@@ -16,7 +16,7 @@ from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra_fakes import FakeHost, commands, describe, on
 
-from operations import services, serving
+from operations import services, serving, serving_router
 from operations.services import (
     RunningServices,
     Service,
@@ -117,7 +117,7 @@ def analyzable_services() -> list[Service]:
         dist_init_port=5757, min_version="0.5.9", user="root", init_system="systemd",
         working_directory="/", start_timeout=900,
     )
-    router = serving.Router(
+    router = serving_router.Router(
         address="10.66.0.13", listen_address="0.0.0.0", port=30080,
         venv=str(Path(sys.executable).parents[1]),
         user="root", init_system="systemd", pip_options=(),
@@ -127,7 +127,7 @@ def analyzable_services() -> list[Service]:
     return [
         serving.replica_service(workstation),
         serving.tp_rank_service(workstation, STATES["tp2_e2e"].speculative),
-        serving.router_service(router),
+        serving_router.router_service(router),
         TRICKY.model_copy(update={"command": [sys.executable, *TRICKY.command[1:]],
                                   "user": "root", "working_directory": "/"}),
     ]

@@ -17,20 +17,18 @@ from pyinfra_fakes import FakeHost, commands, on
 from sglang_router.launch_router import parse_router_args
 
 from lab.sglang_sim.args import parse_server_args
-from operations import probes, services, serving
+from operations import probes, services, serving, serving_router
 from operations.serving import (
     ACCEPTANCE_TOKENS,
-    ROUTER_LOCK,
-    Router,
     Sglang,
     SglangVersion,
     process_problems,
     replica_service,
-    router_service,
     server_info_problems,
     tp_rank_service,
     version_problems,
 )
+from operations.serving_router import ROUTER_LOCK, Router, router_service
 from operations.states import NEXTN_3_1_4, STATES
 from operations.venvs import lock_pins
 
@@ -296,8 +294,8 @@ def test_serving_operations_do_nothing_on_a_host_without_the_role() -> None:
         (serving.replica, {"sglang": None}),
         (serving.tp_rank, {"sglang": None}),
         (serving.tp_accepted, {"sglang": None}),
-        (serving.router, {"router": None}),
-        (serving.router_accepted, {"router": None}),
+        (serving_router.router, {"router": None}),
+        (serving_router.router_accepted, {"router": None}),
     ):
         assert commands(operation, host, **arguments) == []
     assert host.noops.count("this host is not a workstation") == 3

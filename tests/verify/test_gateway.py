@@ -27,7 +27,7 @@ from operations.gateway import (
     serving_deployments,
     wanted_routing,
 )
-from operations.serving import Router
+from operations.serving_router import Router
 from operations.states import State
 
 TOKENS = 16

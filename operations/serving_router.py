@@ -1,0 +1,185 @@
+"""
+The serving layer on the gateway: sglang-router in front of the replicas.
+
+It runs with the replicas and only with them: in a TP state its workers are
+gone, and on their port rank 1's dummy ``/health`` would answer 200 and draw
+traffic it cannot serve. It is accepted only by ``/readiness`` (its ``/health``
+always says OK) and a real completion through it. sglang-router comes from its
+own hash-pinned lock, installed into the router's venv on the gateway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import Host, operation
+from pyinfra.api.command import PyinfraCommand
+
+from operations import probes, services, venvs
+from operations.attempt import failing
+from operations.phase import elsewhere, executing
+from operations.services import GatewayService, Service, ServiceProcess, log_tails
+from operations.serving import (
+    ACCEPTANCE_TOKENS,
+    LAYER,
+    ROUTER,
+    Check,
+    Sglang,
+    accept,
+    process_problems,
+)
+
+# The router twinbolt installs on the gateway; requirements-lab.txt pins the same release.
+# sglang-router, hash-pinned; installed into the router's venv as it is.
+ROUTER_LOCK = Path(__file__).resolve().parents[1] / "requirements-router.lock"
+
+
+@dataclass(frozen=True)
+class Router(GatewayService):
+    """sglang-router on the gateway (host data ``gateway_roles_router_*``) and its workers."""
+
+    workers: tuple[str, ...]
+    served_model_name: str
+    start_timeout: float
+
+    @classmethod
+    def from_hosts(cls, gateway: Host, workstations: list[Host]) -> Router:
+        """The gateway's settings, with every workstation's replica as a worker."""
+        replicas = [Sglang.from_host(workstation) for workstation in workstations]
+        return cls(
+            **GatewayService.settings(gateway, "router"),
+            workers=tuple(replica.url for replica in replicas),
+            served_model_name=replicas[0].served_model_name,
+            start_timeout=max(replica.start_timeout for replica in replicas),
+        )
+
+
+def router_service(router: Router) -> Service:
+    """sglang-router in front of the replicas; only replicas are ever its workers."""
+    return Service(
+        name=ROUTER,
+        description="sglang-router in front of the SGLang replicas (twinbolt production)",
+        command=[
+            f"{router.venv}/bin/python", "-m", "sglang_router.launch_router",
+            "--worker-urls", *router.workers,
+            "--policy", "cache_aware",
+            "--host", router.listen_address,
+            "--port", str(router.port),
+        ],
+        user=router.user,
+    )
+
+
+def router_check(router: Router, tokens: int) -> Check:
+    """The router's acceptance: running, ready with a healthy worker, and serving."""
+
+    def check(seconds_left: float = probes.REQUEST_TIMEOUT_SECONDS) -> tuple[list[str], bool]:
+        process = host.get_fact(ServiceProcess, service=ROUTER, init_system=router.init_system)
+        found = process_problems(process, router_service(router), argv=False)
+        if found:
+            return found, False
+        # Its /health always says OK; /readiness needs a healthy worker.
+        readiness = probes.get(f"{router.url}/readiness")
+        if not readiness.ok:
+            return [f"the router is not ready: {readiness.describe()}"], True
+        if probes.served_earlier(ROUTER, process["pid"]):
+            return [], True
+        answer = probes.chat_completion(router.url, router.served_model_name, tokens,
+                                        timeout=min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left))
+        found = probes.completion_problems(answer, tokens)
+        if not found:
+            probes.remember_served(ROUTER, process["pid"])
+        return found, True
+
+    return check
+
+
+@operation()
+def router(router: Router | None, present: bool = True) -> Iterator[PyinfraCommand]:
+    """
+    Install and run sglang-router on the gateway with the replicas as its workers,
+    or stop it.
+
+    + router: the gateway's :class:`Router` settings and workers; ``None`` elsewhere (a no-op)
+    + present: whether the router should run
+
+    **Example:**
+
+    .. code:: python
+
+        serving_router.router(
+            name="Serving: the router fronts the replicas",
+            router=Router.from_hosts(host, inventory.get_group("workstations")),
+        )
+    """
+    if elsewhere(router, "gateway"):
+        return
+    if not present:
+        yield from services.absent._inner(service=ROUTER, init_system=router.init_system)
+        return
+    yield from venvs.locked._inner(venv=router.venv, lock=ROUTER_LOCK,
+                                   pip_options=router.pip_options)
+    yield from services.present._inner(service=router_service(router),
+                                       init_system=router.init_system)
+
+
+@operation(is_idempotent=True)
+def router_accepted(router: Router | None,
+                    tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
+    """
+    Accept the router only by ``/readiness`` (its ``/health`` always says OK) and a
+    real completion of ``tokens`` tokens through it.
+
+    + router: the gateway's :class:`Router` settings; ``None`` elsewhere (a no-op)
+    + tokens: the completion's length
+
+    **Example:**
+
+    .. code:: python
+
+        serving_router.router_accepted(name="Serving: the router serves", router=router)
+    """
+    if elsewhere(router, "gateway"):
+        return
+    yield from accept(
+        f"the router at {router.url} serves a real completion",
+        router_check(router, tokens),
+        router.start_timeout,
+        lambda: log_tails([(host, ROUTER, router.init_system)]),
+    )
+
+
+@operation(is_idempotent=True)
+def router_verified(router: Router | None, present: bool = True,
+                    tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
+    """
+    Prove the router runs and serves (production), or is stopped (TP states).
+
+    + router: the gateway's :class:`Router` settings; ``None`` elsewhere (a no-op)
+    + present: whether the router should run
+    + tokens: the completion's length
+
+    **Example:**
+
+    .. code:: python
+
+        serving_router.router_verified(name="Verify: the router", router=router, present=True)
+    """
+    if elsewhere(router, "gateway"):
+        return
+    if not executing():
+        host.noop("verified when the run executes")
+        return
+    if present:
+        found = router_check(router, tokens)()[0]
+    else:
+        process = host.get_fact(ServiceProcess, service=ROUTER, init_system=router.init_system)
+        found = [f"the router runs (pid {process['pid']}) while the replicas are down"
+                 ] if process["running"] else []
+    if found:
+        yield failing(LAYER, [*found, log_tails([(host, ROUTER, router.init_system)])])
+        return
+    host.noop("the router is " + ("serving" if present else "stopped"))
