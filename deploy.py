@@ -102,9 +102,9 @@ if workstation:
              services=serving.GPU_SERVICES, init_system=host.data.serving_init_system,
              foreign_memory_mib=host.data.serving_foreign_gpu_memory_mib)
     serving.admissible(name=f"Preflight: SGLang can serve {state.name} here", sglang=sglang,
-                       target=state)
+                       serving=state.serving, speculative=state.speculative)
 gateway.admissible(name="Preflight: the large role answers, so small can fall back to it",
-                   proxy=proxy, target=state)
+                   proxy=proxy, fallback=state.gateway_fallback)
 
 # Taken only now, so that a run refused in preflight leaves nothing behind.
 lock.held(name="Lock: held by this run", run_dir=host.data.run_dir, owner=this_run)
@@ -137,7 +137,7 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
             )
         # The outage has begun: the user's route must survive it before the GPUs are borrowed.
         gateway.roles_proven(name="Gateway: small answers through the fallback while the replicas "
-                                  "are down", proxy=proxy, target=state)
+                                  "are down", proxy=proxy, fallback=True)
     else:
         serving.tp_rank(name="Serving: the TP ranks are stopped", sglang=sglang, present=False)
 
@@ -175,7 +175,7 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
         gateway.proxy(name="Gateway: the temporary fallback is removed", proxy=proxy,
                       fallback=False)
         gateway.roles_proven(name="Gateway: small is served by the Qwen deployment, large by large",
-                             proxy=proxy, target=state)
+                             proxy=proxy, fallback=False)
 
     # 8. Verify: every layer holds.
     if workstation:
@@ -186,14 +186,14 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
             run_dir=host.data.run_dir,
         )
     serving.verified(name=f"Verify: the workstations serve as {state.name} declares",
-                     sglang=sglang, target=state)
+                     sglang=sglang, serving=state.serving, speculative=state.speculative)
     serving_router.router_verified(
         name="Verify: the router " + ("serves" if state.serving == "replicas" else "is stopped"),
         router=router,
         present=state.serving == "replicas",
     )
     gateway.verified(name=f"Verify: the gateway routes as {state.name} declares", proxy=proxy,
-                     target=state)
+                     fallback=state.gateway_fallback)
 
 if workstation:
     # Before any rollback: a failed attempt is recorded with what it ran.

@@ -222,7 +222,7 @@ def route_rung(gateway: remote.Reading | None, state: State) -> Rung:
     if gateway.error:
         rung.saw(gateway.error, FAIL)
         return rung
-    expected = serving_deployments(state)
+    expected = serving_deployments(state.gateway_fallback)
     for role in ROLES:
         answer = gateway.values[f"role {role}"]
         found = answer_problems(role, answer, expected[role], PROBE_TOKENS)

@@ -47,7 +47,6 @@ from operations.attempt import failing, refuse
 from operations.facts import EmptyMeansSomething
 from operations.phase import elsewhere, executing
 from operations.services import GatewayService, Service, log_tails
-from operations.states import State
 
 LAYER = "gateway"
 SERVICE = "litellm"
@@ -215,13 +214,12 @@ def fallback_present(routing: dict) -> bool:
     return "large" in routing.get("fallbacks", {}).get("small", [])
 
 
-def serving_deployments(target: State) -> dict[str, str]:
+def serving_deployments(fallback: bool) -> dict[str, str]:
     """
-    The deployment that answers each role in ``target``: ``small`` is served by
-    the replicas behind the router, or by ``large`` through the fallback while
-    they are down.
+    The deployment that answers each role: ``small`` is served by the replicas
+    behind the router, or by ``large`` through the ``fallback`` while they are down.
     """
-    small = "large" if target.gateway_fallback else "small"
+    small = "large" if fallback else "small"
     return {"small": DEPLOYMENTS[small], "large": DEPLOYMENTS["large"]}
 
 
@@ -429,12 +427,12 @@ def answer_problems(role: str, answer: probes.Answer, deployment: str,
     return [f"role {role}: {problem}" for problem in found]
 
 
-def roles_problems(proxy: Proxy, target: State, tokens: int) -> list[str]:
+def roles_problems(proxy: Proxy, fallback: bool, tokens: int) -> list[str]:
     """
-    A real request through each role, served by the deployment ``target``
+    A real request through each role, served by the deployment the ``fallback``
     implies; asked once per run while the same proxy process serves.
     """
-    expected = serving_deployments(target)
+    expected = serving_deployments(fallback)
     route = f"{SERVICE}: " + ", ".join(f"{role} by {expected[role]}" for role in ROLES)
     pid = host.get_fact(services.ServiceProcess, service=SERVICE,
                         init_system=proxy.init_system)["pid"]
@@ -462,14 +460,14 @@ NEVER_CONVERGED = ("fix: make the large role answer; if production was never con
 
 
 @operation(is_idempotent=True)
-def admissible(proxy: Proxy | None, target: State,
+def admissible(proxy: Proxy | None, fallback: bool,
                tokens: int = PROOF_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Refuse, before anything changes, a target that borrows the GPUs while the
     ``large`` role does not answer: ``small`` would have nowhere to fall back to.
 
     + proxy: the gateway's :class:`Proxy`; ``None`` elsewhere (a no-op)
-    + target: the :class:`State` the run moves to; only one with the fallback needs ``large``
+    + fallback: whether the target needs the fallback ``small -> large`` (its replicas are down)
     + tokens: the length of the real completion asked of ``large``
 
     **Example:**
@@ -479,13 +477,13 @@ def admissible(proxy: Proxy | None, target: State,
         gateway.admissible(
             name="Preflight: the large role answers",
             proxy=Proxy.from_host(host, router.served_model_name, router.url),
-            target=resolve_state("tp2_e2e"),
+            fallback=True,
         )
     """
     if elsewhere(proxy, "gateway"):
         return
-    if not target.gateway_fallback:
-        host.noop(f"{target.name} keeps the replicas: no fallback needed")
+    if not fallback:
+        host.noop("the replicas keep serving small: no fallback needed")
         return
     found = answer_problems("large", ask(proxy, "large", tokens), DEPLOYMENTS["large"], tokens)
     if found:
@@ -592,15 +590,15 @@ def fallback_proven(proxy: Proxy | None, tokens: int = PROOF_TOKENS) -> Iterator
 
 
 @operation(is_idempotent=True)
-def roles_proven(proxy: Proxy | None, target: State,
+def roles_proven(proxy: Proxy | None, fallback: bool,
                  tokens: int = PROOF_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Prove the user's route: a real request through each role answers, served by
-    the deployment ``target`` implies (``small`` by the replicas behind the
+    the deployment the state implies (``small`` by the replicas behind the
     router, or by ``large`` through the fallback while they are down).
 
     + proxy: the gateway's :class:`Proxy`; ``None`` elsewhere (a no-op)
-    + target: the :class:`State` whose serving decides who answers ``small``
+    + fallback: whether ``small`` falls back to ``large`` (the replicas are down)
     + tokens: the length of each real completion
 
     **Example:**
@@ -608,52 +606,51 @@ def roles_proven(proxy: Proxy | None, target: State,
     .. code:: python
 
         gateway.roles_proven(name="Gateway: small answers through the fallback",
-                             proxy=proxy, target=resolve_state("tp2_e2e"))
+                             proxy=proxy, fallback=True)
     """
     if elsewhere(proxy, "gateway"):
         return
     if not executing():
         host.noop("proven when the run executes")
         return
-    found = roles_problems(proxy, target, tokens)
+    found = roles_problems(proxy, fallback, tokens)
     if found:
         yield failing(LAYER, found)
         return
-    expected = serving_deployments(target)
+    expected = serving_deployments(fallback)
     host.noop(", ".join(f"{role} is served by {expected[role]}" for role in ROLES))
 
 
 @operation(is_idempotent=True)
-def verified(proxy: Proxy | None, target: State,
+def verified(proxy: Proxy | None, fallback: bool,
              tokens: int = PROOF_TOKENS) -> Iterator[PyinfraCommand]:
     """
-    Prove the gateway is as ``target`` declares, with the evidence if not: the
-    config's fallbacks match the state (the general one only with
-    ``gateway_fallback``), the running proxy routes as its config says, and
-    each role is served by the deployment the state implies.
+    Prove the gateway is as the state declares, with the evidence if not: the
+    config's fallbacks match it (the general one only with ``fallback``), the
+    running proxy routes as its config says, and each role is served by the
+    deployment the state implies.
 
     + proxy: the gateway's :class:`Proxy`; ``None`` elsewhere (a no-op)
-    + target: the :class:`State` the hosts should be in
+    + fallback: whether the state carries the temporary fallback ``small -> large``
     + tokens: the length of each real completion
 
     **Example:**
 
     .. code:: python
 
-        gateway.verified(name="Verify: the gateway", proxy=proxy,
-                         target=resolve_state("production"))
+        gateway.verified(name="Verify: the gateway", proxy=proxy, fallback=False)
     """
     if elsewhere(proxy, "gateway"):
         return
     if not executing():
         host.noop("verified when the run executes")
         return
-    wanted = wanted_routing(proxy, target.gateway_fallback)
+    wanted = wanted_routing(proxy, fallback)
     found = routing_problems(f"the config {proxy.config_file}",
                              host.get_fact(ProxyConfig, path=proxy.config_file), wanted,
-                             f"{target.name} declares")
-    found += live_problems(proxy, wanted) or roles_problems(proxy, target, tokens)
+                             "the state declares")
+    found += live_problems(proxy, wanted) or roles_problems(proxy, fallback, tokens)
     if found:
         yield failing(LAYER, found)
         return
-    host.noop(f"the gateway is as {target.name} declares")
+    host.noop(f"the gateway routes as declared, the fallback {'present' if fallback else 'absent'}")

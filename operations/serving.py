@@ -27,7 +27,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
 
 from packaging.version import InvalidVersion, Version
 from pyinfra import host, inventory
@@ -46,7 +45,7 @@ from operations.attempt import failing, refuse
 from operations.facts import EmptyMeansSomething
 from operations.phase import elsewhere, executing
 from operations.services import InitSystem, Service, ServiceProcess, log_tails
-from operations.states import Speculative, State
+from operations.states import Serving, Speculative
 
 LAYER = "serving"
 REPLICA = "sglang-replica"
@@ -316,12 +315,12 @@ def process_problems(process: dict, service: Service, argv: bool = True) -> list
     return found
 
 
-def service_for(serving: Literal["replicas", "tp2"], rank: int) -> str:
+def service_for(serving: Serving, rank: int) -> str:
     """The SGLang service a workstation of rank ``rank`` runs for ``serving``."""
     return REPLICA if serving == "replicas" else TP_RANKS[rank]
 
 
-def serving_of(running: list[str], rank: int) -> Literal["replicas", "tp2"] | None:
+def serving_of(running: list[str], rank: int) -> Serving | None:
     """
     The serving layer's judge on one workstation, from its running SGLang
     services: ``replicas`` or ``tp2`` when exactly that one runs; ``None`` else.
@@ -504,7 +503,7 @@ def accept(what: str, check: Check, timeout: float,
 
 
 @operation(is_idempotent=True)
-def admissible(sglang: Sglang | None, target: State,
+def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative | None,
                tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Refuse, before anything changes, a serving target this workstation cannot reach.
@@ -514,7 +513,8 @@ def admissible(sglang: Sglang | None, target: State,
     running replica must serve a real completion before its GPU is borrowed.
 
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
-    + target: the :class:`State` the run converges to
+    + serving: what the target state serves: ``replicas`` or ``tp2``
+    + speculative: the target state's speculative decoder, or ``None``
     + tokens: the length of the completion asked of a running replica
 
     **Example:**
@@ -524,7 +524,8 @@ def admissible(sglang: Sglang | None, target: State,
         serving.admissible(
             name="Preflight: SGLang can serve tp2_e2e here",
             sglang=Sglang.from_host(host),
-            target=resolve_state("tp2_e2e"),
+            serving="tp2",
+            speculative=NEXTN_3_1_4,
         )
     """
     if elsewhere(sglang, "workstation"):
@@ -532,14 +533,14 @@ def admissible(sglang: Sglang | None, target: State,
     found = []
     if not host.get_fact(Directory, path=sglang.model_path):
         found.append(f"the weights {sglang.model_path} are not on this host")
-    if target.speculative and sglang.draft_model_path:
+    if speculative and sglang.draft_model_path:
         if not host.get_fact(Directory, path=sglang.draft_model_path):
             found.append(f"the draft weights {sglang.draft_model_path} are not on this host")
-    if target.serving == "tp2" and target.speculative:
+    if serving == "tp2" and speculative:
         version = host.get_fact(SglangVersion, python=sglang.python, module=sglang.module,
                                 working_directory=sglang.working_directory)
         found += version_problems(version, sglang.min_version)
-    if target.serving == "tp2":
+    if serving == "tp2":
         running = host.get_fact(services.RunningServices, prefix=REPLICA,
                                 init_system=sglang.init_system)
         if REPLICA in running:
@@ -550,7 +551,7 @@ def admissible(sglang: Sglang | None, target: State,
                       for problem in probes.completion_problems(answer, tokens)]
     if found:
         refuse(LAYER, found)
-    host.noop(f"SGLang can serve {target.name} on this workstation")
+    host.noop(f"SGLang can serve {serving} on this workstation")
     yield from ()
 
 
@@ -726,10 +727,10 @@ def tp_accepted(sglang: Sglang | None, speculative: Speculative | None = None,
 
 
 @operation(is_idempotent=True)
-def verified(sglang: Sglang | None, target: State,
+def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative | None,
              tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
-    Prove this workstation serves as ``target`` says, with the evidence if not.
+    Prove this workstation serves as the state says, with the evidence if not.
 
     Replicas: the replica is the rendered service and serves a real completion;
     no TP rank runs. TP: this rank is the rendered service, NCCL and Gloo pinned
@@ -737,7 +738,8 @@ def verified(sglang: Sglang | None, target: State,
     the declared settings.
 
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
-    + target: the :class:`State` the hosts should be in
+    + serving: what the state serves: ``replicas`` or ``tp2``
+    + speculative: the state's speculative decoder, or ``None``
     + tokens: the completion's length
 
     **Example:**
@@ -745,7 +747,7 @@ def verified(sglang: Sglang | None, target: State,
     .. code:: python
 
         serving.verified(name="Verify: serving", sglang=Sglang.from_host(host),
-                         target=resolve_state("production"))
+                         serving="replicas", speculative=None)
     """
     if elsewhere(sglang, "workstation"):
         return
@@ -754,15 +756,15 @@ def verified(sglang: Sglang | None, target: State,
         return
     running = host.get_fact(services.RunningServices, prefix=SGLANG_SERVICES,
                             init_system=sglang.init_system)
-    if target.serving == "replicas":
+    if serving == "replicas":
         wanted = replica_service(sglang)
         check = server_check(sglang, wanted, 1, None, tokens)
     else:
-        wanted = tp_rank_service(sglang, target.speculative)
-        check = server_check(sglang, wanted, 2, target.speculative, tokens)
-    found = [f"{name} runs, but {target.name} does not run it"
+        wanted = tp_rank_service(sglang, speculative)
+        check = server_check(sglang, wanted, 2, speculative, tokens)
+    found = [f"{name} runs, but the state runs {wanted.name} here"
              for name in running if name != wanted.name]
-    if target.serving == "tp2" and sglang.rank != 0:
+    if serving == "tp2" and sglang.rank != 0:
         found += process_problems(
             host.get_fact(ServiceProcess, service=wanted.name, init_system=sglang.init_system),
             wanted,
@@ -770,9 +772,9 @@ def verified(sglang: Sglang | None, target: State,
     else:
         found += check()[0]
     if found:
-        yield failing(LAYER, [*found, tp_log_tails() if target.serving == "tp2"
+        yield failing(LAYER, [*found, tp_log_tails() if serving == "tp2"
                               else log_tails([(host, wanted.name, sglang.init_system)])])
         return
-    host.noop(f"this workstation serves as {target.name} declares")
+    host.noop(f"this workstation serves {serving} as declared")
 
 

@@ -32,6 +32,9 @@ class Speculative(_Value):
     num_draft_tokens: int
 
 
+# What a state serves: one replica per workstation behind the router, or one TP2 server.
+Serving = Literal["replicas", "tp2"]
+
 # The field report's setting, written "NEXTN 3/1/4" in DESIGN.md.
 NEXTN_3_1_4 = Speculative(algorithm="NEXTN", num_steps=3, eagle_topk=1, num_draft_tokens=4)
 
@@ -53,7 +56,7 @@ class State(_Value):
 
     name: str
     driver: Literal["stock", "candidate"]
-    serving: Literal["replicas", "tp2"]
+    serving: Serving
     speculative: Speculative | None
 
     @property

@@ -108,7 +108,8 @@ def test_the_routing_of_a_config_is_what_the_running_proxy_is_compared_with() ->
 @pytest.mark.parametrize("state", list(STATES))
 def test_small_is_served_by_the_replicas_or_through_the_fallback(state: str) -> None:
     small = "small-router" if STATES[state].serving == "replicas" else "large-backend"
-    assert serving_deployments(STATES[state]) == {"small": small, "large": "large-backend"}
+    assert serving_deployments(STATES[state].gateway_fallback) == {"small": small,
+                                                                   "large": "large-backend"}
 
 
 # The service: secrets read at start, no network
@@ -257,7 +258,7 @@ def test_proofs_judge_only_when_the_run_executes() -> None:
     def no_facts(cls: type, kwargs: dict) -> object:
         raise AssertionError("a prediction asks nothing of the proxy")
     for operation in (gateway.fallback_proven, gateway.roles_proven, gateway.verified):
-        arguments = {} if operation is gateway.fallback_proven else {"target": STATES["tp2_e2e"]}
+        arguments = {} if operation is gateway.fallback_proven else {"fallback": True}
         assert run_operation(operation, no_facts, executing=False, proxy=PROXY,
                              **arguments) == []
 
@@ -265,10 +266,10 @@ def test_proofs_judge_only_when_the_run_executes() -> None:
 def test_during_the_outage_small_must_be_answered_by_large() -> None:
     outage = {"small": completion("large-backend", "1"), "large": completion("large-backend")}
     assert run_operation(gateway.roles_proven, answering(outage), proxy=PROXY,
-                         target=STATES["tp2_e2e"]) == []
+                         fallback=True) == []
     # The same answers are wrong for production: small must be back on the Qwen deployment.
     failed = run_operation(gateway.roles_proven, answering(outage), proxy=PROXY,
-                           target=STATES["production"])
+                           fallback=False)
     assert failed == ["fail: gateway layer: role small: it was served by deployment "
                       "'large-backend', not 'small-router' (x-litellm-attempted-fallbacks: 1)"]
 
@@ -278,15 +279,15 @@ def test_the_route_is_asked_once_per_run_while_the_same_proxy_serves() -> None:
     asked: list[str] = []
     for _ in range(2):
         assert run_operation(gateway.roles_proven, answering(outage, asked=asked), proxy=PROXY,
-                             target=STATES["tp2_e2e"]) == []
+                             fallback=True) == []
     assert asked == ["small", "large"]
     # Another proxy process (restarted with a new config) is asked again.
     assert run_operation(gateway.roles_proven, answering(outage, proxy_pid=42, asked=asked),
-                         proxy=PROXY, target=STATES["tp2_e2e"]) == []
+                         proxy=PROXY, fallback=True) == []
     assert asked == ["small", "large"] * 2
     # So is another route: production's small is the Qwen deployment again.
     failed = run_operation(gateway.roles_proven, answering(outage, proxy_pid=42, asked=asked),
-                           proxy=PROXY, target=STATES["production"])
+                           proxy=PROXY, fallback=False)
     assert failed and asked == ["small", "large"] * 3
 
 
@@ -295,7 +296,7 @@ def test_a_route_that_does_not_answer_fails_with_the_proxys_own_words() -> None:
         "error": {"message": "model group 'small' failed. No fallback was attempted."}})
     failed = run_operation(gateway.roles_proven,
                            answering({"small": error, "large": completion("large-backend")}),
-                           proxy=PROXY, target=STATES["tp2_e2e"])
+                           proxy=PROXY, fallback=True)
     assert len(failed) == 1 and "HTTP 500" in failed[0] and "No fallback was attempted" in failed[0]
 
 
@@ -303,21 +304,21 @@ def test_leaving_production_is_refused_while_large_does_not_answer() -> None:
     down = probes.Answer("http://10.66.0.13:4000/v1/chat/completions", error="curl: (7) refused")
     with pytest.raises(OperationError) as refused:
         run_operation(gateway.admissible, answering({"large": down}), proxy=PROXY,
-                      target=STATES["tp2_e2e"])
+                      fallback=True)
     assert str(refused.value).startswith("wsa: gateway layer: role large: no completion")
     assert "small would have nowhere to fall back to" in str(refused.value)
     # Returning to production needs no fallback, so it asks nothing.
     assert run_operation(gateway.admissible, answering({}), proxy=PROXY,
-                         target=STATES["production"]) == []
+                         fallback=False) == []
 
 
 def test_hosts_other_than_the_gateway_do_nothing() -> None:
     arguments = {
-        gateway.admissible: {"target": STATES["tp2_e2e"]},
+        gateway.admissible: {"fallback": True},
         gateway.proxy: {"fallback": True},
         gateway.fallback_proven: {},
-        gateway.roles_proven: {"target": STATES["tp2_e2e"]},
-        gateway.verified: {"target": STATES["tp2_e2e"]},
+        gateway.roles_proven: {"fallback": True},
+        gateway.verified: {"fallback": True},
     }
     for operation, extra in arguments.items():
         assert run_operation(operation, answering({}), proxy=None, **extra) == []
@@ -409,7 +410,7 @@ def test_a_proxy_ready_only_on_the_gateways_loopback_fails_verify_from_the_clien
 
     def facts(cls: type, kwargs: dict) -> object:
         return {ProxyConfig: routing, LiveRouting: routing}[cls]
-    [failure] = run_operation(gateway.verified, facts, proxy=PROXY, target=STATES["tp2_e2e"])
+    [failure] = run_operation(gateway.verified, facts, proxy=PROXY, fallback=True)
     assert asked == ["http://10.66.0.13:4000/health/readiness"]
     assert failure.startswith("fail: gateway layer: the proxy at http://10.66.0.13:4000 does "
                               "not answer /health/readiness from this machine (the clients' "

@@ -80,7 +80,7 @@ def test_a_real_request_through_each_role_is_served_as_the_state_implies(
         gateway, proxy: Proxy, state: State, role: str) -> None:
     answer = fact(gateway, RoleAnswer, url=proxy.url, master_key_file=proxy.master_key_file,
                   role=role, tokens=TOKENS)
-    expected = serving_deployments(state)[role]
+    expected = serving_deployments(state.gateway_fallback)[role]
     assert answer_problems(role, answer, expected, TOKENS) == []
     if role == "small" and expected == DEPLOYMENTS["large"]:
         assert int(answer.headers.get("x-litellm-attempted-fallbacks", "0")) >= 1
