@@ -137,7 +137,7 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
             )
         # The outage has begun: the user's route must survive it before the GPUs are borrowed.
         gateway.roles_proven(name="Gateway: small answers through the fallback while the replicas "
-                                  "are down", proxy=proxy, fallback=True)
+                                  "are down", proxy=proxy, fallback=state.gateway_fallback)
     else:
         serving.tp_rank(name="Serving: the TP ranks are stopped", sglang=sglang, present=False)
 
