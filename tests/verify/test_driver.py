@@ -4,15 +4,19 @@ candidate would survive a reboot."""
 from __future__ import annotations
 
 import pytest
+from verify_helpers import fact
 
-from operations.driver import CandidateModule, ModuleFileBuildId, build_id_from_note
+from operations.driver import (
+    TBNET_E2E,
+    CandidateModule,
+    ModuleFileBuildId,
+    PeerCapabilities,
+    build_id_from_note,
+)
 from operations.states import State
 
 MODULE = "/sys/module/thunderbolt_net"
 XDOMAIN_DEVICES = "/sys/bus/thunderbolt/devices"
-# The ThunderboltIP protocol settings bit for end-to-end flow control (TBNET_E2E,
-# BIT(0) in drivers/net/thunderbolt/main.c), read from the peer's service.
-PRTCSTNS_E2E = 0x1
 
 
 def candidate_of(workstation) -> CandidateModule:
@@ -89,43 +93,16 @@ def test_no_candidate_copy_or_option_persists(workstation, state: State) -> None
             "or not the pinned build")
 
 
-def network_services(workstation) -> dict[str, str]:
-    """
-    Each XDomain service the peer advertises with the key ``network`` (ThunderboltIP),
-    by its device name, with its ``prtcstns`` as read: the device discovery the
-    driver layer's preflight uses (``PeerCapabilities``), written again here.
-    """
-    listed = workstation.host.run(
-        f'for d in {XDOMAIN_DEVICES}/*; do [ -r "$d/key" ] || continue; '
-        'printf \'%s|%s|%s\\n\' "${d##*/}" "$(cat "$d/key")" '
-        '"$(cat "$d/prtcstns" 2>/dev/null)"; done')
-    assert listed.rc == 0, f"{workstation.name}: cannot list {XDOMAIN_DEVICES}: {listed.stderr}"
-    services = {}
-    for line in listed.stdout.splitlines():
-        device, key, prtcstns = line.split("|")
-        if key.strip() == "network":
-            services[device] = prtcstns.strip()
-    return services
-
-
 def test_the_peer_advertises_e2e_while_the_candidate_runs(workstation, state: State) -> None:
     """tx_e2e=1 is inert unless the peer's ThunderboltIP service has E2E (prtcstns bit 0)."""
     if state.driver != "candidate":
         pytest.skip(f"{state.name} runs the stock driver: tx_e2e is not in use")
-    services = network_services(workstation)
-    assert services, (
+    # Found as the driver layer's preflight finds it: the service whose key is "network".
+    peer = fact(workstation, PeerCapabilities)
+    assert peer, (
         f"{workstation.name}: no XDomain service with key 'network' under {XDOMAIN_DEVICES}: "
         "the peer's thunderbolt_net advertises no ThunderboltIP service")
-    lacking = {}
-    for device, value in services.items():
-        try:
-            advertised = int(value, 16) & PRTCSTNS_E2E
-        except ValueError:
-            advertised = False
-        if not advertised:
-            lacking[device] = value or "(unreadable)"
-    assert lacking == {}, (
-        f"{workstation.name}: the peer advertises no E2E (prtcstns bit 0 clear: "
-        f"{', '.join(f'{device} {value}' for device, value in lacking.items())}), so "
-        f"tx_e2e=1 is inert in {state.name}; reload the peer's driver with e2e=1, or converge "
-        "production")
+    assert peer["prtcstns"] & TBNET_E2E, (
+        f"{workstation.name}: the peer advertises no E2E ({peer['service']} prtcstns "
+        f"{peer['prtcstns']:#x}, bit 0 clear), so tx_e2e=1 is inert in {state.name}; reload the "
+        "peer's driver with e2e=1, or converge production")
