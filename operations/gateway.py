@@ -474,11 +474,8 @@ def admissible(proxy: Proxy | None, fallback: bool,
 
     .. code:: python
 
-        gateway.admissible(
-            name="Preflight: the large role answers",
-            proxy=Proxy.from_host(host, router.served_model_name, router.url),
-            fallback=True,
-        )
+        gateway.admissible(name="Preflight: the large role answers", proxy=proxy,
+                           fallback=True)
     """
     if elsewhere(proxy, "gateway"):
         return
