@@ -168,16 +168,20 @@ def link_problems(interface: str, address: str, peer_address: str,
 
     Waiting helps while the link is down or the peer is silent; a link that came
     up at the wrong rate or width will stay that way. Without ``traffic`` only
-    the cable and the peer are judged, not the addresses and the traffic across
-    them: those are the link step's own work, which a run cut after a reload
-    leaves undone on either host.
+    the cable and the peer are judged (the XDomain device, which the Thunderbolt
+    core shows whatever ``thunderbolt_net`` does), not the interface, its
+    carrier, its addresses and the traffic: a driver load creates the interface,
+    which has carrier once both ends' drivers have logged in, and those are the
+    driver and link steps' own work, which a run cut around a reload leaves
+    undone on either host.
     """
     xdomain = host.get_fact(XDomainLink)
-    interface_state = host.get_fact(InterfaceState, interface=interface)
-    if not interface_state["exists"]:
-        return [f"{interface} does not exist (is the driver loaded?)"], True
-    if not interface_state["carrier"]:
-        return [f"{interface} has no carrier"], True
+    if traffic:
+        interface_state = host.get_fact(InterfaceState, interface=interface)
+        if not interface_state["exists"]:
+            return [f"{interface} does not exist (is the driver loaded?)"], True
+        if not interface_state["carrier"]:
+            return [f"{interface} has no carrier"], True
     if xdomain is None:
         return ["no XDomain peer is connected"], True
     if xdomain["others"]:
@@ -329,8 +333,9 @@ def trained(interface: str, address: str, peer_address: str, expected_rate_gbps:
         found, _ = link_problems(*arguments, traffic=False)
         if found:
             refuse("link", found)
-        host.noop(f"{interface} is trained at {expected_rate_gbps:g} Gb/s to one peer; its "
-                  "address and the peer's answer are the link step's to make and prove")
+        host.noop(f"the link is trained at {expected_rate_gbps:g} Gb/s to one peer; {interface}, "
+                  "its address and the peer's answer are the driver and link steps' to make "
+                  "and prove")
         return
     found, worth_waiting = link_problems(*arguments)
     if not found:

@@ -90,9 +90,23 @@ def test_a_link_coming_back_is_waited_for() -> None:
     assert run_operation(link.trained, facts(answers=False), **LINK) == ["call wait_until"]
 
 
-def test_preflight_does_not_wait() -> None:
-    with pytest.raises(OperationError, match="wsa: link layer: thunderbolt0 has no carrier"):
-        run_operation(link.trained, facts(carrier=False), wait=False, **LINK)
+def test_preflight_does_not_wait_for_a_cable() -> None:
+    unplugged = facts()
+    with pytest.raises(OperationError, match="wsa: link layer: no XDomain peer is connected"):
+        run_operation(link.trained, lambda cls, kwargs: None if cls is XDomainLink
+                      else unplugged(cls, kwargs), wait=False, **LINK)
+    with pytest.raises(OperationError, match="trained at 10 Gb/s"):
+        run_operation(link.trained, facts(speed=10.0), wait=False, **LINK)
+
+
+def test_preflight_leaves_a_reloading_driver_to_the_driver_and_link_steps() -> None:
+    """A run cut around a reload leaves the interface missing or without carrier."""
+    assert run_operation(link.trained, facts(carrier=False), wait=False, **LINK) == []
+    missing = facts()
+    assert run_operation(link.trained, lambda cls, kwargs: {"exists": False, "carrier": False,
+                                                            "addresses": []}
+                         if cls is InterfaceState else missing(cls, kwargs),
+                         wait=False, **LINK) == []
 
 
 def test_a_link_at_the_wrong_rate_names_the_rate_seen_and_expected() -> None:
