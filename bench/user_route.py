@@ -28,7 +28,9 @@ from openai import OpenAI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.remote import remote_command  # noqa: E402
 from operations.hosts import in_group, inventory_entries, ssh_config  # noqa: E402
+from operations.site import SUDO  # noqa: E402
 
 PROMPT = "say something about the cable"
 
@@ -40,9 +42,11 @@ def gateway_client() -> OpenAI:
     with tempfile.NamedTemporaryFile("w", suffix=".ssh_config") as config:
         config.write(ssh_config(entries))
         config.flush()
+        # Mode 600, the proxy's own: read as root, through sudo where the site needs it.
         key = subprocess.run(
             ["ssh", "-F", config.name, gateway.name,
-             f"cat {gateway.data['gateway_roles_master_key_file']}"],
+             remote_command(f"cat {gateway.data['gateway_roles_master_key_file']}",
+                            sudo=bool(gateway.data.get(SUDO)))],
             capture_output=True, text=True, check=True, timeout=30).stdout.strip()
     url = f"http://{gateway.data['ssh_hostname']}:{gateway.data['gateway_roles_litellm_port']}"
     return OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
