@@ -134,14 +134,17 @@ def failure(host_name: str, layer: str, found: list[str]) -> str:
     return f"{host_name}: {layer} layer: " + "; ".join(found)
 
 
-def fail(state: Any, on_host: Any, layer: str, found: list[str]) -> bool:
+def fail(state: Any, host: Any, layer: str, found: list[str]) -> bool:
     """
-    Record and print the evidence of a failure on ``on_host``; False, which fails
+    Record and print the evidence of a failure on ``host``; False, which fails
     the operation (called by pyinfra as a ``FunctionCommand``: see :func:`failing`).
+
+    pyinfra passes the state and the host to a ``FunctionCommand`` only when its
+    function names them exactly ``state`` and ``host``.
     """
-    message = failure(on_host.name, layer, found)
-    ATTEMPT.record(on_host.name, on_host.executing_op_hash, message, layer)
-    on_host.log_styled(message, fg="red", log_func=logger.error)
+    message = failure(host.name, layer, found)
+    ATTEMPT.record(host.name, host.executing_op_hash, message, layer)
+    host.log_styled(message, fg="red", log_func=logger.error)
     return False
 
 

@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from operation_harness import run_operation
@@ -103,6 +104,18 @@ def fresh_attempt(monkeypatch):
 
 def no_facts(cls, kwargs):
     raise AssertionError("the conclusion reads no facts")
+
+
+def test_a_failing_command_runs_as_pyinfra_runs_it_and_records_the_evidence(
+        fresh_attempt) -> None:
+    logged: list[str] = []
+    wsb = SimpleNamespace(name="wsb", executing_op_hash="op1",
+                          log_styled=lambda message, **_: logged.append(message))
+    command = attempt.failing("link", ["thunderbolt0 has no carrier"])
+    assert command.execute(None, wsb, {}) is False
+    assert logged == ["wsb: link layer: thunderbolt0 has no carrier"]
+    assert fresh_attempt.messages() == ["wsb: link layer: thunderbolt0 has no carrier"]
+    assert fresh_attempt.layers == ["link"]
 
 
 def test_conclusion_is_silent_after_success(fresh_attempt) -> None:
