@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from operation_harness import run_operation
 from pyinfra.facts.files import Sha1File
 from pyinfra_fakes import FakeHost, commands, on
 from sglang_router.launch_router import parse_router_args
@@ -352,3 +353,37 @@ def test_the_tp_ranks_are_start_only_and_the_replicas_start_at_boot() -> None:
     """A rank alone after a reboot, or restarted without its peer, would only loop."""
     assert tp_rank_service(RANK0, NEXTN_3_1_4).at_boot is False
     assert replica_service(RANK0).at_boot is True
+
+
+def serving_facts(running: list[str], pid: int = 7):
+    """A workstation running ``running``; the replica's process is the rendered one."""
+    def facts(cls: type, kwargs: dict) -> object:
+        if cls is services.RunningServices:
+            return running
+        if cls is services.ServiceProcess:
+            return {**replica_process(60), "pid": pid}
+        if cls is services.ServiceLog:
+            return ["[2026-12-01] Uvicorn running on http://0.0.0.0:30000"]
+        raise AssertionError(cls)
+    return facts
+
+
+def test_verify_names_a_service_the_state_does_not_run_and_proves_the_replica_once(
+        monkeypatch) -> None:
+    asked = completions_answered(monkeypatch)
+    monkeypatch.setattr(serving, "server_info", lambda url: answer(
+        {"tp_size": 1, "served_model_name": "qwen", "speculative_algorithm": None}))
+    replicas = {"sglang": RANK0, "serving": "replicas", "speculative": None}
+    [failure] = run_operation(serving.verified,
+                              serving_facts(["sglang-replica", "sglang-tp2-rank0"]), **replicas)
+    assert failure.startswith("fail: serving layer: sglang-tp2-rank0 runs, but the state runs "
+                              "sglang-replica here")
+    assert "Uvicorn running" in failure  # the replica's log is the evidence's tail
+    assert len(asked) == 1
+    # The same process served a real completion earlier in this run: not asked again.
+    assert run_operation(serving.verified, serving_facts(["sglang-replica"]), **replicas) == []
+    assert len(asked) == 1
+    # Another process (restarted since) is asked.
+    assert run_operation(serving.verified, serving_facts(["sglang-replica"], pid=8),
+                         **replicas) == []
+    assert len(asked) == 2
