@@ -32,17 +32,18 @@ else:
     # As on a real site, some hosts are reached as an unprivileged admin account
     # with passwordless sudo (the lab's `twinbolt`, a real sudoers entry), one as root.
     _OPERATOR = "twinbolt"
+    _SSH_PORT = 22
 
     def _lab_ssh(address: str, user: str = "root") -> dict[str, object]:
         return {
             "ssh_hostname": address,
             "ssh_user": user,
-            "ssh_port": 22,
+            "ssh_port": _SSH_PORT,
             "ssh_key": str(_LAB / "ssh" / "id_ed25519"),
             "ssh_known_hosts_file": str(_LAB / "ssh" / "known_hosts"),
             "ssh_strict_host_key_checking": "yes",
             **sudo_data(user != "root"),
-            **nodelay_data(address, 22),
+            **nodelay_data(address, _SSH_PORT),
         }
 
     def _lab_workstation(rank: int, address: str, link: str, peer_link: str,

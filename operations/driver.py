@@ -386,8 +386,13 @@ def loaded_driver(module: dict | None, stock_build: str | None,
                  if not build_problems(module, driver, stock_build, candidate_build)), None)
 
 
-def stock_module(module_name: str) -> tuple[str | None, str | None]:
-    """The file ``modprobe`` would load on this host, and its build-id."""
+def stock_module(loaded: Driver, module_name: str) -> tuple[str | None, str | None]:
+    """
+    The file ``modprobe`` would load on this host, and its build-id; read only
+    when the stock driver is wanted (the candidate is judged by its own build-id).
+    """
+    if loaded != "stock":
+        return None, None
     stock_file = host.get_fact(ModprobeTarget, module=module_name)
     return stock_file, (host.get_fact(ModuleFileBuildId, path=stock_file) if stock_file else None)
 
@@ -395,7 +400,7 @@ def stock_module(module_name: str) -> tuple[str | None, str | None]:
 def driver_problems(loaded: Driver, candidate: CandidateModule, run_dir: str) -> list[str]:
     """Everything that differs from the wanted driver on this host; empty when it holds."""
     module = host.get_fact(LoadedModule, module=candidate.name)
-    stock_file, stock_build = stock_module(candidate.name)
+    stock_file, stock_build = stock_module(loaded, candidate.name)
     found = build_problems(module, loaded, stock_build, candidate.build_id, stock_file)
     if module is not None and module["parameters"].get("e2e") != "Y":
         found.append(f"RX E2E is off (parameters/e2e is {module['parameters'].get('e2e')})")
@@ -411,7 +416,7 @@ def swap_planned(loaded: Driver, candidate: CandidateModule) -> bool:
     above it stop for. Leftovers it only tidies (a staged copy, a persistent
     option) cut nothing.
     """
-    _, stock_build = stock_module(candidate.name)
+    _, stock_build = stock_module(loaded, candidate.name)
     return bool(build_problems(host.get_fact(LoadedModule, module=candidate.name), loaded,
                                stock_build, candidate.build_id))
 
