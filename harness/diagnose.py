@@ -46,7 +46,7 @@ from operations.driver import (
     PeerCapabilities,
     SignatureEnforcement,
 )
-from operations.gateway import ROLES, RoleAnswer, answer_problems, serving_deployments
+from operations.gateway import ROLES, RoleAnswers, answer_problems, serving_deployments
 from operations.gpu import Gpus
 from operations.link import InterfaceState, PeerAnswers, XDomainLink, trained_rate
 from operations.lock import HostLock
@@ -173,10 +173,10 @@ def second_reading(entry: Any) -> list[remote.Query]:
 def gateway_reading(entry: Any) -> list[remote.Query]:
     data = entry.data
     url = f"http://{data['ssh_hostname']}:{data['gateway_roles_litellm_port']}"
-    return [remote.Query(f"role {role}", RoleAnswer(),
+    return [remote.Query("roles", RoleAnswers(),
                          {"url": url, "master_key_file": data["gateway_roles_master_key_file"],
-                          "role": role, "tokens": PROBE_TOKENS,
-                          "timeout": PROBE_TIMEOUT_SECONDS}) for role in ROLES]
+                          "roles": ROLES, "tokens": PROBE_TOKENS,
+                          "timeout": PROBE_TIMEOUT_SECONDS})]
 
 
 async def server_probes(topology: Topology, state: State) -> dict[str, tuple[Any, Any]]:
@@ -223,8 +223,7 @@ def route_rung(gateway: remote.Reading | None, state: State) -> Rung:
         rung.saw(gateway.error, FAIL)
         return rung
     expected = serving_deployments(state.gateway_fallback)
-    for role in ROLES:
-        answer = gateway.values[f"role {role}"]
+    for role, answer in gateway.values["roles"].items():
         found = answer_problems(role, answer, expected[role], PROBE_TOKENS)
         served = answer.headers.get("x-litellm-model-id", "nobody")
         rung.saw(f"role {role}: served by {served} in {answer.seconds:.2f}s")

@@ -30,6 +30,7 @@ new routing*, so a proof never reaches the process that is shutting down.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,7 @@ from pyinfra.operations import files, server
 
 from operations import probes, services, venvs
 from operations.attempt import failing, refuse
-from operations.facts import EmptyMeansSomething
+from operations.facts import EmptyMeansSomething, FileDigest, digest
 from operations.phase import elsewhere, executing
 from operations.services import GatewayService, Service, log_tails
 
@@ -299,42 +300,62 @@ class LiveRouting(FactBase):
         return live
 
 
-class RoleAnswer(EmptyMeansSomething):
+class RoleAnswers(EmptyMeansSomething):
     """
-    One real chat completion through a role of the proxy, asked on the gateway
-    with curl (``forced_fallback`` adds ``mock_testing_fallbacks``), as a
-    :class:`probes.Answer`; its ``headers`` are lower-case.
+    One real chat completion through each of ``roles`` at once, asked on the
+    gateway with curl (``forced_fallback`` adds ``mock_testing_fallbacks``), as
+    a :class:`probes.Answer` by role; its ``headers`` are lower-case.
 
     .. code:: python
 
-        Answer(url="http://gw:4000/v1/chat/completions", status=200,
-               headers={"x-litellm-model-id": "large-backend",
-                        "x-litellm-attempted-fallbacks": "1", …},
-               body={"choices": […], "usage": {"completion_tokens": 8, …}}, seconds=5.04)
+        {"large": Answer(url="http://gw:4000/v1/chat/completions", status=200,
+                         headers={"x-litellm-model-id": "large-backend",
+                                  "x-litellm-attempted-fallbacks": "1", …},
+                         body={"choices": […], "usage": {"completion_tokens": 8, …}},
+                         seconds=5.04)}
     """
 
-    def requires_command(self, url: str, master_key_file: str, role: str, tokens: int,
-                         forced_fallback: bool = False,
+    def requires_command(self, url: str, master_key_file: str, roles: tuple[str, ...],
+                         tokens: int, forced_fallback: bool = False,
                          timeout: float = REQUEST_TIMEOUT_SECONDS) -> str:
         return "curl"
 
-    def command(self, url: str, master_key_file: str, role: str, tokens: int,
+    def command(self, url: str, master_key_file: str, roles: tuple[str, ...], tokens: int,
                 forced_fallback: bool = False,
                 timeout: float = REQUEST_TIMEOUT_SECONDS) -> StringCommand:
         extra = {"mock_testing_fallbacks": True} if forced_fallback else {}
-        body = json.dumps(probes.chat_body(role, tokens, **extra))
-        # Headers, the body, then the status and time; curl's own error, if any.
-        script = authorized_curl(
-            'ask -sS -m "$2" -D - -H "Content-Type: application/json" --data-binary "$3" '
-            '-w "\\ncurl-result %{http_code} %{time_total} %{url_effective}\\n" "$4" 2>&1; true'
+        asked = [word for role in roles
+                 for word in (role, json.dumps(probes.chat_body(role, tokens, **extra)))]
+        # The roles first, so that an error before any request is each role's.
+        # Then every request at once, each into its own file (headers, the body,
+        # the status and time, and curl's own error, if any), and each file in order.
+        script = f"echo {shlex.quote('@@roles ' + ' '.join(roles))}; " + authorized_curl(
+            'm=$2; url=$3; shift 3; out=$(mktemp -d) || exit 1; trap \'rm -rf "$out"\' EXIT; '
+            'while [ $# -ge 2 ]; do '
+            'ask -sS -m "$m" -D - -H "Content-Type: application/json" --data-binary "$2" '
+            '-w "\\ncurl-result %{http_code} %{time_total} %{url_effective}\\n" '
+            '"$url/v1/chat/completions" > "$out/$1" 2>&1 & shift 2; done; wait; '
+            'for f in "$out"/*; do echo "@@answer ${f##*/}"; cat "$f"; done'
         )
         return StringCommand(
             "sh", "-c", QuoteString(script), "-", QuoteString(master_key_file),
-            str(float(timeout)), QuoteString(body), QuoteString(f"{url}/v1/chat/completions"),
+            str(float(timeout)), QuoteString(url), *(QuoteString(word) for word in asked),
         )
 
-    def process(self, output: list[str]) -> probes.Answer:
-        return parse_answer(output)
+    def process(self, output: list[str]) -> dict[str, probes.Answer]:
+        roles: list[str] = []
+        before: list[str] = []
+        chunks: dict[str, list[str]] = {}
+        for line in output:
+            if line.startswith("@@roles "):
+                roles = line.split()[1:]
+            elif line.startswith("@@answer "):
+                chunks[line.split(" ", 1)[1]] = []
+            elif chunks:
+                chunks[list(chunks)[-1]].append(line)
+            else:
+                before.append(line)
+        return {role: parse_answer(before + chunks.get(role, [])) for role in roles}
 
 
 def parse_answer(output: list[str]) -> probes.Answer:
@@ -402,17 +423,32 @@ def live_problems(proxy: Proxy, wanted: dict) -> list[str]:
     if not readiness.ok:
         return [f"the proxy at {proxy.url} does not answer /health/readiness from this "
                 f"machine (the clients' side): {readiness.describe()}"]
-    live = host.get_fact(LiveRouting, url=proxy.url, master_key_file=proxy.master_key_file)
-    if live is None:
-        return [f"the proxy at {proxy.url} does not answer /v1/model/info with the master key "
-                f"in {proxy.master_key_file}"]
-    return routing_problems("the running proxy", live, wanted, "its config has")
+
+    def routing() -> list[str]:
+        live = host.get_fact(LiveRouting, url=proxy.url, master_key_file=proxy.master_key_file)
+        if live is None:
+            return [f"the proxy at {proxy.url} does not answer /v1/model/info with the master "
+                    f"key in {proxy.master_key_file}"]
+        return routing_problems("the running proxy", live, wanted, "its config has")
+    return probes.proven_once(routes(wanted), proxy_pid(proxy), routing)
 
 
-def ask(proxy: Proxy, role: str, tokens: int, forced_fallback: bool = False) -> probes.Answer:
-    """A real completion through ``role``, asked on the gateway (:class:`RoleAnswer`)."""
-    return host.get_fact(RoleAnswer, url=proxy.url, master_key_file=proxy.master_key_file,
-                         role=role, tokens=tokens, forced_fallback=forced_fallback)
+def proxy_pid(proxy: Proxy) -> int | None:
+    """The running proxy's pid, which proofs made in this run are remembered by."""
+    return host.get_fact(services.ServiceProcess, service=SERVICE,
+                         init_system=proxy.init_system)["pid"]
+
+
+def routes(wanted: dict) -> str:
+    """What a proxy that routes as ``wanted`` has proven, as :func:`probes.proven_once` names it."""
+    return f"{SERVICE} routes {describe(wanted)}"
+
+
+def ask(proxy: Proxy, roles: tuple[str, ...], tokens: int,
+        forced_fallback: bool = False) -> dict[str, probes.Answer]:
+    """A real completion through each of ``roles`` at once, asked on the gateway."""
+    return host.get_fact(RoleAnswers, url=proxy.url, master_key_file=proxy.master_key_file,
+                         roles=roles, tokens=tokens, forced_fallback=forced_fallback)
 
 
 def answer_problems(role: str, answer: probes.Answer, deployment: str,
@@ -434,15 +470,9 @@ def roles_problems(proxy: Proxy, fallback: bool, tokens: int) -> list[str]:
     """
     expected = serving_deployments(fallback)
     route = f"{SERVICE}: " + ", ".join(f"{role} by {expected[role]}" for role in ROLES)
-    pid = host.get_fact(services.ServiceProcess, service=SERVICE,
-                        init_system=proxy.init_system)["pid"]
-    if probes.served_earlier(route, pid):
-        return []
-    found = [problem for role in ROLES
-             for problem in answer_problems(role, ask(proxy, role, tokens), expected[role], tokens)]
-    if not found and pid:
-        probes.remember_served(route, pid)
-    return found
+    return probes.proven_once(route, proxy_pid(proxy), lambda: [
+        problem for role, answer in ask(proxy, ROLES, tokens).items()
+        for problem in answer_problems(role, answer, expected[role], tokens)])
 
 
 def proxy_log(proxy: Proxy) -> str:
@@ -482,7 +512,8 @@ def admissible(proxy: Proxy | None, fallback: bool,
     if not fallback:
         host.noop("the replicas keep serving small: no fallback needed")
         return
-    found = answer_problems("large", ask(proxy, "large", tokens), DEPLOYMENTS["large"], tokens)
+    found = answer_problems("large", ask(proxy, ("large",), tokens)["large"],
+                            DEPLOYMENTS["large"], tokens)
     if found:
         refuse(LAYER, [*found, "small would have nowhere to fall back to while the "
                                "replicas are down", NEVER_CONVERGED])
@@ -520,6 +551,8 @@ def proxy(proxy: Proxy | None, fallback: bool,
     if elsewhere(proxy, "gateway"):
         return
     wanted = wanted_routing(proxy, fallback)
+    # The pid first: the routing read next is then this process's or a later one's.
+    pid = proxy_pid(proxy)
     live = host.get_fact(LiveRouting, url=proxy.url, master_key_file=proxy.master_key_file)
     yield from venvs.locked._inner(venv=proxy.venv, lock=LITELLM_LOCK,
                                    pip_options=proxy.pip_options)
@@ -528,14 +561,15 @@ def proxy(proxy: Proxy | None, fallback: bool,
     key = host.get_fact(File, path=proxy.master_key_file)
     if not key or not key["size"]:
         yield master_key_command(proxy.master_key_file)
-    yield from files.file._inner(path=proxy.master_key_file, user=proxy.user, mode="600")
+    if not key or key["user"] != proxy.user or key["mode"] != 600:
+        yield from files.file._inner(path=proxy.master_key_file, user=proxy.user, mode="600")
     # A static config needs a restart to take effect, including the settings
     # the proxy's API does not show (the retry policy).
-    config_changed = False
-    for command in files.template._inner(src=str(TEMPLATE), dest=proxy.config_file, mode="644",
-                                         **template_context(proxy, fallback)):
-        config_changed = True
-        yield command
+    config_changed = (host.get_fact(FileDigest, path=proxy.config_file)
+                      != digest(render_config(proxy, fallback), "644"))
+    if config_changed:
+        yield from files.template._inner(src=str(TEMPLATE), dest=proxy.config_file, mode="644",
+                                         **template_context(proxy, fallback))
     started = False
     for command in services.present._inner(service=proxy_service(proxy),
                                            init_system=proxy.init_system,
@@ -543,6 +577,8 @@ def proxy(proxy: Proxy | None, fallback: bool,
         started = True
         yield command
     if not started:
+        if pid:
+            probes.remember_served(routes(wanted), pid)
         host.noop(f"the proxy routes as its config says, the fallback "
                   f"{'present' if fallback else 'absent'}")
         return
@@ -578,7 +614,7 @@ def fallback_proven(proxy: Proxy | None, tokens: int = PROOF_TOKENS) -> Iterator
     if not executing():
         host.noop("proven when the run executes, once the fallback is in place")
         return
-    answer = ask(proxy, "small", tokens, forced_fallback=True)
+    answer = ask(proxy, ("small",), tokens, forced_fallback=True)["small"]
     found = answer_problems("small", answer, DEPLOYMENTS["large"], tokens)
     if found:
         yield failing(LAYER, ["a forced fallback through small did not reach large", *found])

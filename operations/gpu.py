@@ -24,7 +24,7 @@ from pyinfra.api import FactBase, operation
 from pyinfra.api.command import PyinfraCommand
 
 from operations.attempt import refuse
-from operations.services import InitSystem, ServiceProcess
+from operations.services import InitSystem, ServicePids
 
 LAYER = "gpu"
 
@@ -119,12 +119,10 @@ def free(services: tuple[str, ...], init_system: InitSystem,
     """
     if not host.get_fact(Gpus):
         refuse(LAYER, ["nvidia-smi lists no GPU (is the NVIDIA driver loaded?)"])
-    own_pids = set()
-    for service in services:
-        process = host.get_fact(ServiceProcess, service=service, init_system=init_system)
-        if process["pid"]:
-            own_pids.add(process["pid"])
-    found = foreign_problems(host.get_fact(GpuProcesses), own_pids, foreign_memory_mib)
+    processes = host.get_fact(GpuProcesses)
+    own_pids = set(host.get_fact(ServicePids, services=services, init_system=init_system)
+                   .values()) if processes else set()
+    found = foreign_problems(processes, own_pids, foreign_memory_mib)
     if found:
         refuse(LAYER, found)
     host.noop("the GPU is present and holds nothing twinbolt did not start")

@@ -14,6 +14,7 @@ API: the serving and gateway layers both use it.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,12 +53,23 @@ class Answer:
         return f"{self.url}: HTTP {self.status} {text[:200]}"
 
 
+@functools.cache
+def client() -> httpx.Client:
+    """
+    The one HTTP client of a run. Making a client loads the CA bundle (about 27 ms
+    of CPU, which in pyinfra's gevent loop stalls every host); a run asks a dozen
+    times. Connections are not kept alive: a server restarted between two proofs
+    must not be asked over its predecessor's socket.
+    """
+    return httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+
+
 def request(method: str, url: str, timeout: float, json: object = None,
             headers: dict[str, str] | None = None) -> Answer:
     """One request with a bound; every failure becomes an :class:`Answer` with its error."""
     started = time.monotonic()
     try:
-        response = httpx.request(method, url, json=json, headers=headers, timeout=timeout)
+        response = client().request(method, url, json=json, headers=headers, timeout=timeout)
     except httpx.TimeoutException:
         return Answer(url, error=f"no answer within {timeout:g}s",
                       seconds=time.monotonic() - started)
@@ -141,6 +153,19 @@ def remember_served(service: str, pid: int) -> None:
 def served_earlier(service: str, pid: int | None) -> bool:
     """Whether process ``pid`` of ``service`` on this host served a real completion in this run."""
     return pid is not None and SERVED.get((host.name, service)) == pid
+
+
+def proven_once(what: str, pid: int | None, prove: Callable[[], list[str]]) -> list[str]:
+    """
+    What ``prove()`` finds wrong with ``what``, unless process ``pid`` proved it
+    earlier in this run; a proof that finds nothing is remembered for ``pid``.
+    """
+    if served_earlier(what, pid):
+        return []
+    found = prove()
+    if not found and pid:
+        remember_served(what, pid)
+    return found
 
 
 def wait_until(what: str, check: Callable[[float], tuple[list[str], bool]], timeout: float,

@@ -33,7 +33,7 @@ from pyinfra.facts.files import Sha1File
 from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.operations import files, runit, systemd
 
-from operations.facts import EmptyMeansSomething
+from operations.facts import EmptyMeansSomething, digest, digest_script
 
 InitSystem = Literal["systemd", "runit"]
 
@@ -156,6 +156,14 @@ class Supervisor:
     def log_command(self, service: str, lines: int) -> StringCommand:
         raise NotImplementedError
 
+    def settled_script(self) -> str:
+        """Shell that prints, as ``key value`` lines, what :meth:`settled` judges for ``$1``."""
+        raise NotImplementedError
+
+    def settled(self, service: Service, observed: dict[str, str]) -> bool:
+        """Whether ``service`` already runs as :meth:`start` would leave it."""
+        raise NotImplementedError
+
     def start(self, service: Service, changed: bool,
               restarted: bool) -> Iterator[PyinfraCommand]:
         """Keep ``service`` running (its file just ``changed`` or not), restarted if asked."""
@@ -193,6 +201,14 @@ class Systemd(Supervisor):
             QuoteString(f"{service}.service"), "2>/dev/null", "||", "true",
         )
 
+    def settled_script(self) -> str:
+        return ('echo "active $(systemctl is-active "$1.service" 2>/dev/null)"; '
+                'echo "enabled $(systemctl is-enabled "$1.service" 2>/dev/null)"; ')
+
+    def settled(self, service: Service, observed: dict[str, str]) -> bool:
+        enabled = observed.get("enabled") == "enabled"
+        return observed.get("active") == "active" and enabled == service.at_boot
+
     def start(self, service: Service, changed: bool,
               restarted: bool) -> Iterator[PyinfraCommand]:
         # Not at boot: started, neither enabled nor restarted when it exits.
@@ -229,6 +245,17 @@ class Runit(Supervisor):
     def log_command(self, service: str, lines: int) -> StringCommand:
         return StringCommand("tail", "-n", str(int(lines)), QuoteString(log_path(service)),
                              "2>/dev/null", "||", "true")
+
+    def settled_script(self) -> str:
+        return (f'echo "link $(readlink {RUNIT_SVDIR}/"$1")"; '
+                f'[ -e {RUNIT_SOURCEDIR}/"$1"/down ] && echo "down yes"; '
+                f'echo "status $(sv status {RUNIT_SVDIR}/"$1" 2>/dev/null | head -n 1)"; ')
+
+    def settled(self, service: Service, observed: dict[str, str]) -> bool:
+        # A start-only service keeps its down file, so runsvdir never starts it alone.
+        return (observed.get("link") == f"{RUNIT_SOURCEDIR}/{service.name}"
+                and observed.get("status", "").startswith("run:")
+                and (service.at_boot or observed.get("down") == "yes"))
 
     def start(self, service: Service, changed: bool,
               restarted: bool) -> Iterator[PyinfraCommand]:
@@ -361,6 +388,55 @@ class ServiceProcess(EmptyMeansSomething):
         return process
 
 
+class ServiceSettled(FactBase):
+    """
+    In one command, what :func:`present` would otherwise read with a dozen of
+    pyinfra's facts: the rendered file's mode and SHA-1, and the init system's
+    view of the service (:meth:`Supervisor.settled_script`).
+
+    .. code:: python
+
+        {"file": "755 3f786850e387550fdab836ed7e6dc881de23001b",
+         "link": "/etc/sv/sglang-router", "status": "run: /etc/service/sglang-router: (pid 42) 9s"}
+    """
+
+    default = dict
+
+    def command(self, service: str, path: str, init_system: InitSystem) -> StringCommand:
+        script = digest_script('"$2"') + SUPERVISORS[init_system].settled_script() + "true"
+        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(service),
+                             QuoteString(path))
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        return dict(line.strip().partition(" ")[::2] for line in output if line.strip())
+
+
+class ServicePids(FactBase):
+    """
+    The main process of each of ``services`` that runs, in one command.
+
+    .. code:: python
+
+        {"sglang-replica": 4242}
+    """
+
+    default = dict
+
+    def command(self, services: tuple[str, ...], init_system: InitSystem) -> StringCommand:
+        script = ("pid_of() { " + SUPERVISORS[init_system].status_script()
+                  + 'echo "$1 $pid"; }; for s in "$@"; do pid_of "$s"; done')
+        return StringCommand("sh", "-c", QuoteString(script), "-",
+                             *(QuoteString(service) for service in services))
+
+    def process(self, output: list[str]) -> dict[str, int]:
+        pids = {}
+        for line in output:
+            service, _, pid = line.strip().partition(" ")
+            if pid.isdigit() and int(pid):
+                pids[service] = int(pid)
+        return pids
+
+
 class RunningServices(FactBase):
     """
     The names of the running services whose name starts with ``prefix``.
@@ -432,10 +508,18 @@ def present(
         )
     """
     supervisor = SUPERVISORS[init_system]
+    path = supervisor.rendered_path(service.name)
+    observed = host.get_fact(ServiceSettled, service=service.name, path=path,
+                             init_system=init_system)
+    if (not restarted and observed.get("file") == digest(render(service, init_system),
+                                                         supervisor.mode)
+            and supervisor.settled(service, observed)):
+        host.noop(f"service {service.name} runs, {path} unchanged")
+        return
     changed = False
     for command in files.template._inner(
         src=str(supervisor.template),
-        dest=supervisor.rendered_path(service.name),
+        dest=path,
         mode=supervisor.mode,
         **template_context(service),
     ):

@@ -394,7 +394,9 @@ def stuck(sglang: Sglang, service: Service, tokens: int = ACCEPTANCE_TOKENS) -> 
     serves no real completion; empty when it serves, is younger, or is not running.
 
     Such a server is not in the declared state, and only a restart can bring it
-    there: a hung scheduler does not recover by itself.
+    there: a hung scheduler does not recover by itself. One that serves, and
+    whose ``/server_info`` agrees, is proven for this run: its acceptance does
+    not ask again.
     """
     process = host.get_fact(ServiceProcess, service=service.name,
                             init_system=sglang.init_system)
@@ -403,7 +405,11 @@ def stuck(sglang: Sglang, service: Service, tokens: int = ACCEPTANCE_TOKENS) -> 
         return []
     answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
                                     timeout=probes.REQUEST_TIMEOUT_SECONDS)
-    return probes.completion_problems(answer, tokens)
+    found = probes.completion_problems(answer, tokens)
+    if not found and not server_info_problems(server_info(sglang.url).body, 1, None,
+                                              sglang.served_model_name):
+        probes.remember_served(service.name, process["pid"])
+    return found
 
 
 def server_check(sglang: Sglang, service: Service, tp_size: int,

@@ -85,14 +85,10 @@ def router_check(router: Router, tokens: int) -> Check:
         readiness = probes.get(f"{router.url}/readiness")
         if not readiness.ok:
             return [f"the router is not ready: {readiness.describe()}"], True
-        if probes.served_earlier(ROUTER, process["pid"]):
-            return [], True
-        answer = probes.chat_completion(router.url, router.served_model_name, tokens,
-                                        timeout=min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left))
-        found = probes.completion_problems(answer, tokens)
-        if not found:
-            probes.remember_served(ROUTER, process["pid"])
-        return found, True
+        return probes.proven_once(ROUTER, process["pid"], lambda: probes.completion_problems(
+            probes.chat_completion(router.url, router.served_model_name, tokens,
+                                   timeout=min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left)),
+            tokens)), True
 
     return check
 

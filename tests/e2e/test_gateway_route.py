@@ -13,7 +13,7 @@ from e2e_helpers import deploy, lab, snapshot, ssh, verify
 
 from lab.topology import host_named
 from operations import probes
-from operations.gateway import DEPLOYMENTS, RoleAnswer
+from operations.gateway import DEPLOYMENTS, RoleAnswers
 
 # The lab's gateway files live in its private /var/lib (see group_data/lab.py).
 CONFIG = "/var/lib/twinbolt/litellm.yaml"
@@ -36,8 +36,8 @@ def general_fallback_line() -> str:
 
 def ask(role: str, tokens: int = 8) -> probes.Answer:
     """A real completion through ``role``, asked on the gateway as the deploy asks it."""
-    command = RoleAnswer().command(PROXY_URL, MASTER_KEY, role, tokens).get_raw_value()
-    return RoleAnswer().process(ssh("gw", command).splitlines())
+    command = RoleAnswers().command(PROXY_URL, MASTER_KEY, (role,), tokens).get_raw_value()
+    return RoleAnswers().process(ssh("gw", command).splitlines())[role]
 
 
 def position(output: str, operation: str) -> int:

@@ -99,8 +99,8 @@ def test_the_route_names_who_served_each_role_and_fails_a_missing_fallback() -> 
                        "usage": {"completion_tokens": 8}},
                       {"x-litellm-model-id": deployment}, None, 0.2)
 
-    gateway = Reading("gw", {"role small": answered("small-router"),
-                             "role large": answered("large-backend")}, 0.0)
+    gateway = Reading("gw", {"roles": {"small": answered("small-router"),
+                                       "large": answered("large-backend")}}, 0.0)
     assert diagnose.route_rung(gateway, PRODUCTION).verdict == diagnose.PASS
     rung = diagnose.route_rung(gateway, TP2_E2E)
     assert rung.verdict == diagnose.FAIL

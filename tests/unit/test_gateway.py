@@ -17,13 +17,14 @@ from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.facts.server import TmpDir
 
 from operations import gateway, probes, services
+from operations.facts import FileDigest
 from operations.gateway import (
     LITELLM_LOCK,
     Deployment,
     LiveRouting,
     Proxy,
     ProxyConfig,
-    RoleAnswer,
+    RoleAnswers,
     parse_answer,
     proxy_service,
     render_config,
@@ -164,7 +165,7 @@ def test_the_gateway_installs_the_litellm_the_lab_tests_with() -> None:
 
 
 def test_a_request_reads_the_key_on_the_host_and_passes_it_on_stdin_only() -> None:
-    command = RoleAnswer().command("http://gw:4000", KEY_FILE, "small", 8,
+    command = RoleAnswers().command("http://gw:4000", KEY_FILE, ("small",), 8,
                                    forced_fallback=True).get_raw_value()
     assert 'cat "$1"' in command and "-H @-" in command
     assert '"mock_testing_fallbacks": true' in command
@@ -235,11 +236,12 @@ def answering(by_role: dict[str, probes.Answer], forced: probes.Answer | None = 
         if cls is services.ServiceProcess:
             assert kwargs["service"] == "litellm"
             return {"running": True, "pid": proxy_pid}
-        assert cls is RoleAnswer, cls
+        assert cls is RoleAnswers, cls
         if asked is not None:
-            asked.append(kwargs["role"])
+            asked.extend(kwargs["roles"])
         assert kwargs["master_key_file"] == KEY_FILE and kwargs["url"] == "http://10.66.0.13:4000"
-        return forced if kwargs.get("forced_fallback") else by_role[kwargs["role"]]
+        return {role: forced if kwargs.get("forced_fallback") else by_role[role]
+                for role in kwargs["roles"]}
     return facts
 
 
@@ -346,15 +348,22 @@ def converged_gateway(fallback: bool, live: dict | None):
         Link: {"link_target": "/etc/sv/litellm"},
         RunitManaged: {"litellm"},
         RunitStatus: {"litellm": True},
+        services.ServiceProcess: {"running": True, "pid": 41},
+        services.ServiceSettled: {
+            "file": f"755 {sha1[services.run_script_path('litellm')]}",
+            "link": "/etc/sv/litellm", "status": "run: /etc/service/litellm: (pid 42) 9s"},
         LiveRouting: live,
         TmpDir: "/tmp",
     }
 
     def facts(cls: type, kwargs: dict) -> object:
+        path = kwargs.get("path")
         if cls is File:
-            return files.get(kwargs["path"])
+            return files.get(path)
         if cls is Sha1File:
-            return sha1.get(kwargs["path"])
+            return sha1.get(path)
+        if cls is FileDigest:
+            return f"{files[path]['mode']} {sha1[path]}" if path in sha1 else None
         return values[cls]
     return facts
 
@@ -383,8 +392,8 @@ def test_a_config_change_the_api_does_not_show_restarts_the_proxy() -> None:
     facts = converged_gateway(True, wanted_routing(PROXY, True))
 
     def older_file(cls: type, kwargs: dict) -> object:
-        if cls is Sha1File and kwargs["path"] == PROXY.config_file:
-            return "0" * 40
+        if cls in (Sha1File, FileDigest) and kwargs["path"] == PROXY.config_file:
+            return "0" * 40 if cls is Sha1File else "644 " + "0" * 40
         return facts(cls, kwargs)
     commands = run_operation(gateway.proxy, older_file, proxy=PROXY, fallback=True)
     assert commands[-2:] == ["SVDIR=/etc/service sv restart litellm", "call wait_until"]
@@ -417,6 +426,27 @@ def test_a_proxy_ready_only_on_the_gateways_loopback_fails_verify_from_the_clien
                               "side): http://10.66.0.13:4000/health/readiness: [Errno 111]")
 
 
+@pytest.mark.parametrize(("pid_at_verify", "routing_reads"), [(41, 1), (42, 2)])
+def test_verify_reads_the_live_routing_again_only_of_another_proxy_process(
+        monkeypatch: pytest.MonkeyPatch, pid_at_verify: int, routing_reads: int) -> None:
+    monkeypatch.setattr(probes, "get", lambda url, timeout=5.0: probes.Answer(url, 200))
+    monkeypatch.setattr(gateway, "roles_problems", lambda proxy, fallback, tokens: [])
+    routing = wanted_routing(PROXY, True)
+    converged = converged_gateway(True, routing)
+    reads: list[type] = []
+    pid = [41]
+
+    def facts(cls: type, kwargs: dict) -> object:
+        reads.append(cls)
+        if cls is services.ServiceProcess:
+            return {"running": True, "pid": pid[0]}
+        return routing if cls is ProxyConfig else converged(cls, kwargs)
+    assert run_operation(gateway.proxy, facts, proxy=PROXY, fallback=True) == []
+    pid[0] = pid_at_verify
+    assert run_operation(gateway.verified, facts, proxy=PROXY, fallback=True) == []
+    assert reads.count(LiveRouting) == routing_reads
+
+
 def test_the_live_routing_script_asks_everything_at_once_and_prints_in_order(
         tmp_path: Path) -> None:
     """The fact's own script, run with a curl that answers each URL after a pause."""
@@ -444,3 +474,45 @@ def test_the_live_routing_script_asks_everything_at_once_and_prints_in_order(
     assert (tmp_path / "bin" / "curl.log").read_text().splitlines()[-1] == \
         "http://gw:4000/v1/model/info"
     assert list(scratch.iterdir()) == []  # its answers' directory is gone
+
+
+def role_answers_run(tmp_path: Path, key: str | None) -> tuple[dict[str, probes.Answer], Path]:
+    """RoleAnswers' own script for small and large, with a curl that answers small slowly."""
+    if key is not None:
+        (tmp_path / "key").write_text(key)
+    curl = tmp_path / "bin" / "curl"
+    curl.parent.mkdir()
+    # The role is in the --data-binary body; the header arrives on stdin.
+    curl.write_text(
+        '#!/bin/sh\nread -r header\nwhile [ $# -gt 0 ]; do '
+        '[ "$1" = --data-binary ] && body=$2; shift; done\n'
+        'case "$body" in *\\"small\\"*) role=small; sleep 0.3 ;; *) role=large ;; esac\n'
+        'echo "$role" >> "$0.log"\n'
+        'printf "HTTP/1.1 200 OK\\r\\nx-litellm-model-id: %s-backend\\r\\n\\r\\n" "$role"\n'
+        'printf \'{"auth": "%s"}\\ncurl-result 200 0.3 http://gw:4000\\n\' "$header"\n')
+    curl.chmod(0o755)
+    command = RoleAnswers().command("http://gw:4000", str(tmp_path / "key"), ("small", "large"),
+                                    8).get_raw_value()
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30,
+                            env={"PATH": f"{curl.parent}:{os.defpath}", "TMPDIR": str(scratch)})
+    assert list(scratch.iterdir()) == []  # its answers' directory is gone
+    return RoleAnswers().process(result.stdout.splitlines()), curl.parent / "curl.log"
+
+
+def test_the_roles_are_asked_at_once_and_each_answer_is_its_own(tmp_path: Path) -> None:
+    answers, log = role_answers_run(tmp_path, "sk-test\n")
+    assert {role: answer.headers["x-litellm-model-id"] for role, answer in answers.items()} == {
+        "small": "small-backend", "large": "large-backend"}
+    assert all(answer.ok and answer.body == {"auth": "Authorization: Bearer sk-test"}
+               for answer in answers.values())
+    # small was asked first yet answered last: the two ran at once.
+    assert log.read_text().splitlines() == ["large", "small"]
+
+
+def test_an_unreadable_master_key_is_each_roles_error(tmp_path: Path) -> None:
+    answers, _ = role_answers_run(tmp_path, None)
+    assert set(answers) == {"small", "large"}
+    assert all(not answer.ok and "master key file" in answer.describe()
+               for answer in answers.values())

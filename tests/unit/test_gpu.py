@@ -13,7 +13,7 @@ from pyinfra_fakes import FakeHost, commands
 
 from operations import gpu
 from operations.gpu import GpuProcesses, Gpus
-from operations.services import ServiceProcess
+from operations.services import ServicePids
 
 SERVICES = ("sglang-replica", "sglang-tp2-rank0")
 A_GPU = [{"index": "0", "name": "NVIDIA GeForce RTX 5090", "memory_total_mib": 32607}]
@@ -69,10 +69,26 @@ def test_only_processes_outside_twinbolts_services_count() -> None:
 
 
 def host_with(gpus: list[dict], processes: list[dict], service_pids: dict[str, int]) -> FakeHost:
-    def service_process(service: str, init_system: str) -> dict:
-        return {"pid": service_pids.get(service)}
+    def pids(services: tuple[str, ...], init_system: str) -> dict[str, int]:
+        return {name: pid for name, pid in service_pids.items() if name in services}
 
-    return FakeHost({Gpus: gpus, GpuProcesses: processes, ServiceProcess: service_process})
+    return FakeHost({Gpus: gpus, GpuProcesses: processes, ServicePids: pids})
+
+
+def test_an_idle_gpu_needs_no_service_read() -> None:
+    host = FakeHost({Gpus: A_GPU, GpuProcesses: []})  # reading ServicePids would fail
+    assert commands(gpu.free, host, services=SERVICES, init_system="runit") == []
+
+
+def test_service_pids_are_read_in_one_command_for_every_service(tmp_path) -> None:
+    sv = tmp_path / "sv"
+    sv.write_text('#!/bin/sh\ncase "$2" in */sglang-replica) '
+                  'echo "run: $2: (pid 4242) 73s" ;; *) echo "down: $2: 9s" ;; esac\n')
+    sv.chmod(0o755)
+    command = ServicePids().command(("sglang-replica", "sglang-tp2-rank0"), "runit")
+    output = subprocess.run(["/bin/sh", "-c", command.get_raw_value()], capture_output=True,
+                            text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, check=True)
+    assert ServicePids().process(output.stdout.splitlines()) == {"sglang-replica": 4242}
 
 
 def test_free_refuses_a_stranger_naming_the_pid_and_changes_nothing() -> None:

@@ -17,11 +17,13 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra_fakes import FakeHost, commands, describe, on
 
 from operations import services, serving, serving_router
+from operations.facts import FileDigest, digest
 from operations.services import (
     RunningServices,
     Service,
     ServiceLog,
     ServiceProcess,
+    ServiceSettled,
     render,
     unit_quote,
 )
@@ -48,6 +50,8 @@ def host_with(facts: dict[type, object], files: dict[str, str] | None = None,
         Sha1File: lambda path: files.get(path),
         Directory: lambda path: {"mode": 755} if path in directories else None,
         Link: lambda path: {"link_target": links[path]} if path in links else None,
+        # Nothing read in one command: present takes the path that reads each part.
+        ServiceSettled: {},
     }
     table.update(facts)
     return FakeHost(table)
@@ -236,6 +240,74 @@ def test_absent_on_a_host_that_never_had_the_service_does_nothing() -> None:
     assert commands(services.absent, host, service="echo", init_system="runit") == []
 
 
+# A settled service, read in one command
+
+SETTLED_RUNIT = {"link": "/etc/sv/echo", "status": "run: /etc/service/echo: (pid 42) 9s"}
+
+
+def settled_host(service: Service, init_system: str, **observed: str) -> FakeHost:
+    """A host that answers only ServiceSettled: reading anything else fails the test."""
+    return FakeHost({ServiceSettled: {
+        "file": digest(render(service, init_system), services.SUPERVISORS[init_system].mode),
+        **observed}})
+
+
+@pytest.mark.parametrize(("service", "init_system", "observed"), [
+    (TRICKY, "runit", SETTLED_RUNIT),
+    (TRICKY.model_copy(update={"at_boot": False}), "runit", {**SETTLED_RUNIT, "down": "yes"}),
+    (TRICKY, "systemd", {"active": "active", "enabled": "enabled"}),
+    (TRICKY.model_copy(update={"at_boot": False}), "systemd",
+     {"active": "active", "enabled": "disabled"}),
+])
+def test_a_settled_service_is_left_alone_after_one_read(service: Service, init_system: str,
+                                                        observed: dict[str, str]) -> None:
+    host = settled_host(service, init_system, **observed)
+    assert commands(services.present, host, service=service, init_system=init_system) == []
+    path = services.rendered_path("echo", init_system)
+    assert host.noops == [f"service echo runs, {path} unchanged"]
+
+
+@pytest.mark.parametrize(("service", "init_system", "change"), [
+    (TRICKY, "runit", {"file": "755 " + "0" * 40}),
+    (TRICKY, "runit", {"file": digest(render(TRICKY, "runit"), "644")}),
+    (TRICKY, "runit", {"link": ""}),
+    (TRICKY, "runit", {"status": "down: /etc/service/echo: 3s, normally up"}),
+    (TRICKY.model_copy(update={"at_boot": False}), "runit", {}),  # no down file
+    (TRICKY, "systemd", {"active": "failed", "enabled": "enabled"}),
+    (TRICKY, "systemd", {"active": "active", "enabled": "disabled"}),
+])
+def test_anything_unsettled_is_read_part_by_part_and_converged(
+        service: Service, init_system: str, change: dict[str, str]) -> None:
+    observed = {**(SETTLED_RUNIT if init_system == "runit" else {}), **change}
+    host = settled_host(service, init_system, **observed)
+    with pytest.raises(AssertionError, match="unexpected fact"):
+        commands(services.present, host, service=service, init_system=init_system)
+
+
+def test_a_start_only_runit_service_without_its_down_file_is_not_settled() -> None:
+    once = TRICKY.model_copy(update={"at_boot": False})
+    assert not services.SUPERVISORS["runit"].settled(once, SETTLED_RUNIT)
+    assert services.SUPERVISORS["runit"].settled(once, {**SETTLED_RUNIT, "down": "yes"})
+
+
+def test_a_restart_asked_for_is_not_skipped_for_a_settled_service() -> None:
+    host = host_with({**RUNNING, ServiceSettled: {"file": digest(render(TRICKY, "runit"), "755"),
+                                                 **SETTLED_RUNIT}},
+                     files={RUN: sha1(render(TRICKY, "runit"))},
+                     directories=("/etc/sv/echo",), links=LINKED)
+    done = commands(services.present, host, service=TRICKY, init_system="runit",
+                    restarted=True)
+    assert done == ["SVDIR=/etc/service sv restart echo"]
+
+
+def test_the_settled_fact_reads_key_value_lines() -> None:
+    fact = ServiceSettled()
+    assert fact.process(["file 755 abc", "link /etc/sv/echo", "status run: x: (pid 1) 2s"]) == {
+        "file": "755 abc", "link": "/etc/sv/echo", "status": "run: x: (pid 1) 2s"}
+    command = fact.command("echo", "/etc/sv/echo/run", "runit").get_raw_value()
+    assert command.endswith("- echo /etc/sv/echo/run")
+
+
 # Start-only services (a TP rank): never started at boot, never restarted on exit
 
 ONCE = TRICKY.model_copy(update={"at_boot": False})
@@ -287,3 +359,17 @@ def test_a_start_only_systemd_unit_is_started_not_enabled_and_not_restarted_on_f
     assert done[-1] == "systemctl start echo.service"
     assert not any("enable" in command for command in done)
 
+
+
+def test_a_file_digest_is_its_mode_and_sha1_read_in_one_command(tmp_path: Path) -> None:
+    path = tmp_path / "run"
+    path.write_text("#!/bin/sh\nexec true\n")
+    path.chmod(0o750)
+    fact = FileDigest()
+
+    def read(target: Path) -> str | None:
+        output = subprocess.run(["/bin/sh", "-c", fact.command(str(target)).get_raw_value()],
+                                capture_output=True, text=True, check=True).stdout
+        return fact.process(output.splitlines()) if output else fact.default()
+    assert read(path) == digest("#!/bin/sh\nexec true\n", "750")
+    assert read(tmp_path / "absent") is None

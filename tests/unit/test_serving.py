@@ -320,6 +320,8 @@ def completions_answered(monkeypatch) -> list[str]:
 
 def test_a_young_or_serving_replica_is_not_stuck(monkeypatch) -> None:
     asked = completions_answered(monkeypatch)
+    monkeypatch.setattr(serving, "server_info", lambda url: answer(
+        {"tp_size": 1, "served_model_name": "qwen", "speculative_algorithm": None}))
     young = FakeHost({services.ServiceProcess: replica_process(seconds=60)})
     with on(young):
         assert serving.stuck(RANK0, replica_service(RANK0)) == []
@@ -328,6 +330,29 @@ def test_a_young_or_serving_replica_is_not_stuck(monkeypatch) -> None:
     with on(old):
         assert serving.stuck(RANK0, replica_service(RANK0)) == []
     assert asked == ["http://10.66.0.11:30000"]
+
+
+def test_a_replica_found_serving_is_not_asked_again_by_its_acceptance(monkeypatch) -> None:
+    asked = completions_answered(monkeypatch)
+    info = {"tp_size": 1, "served_model_name": "qwen", "speculative_algorithm": None}
+    monkeypatch.setattr(serving, "server_info", lambda url: answer(info))
+    service = replica_service(RANK0)
+    with on(FakeHost({services.ServiceProcess: replica_process(seconds=3600)})):
+        assert serving.stuck(RANK0, service) == []
+        assert serving.server_check(RANK0, service, 1, None, ACCEPTANCE_TOKENS)() == ([], False)
+    assert len(asked) == 1
+
+
+def test_a_replica_whose_server_info_disagrees_is_asked_again_by_its_acceptance(
+        monkeypatch) -> None:
+    asked = completions_answered(monkeypatch)
+    monkeypatch.setattr(serving, "server_info", lambda url: answer(
+        {"tp_size": 2, "served_model_name": "qwen", "speculative_algorithm": None}))
+    service = replica_service(RANK0)
+    with on(FakeHost({services.ServiceProcess: replica_process(seconds=3600)})):
+        assert serving.stuck(RANK0, service) == []
+        found, _ = serving.server_check(RANK0, service, 1, None, ACCEPTANCE_TOKENS)()
+    assert len(asked) == 2 and "tp_size" in " ".join(found)
 
 
 def test_a_server_is_asked_once_per_run_while_the_same_process_serves(monkeypatch) -> None:

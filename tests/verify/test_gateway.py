@@ -21,7 +21,7 @@ from operations.gateway import (
     LiveRouting,
     Proxy,
     ProxyConfig,
-    RoleAnswer,
+    RoleAnswers,
     answer_problems,
     describe,
     serving_deployments,
@@ -78,8 +78,8 @@ def test_in_production_no_general_fallback_exists(gateway, proxy: Proxy, state: 
 @pytest.mark.parametrize("role", ROLES)
 def test_a_real_request_through_each_role_is_served_as_the_state_implies(
         gateway, proxy: Proxy, state: State, role: str) -> None:
-    answer = fact(gateway, RoleAnswer, url=proxy.url, master_key_file=proxy.master_key_file,
-                  role=role, tokens=TOKENS)
+    answer = fact(gateway, RoleAnswers, url=proxy.url, master_key_file=proxy.master_key_file,
+                  roles=(role,), tokens=TOKENS)[role]
     expected = serving_deployments(state.gateway_fallback)[role]
     assert answer_problems(role, answer, expected, TOKENS) == []
     if role == "small" and expected == DEPLOYMENTS["large"]:
