@@ -30,7 +30,18 @@ from functools import partial
 
 from pyinfra import host, inventory
 
-from operations import attempt, driver, gateway, gpu, ledger, link, lock, serving, serving_router
+from operations import (
+    attempt,
+    driver,
+    gateway,
+    gateway_route,
+    gpu,
+    ledger,
+    link,
+    lock,
+    serving,
+    serving_router,
+)
 from operations.driver import CandidateModule
 from operations.states import resolve_state
 
@@ -103,8 +114,8 @@ if workstation:
              foreign_memory_mib=host.data.serving_foreign_gpu_memory_mib)
     serving.admissible(name=f"Preflight: SGLang can serve {state.name} here", sglang=sglang,
                        serving=state.serving, speculative=state.speculative)
-gateway.admissible(name="Preflight: the large role answers, so small can fall back to it",
-                   proxy=proxy, fallback=state.gateway_fallback)
+gateway_route.admissible(name="Preflight: the large role answers, so small can fall back to it",
+                         proxy=proxy, fallback=state.gateway_fallback)
 
 # Taken only now, so that a run refused in preflight leaves nothing behind.
 lock.held(name="Lock: held by this run", run_dir=host.data.run_dir, owner=this_run)
@@ -116,8 +127,8 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
     if state.gateway_fallback:
         gateway.proxy(name="Gateway: the temporary fallback small -> large is present",
                       proxy=proxy, fallback=True)
-        gateway.fallback_proven(name="Gateway: a forced fallback through small is served by large",
-                                proxy=proxy)
+        gateway_route.fallback_proven(
+            name="Gateway: a forced fallback through small is served by large", proxy=proxy)
 
     # 3. Serving: stop what the target does not run; a GPU holds a replica or a rank, never both.
     if state.serving == "tp2":
@@ -136,8 +147,9 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
                 _if=[run.healthy, partial(driver.swap_planned, state.driver, candidate)],
             )
         # The outage has begun: the user's route must survive it before the GPUs are borrowed.
-        gateway.roles_proven(name="Gateway: small answers through the fallback while the replicas "
-                                  "are down", proxy=proxy, fallback=state.gateway_fallback)
+        gateway_route.roles_proven(
+            name="Gateway: small answers through the fallback while the replicas are down",
+            proxy=proxy, fallback=state.gateway_fallback)
     else:
         serving.tp_rank(name="Serving: the TP ranks are stopped", sglang=sglang, present=False)
 
@@ -174,8 +186,9 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
     if not state.gateway_fallback:
         gateway.proxy(name="Gateway: the temporary fallback is removed", proxy=proxy,
                       fallback=False)
-        gateway.roles_proven(name="Gateway: small is served by the Qwen deployment, large by large",
-                             proxy=proxy, fallback=False)
+        gateway_route.roles_proven(
+            name="Gateway: small is served by the Qwen deployment, large by large", proxy=proxy,
+            fallback=False)
 
     # 8. Verify: every layer holds.
     if workstation:
@@ -192,8 +205,8 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
         router=router,
         present=state.serving == "replicas",
     )
-    gateway.verified(name=f"Verify: the gateway routes as {state.name} declares", proxy=proxy,
-                     fallback=state.gateway_fallback)
+    gateway_route.verified(name=f"Verify: the gateway routes as {state.name} declares",
+                           proxy=proxy, fallback=state.gateway_fallback)
 
 if workstation:
     # Before any rollback: a failed attempt is recorded with what it ran.

@@ -46,9 +46,18 @@ from operations.driver import (
     PeerCapabilities,
     SignatureEnforcement,
 )
-from operations.gateway import ROLES, RoleAnswers, answer_problems, serving_deployments
+from operations.gateway import ROLES, serving_deployments
+from operations.gateway_route import RoleAnswers, answer_problems
 from operations.gpu import Gpus
-from operations.link import InterfaceState, PeerAnswers, XDomainLink, trained_rate
+from operations.link import (
+    InterfaceState,
+    PeerAnswers,
+    XDomainLink,
+    cable_problems,
+    interface_problems,
+    silent_peer,
+    trained_rate,
+)
 from operations.lock import HostLock
 from operations.services import ServiceLog, ServiceProcess
 from operations.serving import TP_RANKS, server_info_problems, service_for
@@ -301,16 +310,14 @@ def interface_rung(topology: Topology, state: State, first: dict[str, remote.Rea
         data = entry.data
         interface, address = data["link_interface"], data["thunderbolt_address"]
         seen = before.values["interface"]
+        for problem in interface_problems(seen, interface, address,
+                                          data["link_address_owner"]):
+            rung.saw(f"{entry.name}: {problem}", FAIL)
         if not seen["exists"] or not seen["carrier"]:
-            rung.saw(f"{entry.name}: {interface} "
-                     f"{'has no carrier' if seen['exists'] else 'does not exist'}", FAIL)
             continue
-        if address not in seen["addresses"]:
-            rung.saw(f"{entry.name}: {interface} lacks its address {address}", FAIL)
-        peer = data["peer_thunderbolt_address"]
         if not after.values["answers"]:
-            rung.saw(f"{entry.name}: {peer} does not answer across {interface} although it has "
-                     "carrier: no traffic moves", FAIL)
+            rung.saw(f"{entry.name}: {silent_peer(interface, data['peer_thunderbolt_address'])}",
+                     FAIL)
         errors = (after.values["counters"].get(RECEIVER_ERRORS, 0)
                   - before.values["counters"].get(RECEIVER_ERRORS, 0))
         window = after.at - before.at
@@ -360,7 +367,10 @@ def xdomain_rung(topology: Topology, first: dict[str, remote.Reading]) -> Rung:
         expected = (entry.data["link_expected_rate_gbps"], entry.data["link_expected_lanes"])
         text = (f"{entry.name}: {rate:g} Gb/s over {lanes} lane(s) to {xdomain['peer']} "
                 f"(device {xdomain['device']}), expected {expected[0]:g} over {expected[1]}")
-        rung.saw(text, PASS if (rate, lanes) == expected else FAIL)
+        found, _ = cable_problems(xdomain, *expected)
+        rung.saw(text, FAIL if found else PASS)
+        for problem in found:
+            rung.saw(f"{entry.name}: {problem}", FAIL)
     return rung
 
 

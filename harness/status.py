@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness import remote
-from harness.counters import rx_rate_gbps
 from harness.topology import Topology, server_url
 from operations.driver import CandidateModule, LoadedModule, ModuleFileBuildId, loaded_driver
 from operations.gateway import SERVICE as PROXY
 from operations.gateway import LiveRouting, ProxyConfig, fallback_present
-from operations.link import InterfaceState, XDomainLink
+from operations.link import InterfaceState, XDomainLink, trained_rate
 from operations.services import RunningServices
 from operations.serving import ROUTER, SGLANG_SERVICES, server_info, serving_of, speculative_of
 from operations.states import LAYERS, STATES, Speculative, State
@@ -233,9 +232,8 @@ def link_rows(topology: Topology, readings: dict[str, remote.Reading],
         if reading.error:
             continue
         xdomain, interface = reading.values["xdomain"], reading.values["interface"]
-        rate = (f"{rx_rate_gbps(xdomain):g} Gb/s "
-                f"({xdomain['rx_lanes']} lane(s)) to {xdomain['peer']}" if xdomain
-                else "no XDomain peer")
+        rate = ("{:g} Gb/s ({} lane(s))".format(*trained_rate(xdomain))
+                + f" to {xdomain['peer']}" if xdomain else "no XDomain peer")
         carrier = "carrier" if interface["carrier"] else "no carrier"
         addresses = ", ".join(interface["addresses"]) or "no address"
         rows.append(("link", entry.name, f"{rate}; {entry.data['link_interface']} {carrier}, "

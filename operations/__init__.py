@@ -2,7 +2,8 @@
 twinbolt's operations, one module per layer or shared concern.
 
 The layers, in the runbook's order: ``gpu``, ``driver``, ``link``, ``serving``
-(with ``serving_router``, its part on the gateway) and ``gateway``, each with
+(with ``serving_router``, its part on the gateway) and ``gateway`` (with
+``gateway_route``, the proofs of the user's route through it), each with
 its facts, its judgements and its operations. What they share: ``states`` (the
 declared states), ``site`` and ``hosts`` (the inventory's data), ``services``
 (long-running services on runit or systemd, and their logs), ``venvs`` (pinned

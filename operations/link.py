@@ -159,59 +159,79 @@ def trained_rate(xdomain: dict) -> tuple[float, int]:
     return min(xdomain["rx_speed_gbps"], xdomain["tx_speed_gbps"]) * lanes, lanes
 
 
-def link_problems(interface: str, address: str, peer_address: str,
-                  expected_rate_gbps: float, expected_lanes: int,
-                  address_owner: str = "twinbolt",
-                  traffic: bool = True) -> tuple[list[str], bool]:
+def cable_problems(xdomain: dict | None, expected_rate_gbps: float,
+                   expected_lanes: int) -> tuple[list[str], bool]:
     """
-    What keeps the link from being trained and usable, and whether waiting can help.
-
-    Waiting helps while the link is down or the peer is silent; a link that came
-    up at the wrong rate or width will stay that way. Without ``traffic`` only
-    the cable and the peer are judged (the XDomain device, which the Thunderbolt
-    core shows whatever ``thunderbolt_net`` does), not the interface, its
-    carrier, its addresses and the traffic: a driver load creates the interface,
-    which has carrier once both ends' drivers have logged in, and those are the
-    driver and link steps' own work, which a run cut around a reload leaves
-    undone on either host.
+    Why the cable and the peer are not as the site declares (exactly one XDomain
+    peer, trained at the expected rate and width), and whether waiting can help:
+    a peer may still be coming up, but a second peer or a wrong rate stays.
     """
-    xdomain = host.get_fact(XDomainLink)
-    if traffic:
-        interface_state = host.get_fact(InterfaceState, interface=interface)
-        if not interface_state["exists"]:
-            return [f"{interface} does not exist (is the driver loaded?)"], True
-        if not interface_state["carrier"]:
-            return [f"{interface} has no carrier"], True
     if xdomain is None:
         return ["no XDomain peer is connected"], True
     if xdomain["others"]:
         return [f"{1 + len(xdomain['others'])} XDomain peers are connected "
                 f"({', '.join([xdomain['device'], *xdomain['others']])}): twinbolt drives "
                 "exactly one host-to-host link; disconnect the others"], False
-    found = []
     rate, lanes = trained_rate(xdomain)
     if rate != expected_rate_gbps or lanes != expected_lanes:
-        found.append(
-            f"the link to {xdomain['peer']} trained at {rate:g} Gb/s over {lanes} lane(s), "
-            f"expected {expected_rate_gbps:g} Gb/s over {expected_lanes} "
-            "(check the cable and the ports)"
-        )
-        return found, False
-    if not traffic:
-        return found, True
-    if address not in interface_state["addresses"]:
+        return [f"the link to {xdomain['peer']} trained at {rate:g} Gb/s over {lanes} lane(s), "
+                f"expected {expected_rate_gbps:g} Gb/s over {expected_lanes} "
+                "(check the cable and the ports)"], False
+    return [], True
+
+
+def interface_problems(seen: dict, interface: str, address: str,
+                       address_owner: str = "twinbolt") -> list[str]:
+    """
+    Why ``interface`` cannot carry traffic yet: it is missing, has no carrier, or
+    lacks its address. A driver load makes all three, so each is worth waiting for.
+    """
+    if not seen["exists"]:
+        return [f"{interface} does not exist (is the driver loaded?)"]
+    if not seen["carrier"]:
+        return [f"{interface} has no carrier"]
+    if address not in seen["addresses"]:
         # A load creates the interface without one: it is applied (or, with
         # address_owner = system, the host's network manager applies it) soon.
-        found.append(f"{interface} lacks its address {address} "
-                     f"(has {', '.join(interface_state['addresses']) or 'none'})"
-                     + ("; the host's network manager (link.address_owner = system) has "
-                        "not applied it" if address_owner == "system" else ""))
-        return found, True
-    if not host.get_fact(PeerAnswers, address=peer_address, interface=interface):
-        # Carrier and rate are fine, yet nothing crosses: what a controller that never
-        # returns TX credits does under tx_e2e=1.
-        found.append(f"the peer {peer_address} does not answer across {interface} although "
-                     f"it has carrier: {NO_TRAFFIC} (a TX credit stall under tx_e2e=1?)")
+        return [f"{interface} lacks its address {address} "
+                f"(has {', '.join(seen['addresses']) or 'none'})"
+                + ("; the host's network manager (link.address_owner = system) has not "
+                   "applied it" if address_owner == "system" else "")]
+    return []
+
+
+def silent_peer(interface: str, peer_address: str) -> str:
+    """
+    The evidence that nothing crosses a link with carrier at the right rate: what
+    a controller that never returns TX credits does under tx_e2e=1.
+    """
+    return (f"the peer {peer_address} does not answer across {interface} although it has "
+            f"carrier: {NO_TRAFFIC} (a TX credit stall under tx_e2e=1?)")
+
+
+def link_problems(interface: str, address: str, peer_address: str,
+                  expected_rate_gbps: float, expected_lanes: int,
+                  address_owner: str = "twinbolt",
+                  traffic: bool = True) -> tuple[list[str], bool]:
+    """
+    Read the link and judge it: what keeps it from being trained and usable, and
+    whether waiting can help.
+
+    Without ``traffic`` only the cable and the peer are judged (the XDomain
+    device, which the Thunderbolt core shows whatever ``thunderbolt_net`` does),
+    not the interface, its carrier, its address and the traffic: a driver load
+    creates the interface, which has carrier once both ends' drivers have logged
+    in, and those are the driver and link steps' own work, which a run cut
+    around a reload leaves undone on either host.
+    """
+    found, worth_waiting = cable_problems(host.get_fact(XDomainLink), expected_rate_gbps,
+                                          expected_lanes)
+    if found or not traffic:
+        return found, worth_waiting
+    found = interface_problems(host.get_fact(InterfaceState, interface=interface), interface,
+                               address, address_owner)
+    if not found and not host.get_fact(PeerAnswers, address=peer_address, interface=interface):
+        found = [silent_peer(interface, peer_address)]
     return found, True
 
 

@@ -19,6 +19,7 @@ def workstation(name: str, rank: int, address: str, peer: str) -> InventoryEntry
         "rank": rank, "ssh_hostname": f"10.0.0.{rank + 1}", "thunderbolt_address": address,
         "peer_thunderbolt_address": peer, "link_interface": "thunderbolt0",
         "link_expected_rate_gbps": 20.0, "link_expected_lanes": 1, "serving_port": 30000,
+        "link_address_owner": "twinbolt",
         "candidate_module_name": "thunderbolt_net", "candidate_path": None,
         "candidate_sha256": None})
 
@@ -57,9 +58,22 @@ def test_a_stalled_link_fails_thunderbolt0_and_a_rising_error_count_fails_the_ca
     after = readings(2.0, answers=False, counters={"rx_errors": 4})
     rung = diagnose.interface_rung(TOPOLOGY, TP2_E2E, before, after)
     assert rung.verdict == diagnose.FAIL
-    assert ("FAIL: wsa: 169.254.77.2 does not answer across thunderbolt0 although it has "
-            "carrier: no traffic moves") in rung.evidence
+    assert ("FAIL: wsa: the peer 169.254.77.2 does not answer across thunderbolt0 although it "
+            "has carrier: no traffic moves (a TX credit stall under tx_e2e=1?)") in rung.evidence
     assert "FAIL: wsb: thunderbolt0 up, 169.254.77.2; 4 receiver error(s) in 2.0s" in rung.evidence
+
+
+def test_the_rungs_judge_the_link_as_the_link_layer_does() -> None:
+    """One judge: a second XDomain peer fails the xdomain rung; a bare interface, rung 5."""
+    two_peers = readings(0.0, xdomain={"device": "0-1", "peer": "wsb", "rx_speed_gbps": 20.0,
+                                       "tx_speed_gbps": 20.0, "rx_lanes": 1, "tx_lanes": 1,
+                                       "others": ["1-1"]})
+    rung = diagnose.xdomain_rung(TOPOLOGY, two_peers)
+    assert rung.verdict == diagnose.FAIL
+    assert any("2 XDomain peers are connected (0-1, 1-1)" in line for line in rung.evidence)
+    bare = readings(0.0, interface={"exists": True, "carrier": True, "addresses": []})
+    rung = diagnose.interface_rung(TOPOLOGY, TP2_E2E, bare, readings(2.0))
+    assert "FAIL: wsa: thunderbolt0 lacks its address 169.254.77.1 (has none)" in rung.evidence
 
 
 def test_receiver_errors_under_the_stock_driver_are_a_warning_not_a_failure() -> None:

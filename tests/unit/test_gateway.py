@@ -16,7 +16,7 @@ from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.facts.server import TmpDir
 
-from operations import gateway, probes, services
+from operations import gateway, gateway_route, probes, services
 from operations.facts import FileDigest
 from operations.gateway import (
     LITELLM_LOCK,
@@ -24,13 +24,12 @@ from operations.gateway import (
     LiveRouting,
     Proxy,
     ProxyConfig,
-    RoleAnswers,
-    parse_answer,
     proxy_service,
     render_config,
     serving_deployments,
     wanted_routing,
 )
+from operations.gateway_route import RoleAnswers, parse_answer
 from operations.states import STATES
 from operations.venvs import InstalledVersions, lock_pins
 
@@ -247,9 +246,9 @@ def answering(by_role: dict[str, probes.Answer], forced: probes.Answer | None = 
 
 def test_the_forced_fallback_is_proven_only_by_the_large_deployment() -> None:
     served_by_large = completion("large-backend", fallbacks="1")
-    assert run_operation(gateway.fallback_proven, answering({}, served_by_large),
+    assert run_operation(gateway_route.fallback_proven, answering({}, served_by_large),
                          proxy=PROXY) == []
-    failed = run_operation(gateway.fallback_proven, answering({}, completion("small-router")),
+    failed = run_operation(gateway_route.fallback_proven, answering({}, completion("small-router")),
                            proxy=PROXY)
     assert failed == ["fail: gateway layer: a forced fallback through small did not reach large; "
                       "role small: it was served by deployment 'small-router', not "
@@ -259,18 +258,19 @@ def test_the_forced_fallback_is_proven_only_by_the_large_deployment() -> None:
 def test_proofs_judge_only_when_the_run_executes() -> None:
     def no_facts(cls: type, kwargs: dict) -> object:
         raise AssertionError("a prediction asks nothing of the proxy")
-    for operation in (gateway.fallback_proven, gateway.roles_proven, gateway.verified):
-        arguments = {} if operation is gateway.fallback_proven else {"fallback": True}
+    for operation in (gateway_route.fallback_proven, gateway_route.roles_proven,
+                      gateway_route.verified):
+        arguments = {} if operation is gateway_route.fallback_proven else {"fallback": True}
         assert run_operation(operation, no_facts, executing=False, proxy=PROXY,
                              **arguments) == []
 
 
 def test_during_the_outage_small_must_be_answered_by_large() -> None:
     outage = {"small": completion("large-backend", "1"), "large": completion("large-backend")}
-    assert run_operation(gateway.roles_proven, answering(outage), proxy=PROXY,
+    assert run_operation(gateway_route.roles_proven, answering(outage), proxy=PROXY,
                          fallback=True) == []
     # The same answers are wrong for production: small must be back on the Qwen deployment.
-    failed = run_operation(gateway.roles_proven, answering(outage), proxy=PROXY,
+    failed = run_operation(gateway_route.roles_proven, answering(outage), proxy=PROXY,
                            fallback=False)
     assert failed == ["fail: gateway layer: role small: it was served by deployment "
                       "'large-backend', not 'small-router' (x-litellm-attempted-fallbacks: 1)"]
@@ -280,15 +280,15 @@ def test_the_route_is_asked_once_per_run_while_the_same_proxy_serves() -> None:
     outage = {"small": completion("large-backend", "1"), "large": completion("large-backend")}
     asked: list[str] = []
     for _ in range(2):
-        assert run_operation(gateway.roles_proven, answering(outage, asked=asked), proxy=PROXY,
-                             fallback=True) == []
+        assert run_operation(gateway_route.roles_proven, answering(outage, asked=asked),
+                             proxy=PROXY, fallback=True) == []
     assert asked == ["small", "large"]
     # Another proxy process (restarted with a new config) is asked again.
-    assert run_operation(gateway.roles_proven, answering(outage, proxy_pid=42, asked=asked),
+    assert run_operation(gateway_route.roles_proven, answering(outage, proxy_pid=42, asked=asked),
                          proxy=PROXY, fallback=True) == []
     assert asked == ["small", "large"] * 2
     # So is another route: production's small is the Qwen deployment again.
-    failed = run_operation(gateway.roles_proven, answering(outage, proxy_pid=42, asked=asked),
+    failed = run_operation(gateway_route.roles_proven, answering(outage, proxy_pid=42, asked=asked),
                            proxy=PROXY, fallback=False)
     assert failed and asked == ["small", "large"] * 3
 
@@ -296,31 +296,33 @@ def test_the_route_is_asked_once_per_run_while_the_same_proxy_serves() -> None:
 def test_a_route_that_does_not_answer_fails_with_the_proxys_own_words() -> None:
     error = probes.Answer("http://10.66.0.13:4000/v1/chat/completions", 500, {
         "error": {"message": "model group 'small' failed. No fallback was attempted."}})
-    failed = run_operation(gateway.roles_proven,
+    failed = run_operation(gateway_route.roles_proven,
                            answering({"small": error, "large": completion("large-backend")}),
                            proxy=PROXY, fallback=True)
     assert len(failed) == 1 and "HTTP 500" in failed[0] and "No fallback was attempted" in failed[0]
 
 
 def test_leaving_production_is_refused_while_large_does_not_answer() -> None:
-    down = probes.Answer("http://10.66.0.13:4000/v1/chat/completions", error="curl: (7) refused")
+    # The proxy runs; the backend behind large does not answer it.
+    down = probes.Answer("http://10.66.0.13:4000/v1/chat/completions", 500,
+                         {"error": {"message": "large: Connection refused"}})
     with pytest.raises(OperationError) as refused:
-        run_operation(gateway.admissible, answering({"large": down}), proxy=PROXY,
+        run_operation(gateway_route.admissible, answering({"large": down}), proxy=PROXY,
                       fallback=True)
     assert str(refused.value).startswith("wsa: gateway layer: role large: no completion")
     assert "small would have nowhere to fall back to" in str(refused.value)
     # Returning to production needs no fallback, so it asks nothing.
-    assert run_operation(gateway.admissible, answering({}), proxy=PROXY,
+    assert run_operation(gateway_route.admissible, answering({}), proxy=PROXY,
                          fallback=False) == []
 
 
 def test_hosts_other_than_the_gateway_do_nothing() -> None:
     arguments = {
-        gateway.admissible: {"fallback": True},
+        gateway_route.admissible: {"fallback": True},
         gateway.proxy: {"fallback": True},
-        gateway.fallback_proven: {},
-        gateway.roles_proven: {"fallback": True},
-        gateway.verified: {"fallback": True},
+        gateway_route.fallback_proven: {},
+        gateway_route.roles_proven: {"fallback": True},
+        gateway_route.verified: {"fallback": True},
     }
     for operation, extra in arguments.items():
         assert run_operation(operation, answering({}), proxy=None, **extra) == []
@@ -419,7 +421,7 @@ def test_a_proxy_ready_only_on_the_gateways_loopback_fails_verify_from_the_clien
 
     def facts(cls: type, kwargs: dict) -> object:
         return {ProxyConfig: routing, LiveRouting: routing}[cls]
-    [failure] = run_operation(gateway.verified, facts, proxy=PROXY, fallback=True)
+    [failure] = run_operation(gateway_route.verified, facts, proxy=PROXY, fallback=True)
     assert asked == ["http://10.66.0.13:4000/health/readiness"]
     assert failure.startswith("fail: gateway layer: the proxy at http://10.66.0.13:4000 does "
                               "not answer /health/readiness from this machine (the clients' "
@@ -430,7 +432,7 @@ def test_a_proxy_ready_only_on_the_gateways_loopback_fails_verify_from_the_clien
 def test_verify_reads_the_live_routing_again_only_of_another_proxy_process(
         monkeypatch: pytest.MonkeyPatch, pid_at_verify: int, routing_reads: int) -> None:
     monkeypatch.setattr(probes, "get", lambda url, timeout=5.0: probes.Answer(url, 200))
-    monkeypatch.setattr(gateway, "roles_problems", lambda proxy, fallback, tokens: [])
+    monkeypatch.setattr(gateway_route, "roles_problems", lambda proxy, fallback, tokens: [])
     routing = wanted_routing(PROXY, True)
     converged = converged_gateway(True, routing)
     reads: list[type] = []
@@ -443,7 +445,7 @@ def test_verify_reads_the_live_routing_again_only_of_another_proxy_process(
         return routing if cls is ProxyConfig else converged(cls, kwargs)
     assert run_operation(gateway.proxy, facts, proxy=PROXY, fallback=True) == []
     pid[0] = pid_at_verify
-    assert run_operation(gateway.verified, facts, proxy=PROXY, fallback=True) == []
+    assert run_operation(gateway_route.verified, facts, proxy=PROXY, fallback=True) == []
     assert reads.count(LiveRouting) == routing_reads
 
 
@@ -516,3 +518,31 @@ def test_an_unreadable_master_key_is_each_roles_error(tmp_path: Path) -> None:
     assert set(answers) == {"small", "large"}
     assert all(not answer.ok and "master key file" in answer.describe()
                for answer in answers.values())
+
+
+def test_preflight_waits_for_a_proxy_that_runs_but_does_not_listen_yet(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run cut just after restarting the proxy: the next run's preflight waits it out."""
+    monkeypatch.setattr(probes, "POLL_SECONDS", 0.0)
+    starting = probes.Answer("http://10.66.0.13:4000/v1/chat/completions",
+                             error="curl: (7) Failed to connect to 10.66.0.13 port 4000")
+    answers = [starting, starting, completion("large-backend")]
+
+    def facts(cls: type, kwargs: dict) -> object:
+        if cls is services.ServiceProcess:
+            return {"running": True, "pid": 41}
+        return {"large": answers.pop(0)}
+    assert run_operation(gateway_route.admissible, facts, proxy=PROXY, fallback=True) == []
+    assert answers == []
+
+
+def test_preflight_refuses_at_once_when_no_proxy_runs() -> None:
+    down = probes.Answer("http://10.66.0.13:4000/v1/chat/completions",
+                         error="curl: (7) Failed to connect to 10.66.0.13 port 4000")
+
+    def facts(cls: type, kwargs: dict) -> object:
+        if cls is services.ServiceProcess:
+            return {"running": False, "pid": None}
+        return {"large": down}
+    with pytest.raises(OperationError, match="role large: no completion"):
+        run_operation(gateway_route.admissible, facts, proxy=PROXY, fallback=True)

@@ -21,12 +21,11 @@ from operations.gateway import (
     LiveRouting,
     Proxy,
     ProxyConfig,
-    RoleAnswers,
-    answer_problems,
     describe,
     serving_deployments,
     wanted_routing,
 )
+from operations.gateway_route import RoleAnswers, answer_problems
 from operations.serving_router import Router
 from operations.states import State
 
