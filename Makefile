@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 LAB_VENV := .venv-lab
 LAB_PY := $(LAB_VENV)/bin/python
 # python3-venv: the lab's gateway makes its own venvs, as a real gateway does.
-APT_PACKAGES := openssh-server openssh-client runit kmod iptables iproute2 iputils-ping \
+APT_PACKAGES := openssh-server openssh-client systemd runit kmod iptables iproute2 iputils-ping \
 	binutils gcc procps util-linux zstd xz-utils sudo python3-venv
 # The gateway's locks; the lab's gateway installs them from this wheelhouse,
 # built once, so that a converge sends nothing to a package registry.
@@ -23,7 +23,7 @@ WHEELHOUSE := wheelhouse
 DEMO_WINDOWS := --window single --window concurrent --single-tokens 128 \
 	--concurrent-requests 4 --concurrent-tokens 64
 
-.PHONY: help venv packages setup lab lab-down demo test soak lint lock
+.PHONY: help venv packages setup lab lab-down demo test test-runit soak lint lock
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -77,11 +77,22 @@ lint: setup  ## ruff
 # Every test, with a short interruption sweep (`make soak SOAK_POINTS=N` for a longer one).
 # The lab's own tests go last: they take the lab down and rebuild it, and a
 # rebuilt gateway has no venvs, which the end-to-end tests would then reinstall.
-test: setup lint  ## every test: unit, end-to-end, a short interruption sweep, the lab's own
+test: setup lint  ## every test: unit, end-to-end, a short interruption sweep, the lab's own, runit
 	$(PY) -m lab up
 	$(LAB_PY) -m pytest --durations=20 tests/unit tests/e2e
 	$(MAKE) soak
 	$(LAB_PY) -m pytest --durations=5 tests/lab
+	$(MAKE) test-runit
+
+# The lab's hosts boot systemd; runit stays supported: a round trip and a
+# rollback on hosts that boot it, then the lab back on systemd.
+RUNIT_CASES := \
+	tests/e2e/test_states_driver_link.py::test_production_to_tp2_e2e_and_back_each_verified \
+	tests/e2e/test_gateway_rollback.py
+test-runit: setup  ## a round trip and a rollback on lab hosts that boot runit
+	$(PY) -m lab up --init runit
+	$(LAB_PY) -m pytest --durations=5 $(RUNIT_CASES)
+	$(PY) -m lab up --init systemd
 
 # Kill runs of production -> tp2_e2e -> production at SOAK_POINTS points per leg;
 # every next run must converge and verify.

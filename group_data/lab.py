@@ -1,25 +1,31 @@
 """
 The embedded lab's settings: what a site file would say, for the lab.
 
-The lab runs services under runit and serves with the SGLang simulator, started
+The lab's hosts boot systemd, as a site's Ubuntu hosts do, unless ``python -m
+lab up --init runit`` chose runit; the lab records which in its state
+directory, and services run under that. They serve with the SGLang simulator, started
 exactly like ``sglang.launch_server`` by the repository's own interpreter; the
 alternate large backend is another simulator on the gateway (``lab/hostfs.py``).
 """
 
+import os
 from pathlib import Path
+
+_LAB = Path(os.environ.get("TWINBOLT_LAB_STATE", Path(__file__).resolve().parents[1] / ".lab"))
+_INIT_SYSTEM = (_LAB / "init").read_text().strip() if (_LAB / "init").exists() else "systemd"
 
 serving_model_path = "/var/lib/models/qwen"
 serving_served_model_name = "qwen"
 serving_python = str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "python")
 serving_sglang_module = "lab.sglang_sim"
 serving_user = "root"
-serving_init_system = "runit"
+serving_init_system = _INIT_SYSTEM
 # `python -m lab.sglang_sim` finds the simulator from the checkout.
 serving_working_directory = str(Path(__file__).resolve().parents[1])
 # The simulator loads in seconds; a lab start that takes a minute has failed.
 serving_start_timeout_seconds = 60
 
-gateway_roles_init_system = "runit"
+gateway_roles_init_system = _INIT_SYSTEM
 # The gateway makes its own venvs, in its private /var/lib, from the locks, as a
 # real gateway does; pip finds the distributions in the wheelhouse `make setup`
 # downloaded once, so a converge sends nothing to a package registry.

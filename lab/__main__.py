@@ -6,13 +6,15 @@ import argparse
 import sys
 
 from lab import control, faults
-from lab.topology import HOSTS
+from lab.topology import HOSTS, INIT_SYSTEMS
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("up", help="build or repair the lab (idempotent)")
+    up = commands.add_parser("up", help="build or repair the lab (idempotent)")
+    up.add_argument("--init", choices=INIT_SYSTEMS,
+                    help="the hosts' init system (default: what they boot now, else systemd)")
     commands.add_parser("down", help="remove everything the lab made")
     commands.add_parser("status", help="each host, its address, sshd, link, driver, faults")
     fault = commands.add_parser("fault", help="switch a named fault on or off")
@@ -26,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         if args.command == "up":
-            control.up()
+            control.up(args.init)
         elif args.command == "down":
             control.down()
         elif args.command == "status":

@@ -15,10 +15,13 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from lab import faults, hostfs, modules, network, ssh
+from lab import cgroups, faults, hostfs, modules, network, ssh
+from lab.hostinit import cgroup_name
 from lab.topology import (
     HOSTS,
+    INIT_FILE,
     LINK_INTERFACE,
     MODULE_NAME,
     PYTHON,
@@ -28,13 +31,14 @@ from lab.topology import (
     LabHost,
     alive,
     host_named,
+    init_system,
     pid_file,
     read_pid,
 )
 
 REQUIRED_TOOLS = ("ip", "nsenter", "unshare", "iptables", "tc", "/usr/sbin/sshd", "ssh",
-                  "ssh-keygen", "runsvdir", "sv", "modinfo", "depmod", "readelf", "objcopy",
-                  "gcc", "ld", "zstd")
+                  "ssh-keygen", "/lib/systemd/systemd", "runsvdir", "sv", "modinfo", "depmod",
+                  "readelf", "objcopy", "gcc", "ld", "zstd")
 LOGS = STATE / "logs"
 PROCESSES = [f"host-{host.name}" for host in HOSTS] + ["kernel"]
 
@@ -96,11 +100,17 @@ def sshd_answers(host: LabHost) -> bool:
 
 
 def in_host(host: LabHost, *command: str) -> subprocess.CompletedProcess[str]:
-    """Run a command inside a host's namespaces, as its own processes see the world."""
+    """
+    Run a command inside a host's namespaces, as its own processes see the world:
+    a systemd host's PID namespace too, or systemctl cannot reach its systemd.
+    """
     pid = read_pid(f"host-{host.name}")
     if pid is None:
         raise LabError(f"host {host.name} is not running; run `python -m lab up`")
-    return subprocess.run(["nsenter", "-t", str(pid), "-m", "-u", "-n", *command],
+    if init_system() == "systemd":
+        # The recorded pid is unshare's; the host's PID 1 is its only child.
+        pid = int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
+    return subprocess.run(["nsenter", "-t", str(pid), "-m", "-u", "-n", "-p", *command],
                           capture_output=True, text=True)
 
 
@@ -118,23 +128,31 @@ def addressed(host: LabHost) -> bool:
 
 
 def boot_host(host: LabHost) -> None:
+    # systemd is PID 1 of the host's own PID namespace, which dies with it: the
+    # recorded pid is unshare's, and --kill-child takes the host down with it.
+    pid_namespace = (["--pid", "--fork", "--mount-proc", "--kill-child"]
+                     if init_system() == "systemd" else [])
     spawn(f"host-{host.name}", [
-        "ip", "netns", "exec", host.name, "unshare", "--mount", "--uts",
+        "ip", "netns", "exec", host.name, "unshare", "--mount", "--uts", *pid_namespace,
         "--propagation", "private", str(PYTHON), "-m", "lab.hostinit", host.name,
     ])
 
 
-def up() -> None:
+def up(init: str | None = None) -> None:
+    """Bring the lab up, its hosts booting ``init`` (by default what they boot now, or systemd)."""
     missing = missing_tools()
     if missing:
         raise LabError(f"missing tools: {', '.join(missing)}; run `make setup`")
-    if healthy():
-        say("already up; nothing changed")
+    if healthy() and init in (None, init_system()):
+        say(f"already up ({init_system()}); nothing changed")
         return
     started = time.monotonic()
     if has_remnants():
-        say("found a stale lab (namespaces without their processes): rebuilding")
+        say("found a stale lab (namespaces without their processes) or one booting another "
+            "init system: rebuilding")
         down(quiet=True)
+    INIT_FILE.parent.mkdir(parents=True, exist_ok=True)
+    INIT_FILE.write_text(f"{init or init_system()}\n")
     modules.build_all()
     ssh.prepare()
     for host in HOSTS:
@@ -151,7 +169,8 @@ def up() -> None:
     for host in WORKSTATIONS:
         wait_for(f"{LINK_INTERFACE} carrier and address on {host.name}",
                  lambda host=host: carrier(host) and addressed(host), timeout=10)
-    say(f"up in {time.monotonic() - started:.1f}s; ssh -F {ssh.CLIENT_CONFIG} wsa")
+    say(f"up ({init_system()}) in {time.monotonic() - started:.1f}s; "
+        f"ssh -F {ssh.CLIENT_CONFIG} wsa")
 
 
 def boot_workstation_driver(host: LabHost) -> None:
@@ -172,6 +191,7 @@ def reboot(name: str) -> None:
         raise LabError("the lab is not up; run `python -m lab up`")
     host = host_named(name)
     started = time.monotonic()
+    cut_power(host)
     stop_pids(network.netns_pids(host.name))
     pid_file(f"host-{host.name}").unlink(missing_ok=True)
     if host.workstation:
@@ -182,6 +202,17 @@ def reboot(name: str) -> None:
     if host.workstation:
         boot_workstation_driver(host)
     say(f"{host.name} rebooted in {time.monotonic() - started:.1f}s")
+
+
+def cut_power(host: LabHost) -> None:
+    """
+    What pulling the plug does to a systemd host: its PID 1 ignores SIGTERM, and
+    so does unshare, waiting on it. KILL unshare, and --kill-child takes PID 1
+    and with it every process of the host's PID namespace.
+    """
+    pid = read_pid(f"host-{host.name}")
+    if pid is not None and init_system() == "systemd":
+        os.kill(pid, signal.SIGKILL)
 
 
 def stop_pids(pids: list[int], timeout: float = 3.0) -> None:
@@ -208,12 +239,16 @@ def down(quiet: bool = False) -> None:
     pids = [pid for pid in (read_pid(name) for name in PROCESSES) if pid]
     for host in HOSTS:
         pids += network.netns_pids(host.name)
+        cut_power(host)
     stop_pids(sorted(set(pids)))
     if pids:
         removed.append(f"{len(set(pids))} processes")
+    removed += cgroups.remove([cgroup_name(host) for host in HOSTS])
     removed += network.destroy()
     for name in PROCESSES:
         pid_file(name).unlink(missing_ok=True)
+    # A lab brought up again boots systemd unless asked otherwise.
+    INIT_FILE.unlink(missing_ok=True)
     faults.clear()
     if not quiet:
         what = ", ".join(removed) if removed else "nothing to remove"

@@ -7,10 +7,9 @@ needs no restart and switching it off leaves no trace.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
-from lab.topology import HOSTS, LARGE_BACKEND_SERVICE, STATE, host_named
+from lab.topology import HOSTS, LARGE_BACKEND_SERVICE, STATE, host_named, init_system
 
 FAULTS_DIR = STATE / "faults"
 
@@ -53,13 +52,24 @@ def switch(name: str, on: bool) -> None:
     else:
         (FAULTS_DIR / name).unlink(missing_ok=True)
     if name == "fallback_down":
-        service = host_named("gw").root / "etc-sv" / LARGE_BACKEND_SERVICE
-        subprocess.run(["sv", "down" if on else "up", str(service)], check=True,
-                       capture_output=True)
+        large_backend(running=not on)
     if name == "sig_enforce":
         for host in HOSTS:
             if host.workstation:
                 signature_enforcement(host.root, on)
+
+
+def large_backend(running: bool) -> None:
+    """Start or stop the gateway's alternate backend through the gateway's own init system."""
+    from lab.control import in_host  # control switches faults: imported when one is switched
+
+    if init_system() == "systemd":
+        command = ["systemctl", "start" if running else "stop", f"{LARGE_BACKEND_SERVICE}.service"]
+    else:
+        command = ["sv", "up" if running else "down", f"/etc/service/{LARGE_BACKEND_SERVICE}"]
+    result = in_host(host_named("gw"), *command)
+    if result.returncode != 0:
+        raise RuntimeError(f"gw: {' '.join(command)} failed: {result.stderr.strip()}")
 
 
 def signature_enforcement(root: Path, on: bool) -> None:

@@ -1,11 +1,17 @@
 """Each lab host's private files, laid out before the host boots.
 
-A host's ``/etc/sv``, ``/etc/service``, ``/etc/sudoers.d``, ``/var/log``,
-``/var/lib`` and ``/lib/modules`` (and, on workstations, ``/sys/module``,
-``/sys/bus``, the link's statistics and the simulated commands in
-``/usr/local/sbin``) are directories here, and its ``/etc/hosts``,
-``/etc/passwd``, ``/etc/group``, ``/etc/shadow`` and ``/root/.bashrc`` files
-here, all bind-mounted by ``lab.hostinit``.
+A host's ``/etc/sv``, ``/etc/service``, ``/etc/systemd/system``,
+``/etc/sudoers.d``, ``/var/log``, ``/var/lib`` and ``/lib/modules`` (and, on
+workstations, ``/sys/module``, ``/sys/bus``, the link's statistics and the
+simulated commands in ``/usr/local/sbin``) are directories here, and its
+``/etc/hosts``, ``/etc/hostname``, ``/etc/passwd``, ``/etc/group``,
+``/etc/shadow`` and ``/root/.bashrc`` files here, all bind-mounted by
+``lab.hostinit``.
+
+Under systemd a host sees only the units here: the lab's own (its target, the
+journal, sshd, the gateway's alternate backend) and those twinbolt installs.
+The machine's units and generators are hidden, so booting a host starts none of
+the machine's services (``systemd-tmpfiles`` would empty the machine's ``/tmp``).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import shutil
 from pathlib import Path
 
 from lab import faults, modules
+from lab.ssh import sshd_config_path
 from lab.topology import (
     LARGE_BACKEND_PORT,
     LARGE_BACKEND_SERVICE,
@@ -50,16 +57,80 @@ def _script(path: Path, body: str) -> None:
     path.chmod(0o755)
 
 
-def large_backend_run_script(host: LabHost) -> str:
+def large_backend_command(host: LabHost) -> str:
     """The gateway's alternate backend: the SGLang simulator serving ``large``."""
-    return "\n".join([
-        "exec >>/var/log/lab-large.log 2>&1",
-        f"cd {REPO}",
-        f"export PYTHONPATH={REPO}",
-        f"exec {PYTHON} -m lab.sglang_sim --model-path /var/lib/models/large"
-        f" --served-model-name large --host {host.management_address}"
-        f" --port {LARGE_BACKEND_PORT} --context-length 262144 --enable-cache-report",
-    ])
+    return (f"{PYTHON} -m lab.sglang_sim --model-path /var/lib/models/large"
+            f" --served-model-name large --host {host.management_address}"
+            f" --port {LARGE_BACKEND_PORT} --context-length 262144 --enable-cache-report")
+
+
+def large_backend_run_script(host: LabHost) -> str:
+    """The alternate backend as a runit run script."""
+    return "\n".join(["exec >>/var/log/lab-large.log 2>&1", f"cd {REPO}",
+                      f"export PYTHONPATH={REPO}", f"exec {large_backend_command(host)}"])
+
+
+# The targets units name, which on a real host stand for the whole boot; here
+# nothing is behind them. multi-user.target is what enabled services want.
+STUB_TARGETS = ("sysinit", "basic", "multi-user", "sockets", "timers", "paths", "slices",
+                "local-fs", "network", "network-online", "shutdown")
+LAB_TARGET = "lab.target"
+
+
+def systemd_units(host: LabHost) -> dict[str, str]:
+    """The unit files a systemd host boots with, by name."""
+    units = {
+        LAB_TARGET: unit(Unit={"Description": f"The twinbolt lab host {host.name}",
+                               "Requires": "systemd-journald.socket ssh.service",
+                               "Wants": "multi-user.target",
+                               "After": "systemd-journald.socket ssh.service"}),
+        # The journal, without the machine's unit's sandboxing (this kernel lacks parts
+        # of it) or its /dev/log socket (/dev is the machine's).
+        "systemd-journald.socket": unit(
+            Unit={"Description": "Journal Socket", "DefaultDependencies": "no"},
+            Socket={"ListenDatagram": "/run/systemd/journal/socket",
+                    "ListenStream": "/run/systemd/journal/stdout", "PassCredentials": "yes",
+                    "Service": "systemd-journald.service", "SocketMode": "0666"}),
+        "systemd-journald.service": unit(
+            Unit={"Description": "Journal Service", "DefaultDependencies": "no",
+                  "Requires": "systemd-journald.socket", "After": "systemd-journald.socket"},
+            Service={"Type": "notify", "ExecStart": "/lib/systemd/systemd-journald",
+                     "Sockets": "systemd-journald.socket", "Restart": "always",
+                     "RuntimeDirectory": "systemd/journal", "RuntimeDirectoryPreserve": "yes",
+                     "StandardOutput": "null"}),
+        "ssh.service": unit(
+            Unit={"Description": "OpenSSH server"},
+            Service={"ExecStartPre": "/bin/mkdir -p /run/sshd",
+                     "ExecStart": f"/usr/sbin/sshd -D -f {sshd_config_path(host)} "
+                                  "-E /var/log/sshd.log",
+                     "Restart": "on-failure"}),
+    }
+    for target in STUB_TARGETS:
+        units[f"{target}.target"] = unit(Unit={"Description": f"{target} (stands for the boot)"})
+    if not host.workstation:
+        units[f"{LARGE_BACKEND_SERVICE}.service"] = unit(
+            Unit={"Description": "The alternate large backend"},
+            Service={"WorkingDirectory": str(REPO), "Environment": f"PYTHONPATH={REPO}",
+                     "ExecStart": large_backend_command(host),
+                     "StandardOutput": "append:/var/log/lab-large.log",
+                     "StandardError": "inherit", "Restart": "on-failure"},
+            Install={"WantedBy": "multi-user.target"})
+    return units
+
+
+def unit(**sections: dict[str, str]) -> str:
+    return "".join(f"[{name}]\n" + "".join(f"{key}={value}\n" for key, value in body.items())
+                   for name, body in sections.items())
+
+
+def install_units(host: LabHost) -> None:
+    directory = host.root / "etc-systemd"
+    (directory / "multi-user.target.wants").mkdir(parents=True)
+    for name, text in systemd_units(host).items():
+        (directory / name).write_text(text)
+        if "WantedBy=multi-user.target" in text:
+            (directory / "multi-user.target.wants" / name).symlink_to(
+                f"/etc/systemd/system/{name}")
 
 
 def accounts(root: Path) -> None:
@@ -99,6 +170,10 @@ def prepare(host: LabHost) -> None:
     # service bound to that name listens on loopback only.
     (host.root / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{host.name}\n"
                                      "::1\tlocalhost ip6-localhost ip6-loopback\n")
+    # systemd names its host from this file, not from the UTS name it was given.
+    (host.root / "hostname").write_text(f"{host.name}\n")
+    (host.root / "empty").mkdir()
+    install_units(host)
     # Ubuntu's root .bashrc (from /etc/skel) returns at once unless interactive;
     # bash reads it for every command sshd runs, so this machine's own, which
     # sets up pyenv, would add its cost to every remote command.

@@ -1,8 +1,17 @@
-"""The first process of a lab host: its private mounts, sshd, then runit.
+"""The first process of a lab host: its private mounts, then its init system.
 
 Started by ``lab up`` inside the host's network namespace and a fresh mount and
-UTS namespace; it becomes ``runsvdir``, so the host lives exactly as long as
-this process, and every SSH session sees the host's own files.
+UTS namespace. Under systemd (the default) it is PID 1 of its own PID
+namespace too, and becomes ``systemd``, which starts sshd as a unit; under
+runit it starts sshd and becomes ``runsvdir``. Either way the host lives
+exactly as long as this process, and every SSH session sees the host's own
+files.
+
+A systemd host is sealed off from the machine before systemd starts: its own
+``/tmp``, ``/var/tmp`` and ``/run``, its own unit directory with the machine's
+units and generators hidden (so that no machine service, ``systemd-tmpfiles``
+above all, runs inside it), and its own subtrees of the ``name=systemd`` and
+unified cgroup hierarchies, which ``lab down`` removes.
 """
 
 from __future__ import annotations
@@ -13,14 +22,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lab.hostfs import LAB_TARGET
 from lab.ssh import sshd_config_path
-from lab.topology import LINK_INTERFACE, LabHost, host_named
+from lab.topology import LINK_INTERFACE, LabHost, host_named, init_system
+
+SYSTEMD = "/lib/systemd/systemd"
 
 
 def private_mounts(host: LabHost) -> list[tuple[Path, str]]:
     """The host's own directories, bind-mounted over the real paths."""
     mounts = [
         (host.root / "hosts", "/etc/hosts"),
+        (host.root / "hostname", "/etc/hostname"),
         (host.root / "etc" / "passwd", "/etc/passwd"),
         (host.root / "etc" / "group", "/etc/group"),
         (host.root / "etc" / "shadow", "/etc/shadow"),
@@ -42,8 +55,51 @@ def private_mounts(host: LabHost) -> list[tuple[Path, str]]:
     return mounts
 
 
+# The machine's units, generators and presets: none of them is the host's.
+MACHINE_SYSTEMD_DIRS = tuple(f"/usr/lib/systemd/{name}" for name in (
+    "system", "system-generators", "system-environment-generators", "system-preset",
+    "system-shutdown", "system-sleep")) + ("/usr/local/lib/systemd/system",)
+CGROUP_HIERARCHIES = {"systemd": ("cgroup", "none,name=systemd"), "unified": ("cgroup2", "")}
+
+
 def mount(*arguments: str) -> None:
     subprocess.run(["mount", *arguments], check=True)
+
+
+def cgroup_name(host: LabHost) -> str:
+    """The host's subtree in each hierarchy the machine shares with it."""
+    return f"twinbolt-lab-{host.name}"
+
+
+def own_cgroups(host: LabHost) -> None:
+    """
+    Give the host its own subtree of each hierarchy systemd needs, mounted where
+    systemd looks (a tmpfs at /sys/fs/cgroup, as in hybrid mode), and enter it.
+    """
+    staging = Path("/run/lab-cgroup")
+    for name, (kind, options) in CGROUP_HIERARCHIES.items():
+        root = staging / f"{name}-root"
+        root.mkdir(parents=True)
+        mount("-t", kind, *(["-o", options] if options else []), kind, str(root))
+        (root / cgroup_name(host)).mkdir(exist_ok=True)
+    mount("-t", "tmpfs", "-o", "mode=0755", "tmpfs", "/sys/fs/cgroup")
+    for name in CGROUP_HIERARCHIES:
+        target = Path("/sys/fs/cgroup") / name
+        target.mkdir()
+        mount("--bind", str(staging / f"{name}-root" / cgroup_name(host)), str(target))
+        subprocess.run(["umount", str(staging / f"{name}-root")], check=True)
+        (target / "cgroup.procs").write_text(f"{os.getpid()}\n")
+
+
+def seal_for_systemd(host: LabHost) -> None:
+    """What systemd must not share with the machine (see the module's docstring)."""
+    mount("-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp")
+    mount("-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/var/tmp")
+    mount("--bind", str(host.root / "etc-systemd"), "/etc/systemd/system")
+    for directory in MACHINE_SYSTEMD_DIRS:
+        if os.path.isdir(directory):
+            mount("--bind", str(host.root / "empty"), directory)
+    own_cgroups(host)
 
 
 def boot(host: LabHost) -> None:
@@ -64,6 +120,13 @@ def boot(host: LabHost) -> None:
             # Without root's .bashrc there is no cost to hide anyway.
             continue
         mount("--bind", str(source), target)
+    if init_system() == "systemd":
+        seal_for_systemd(host)
+        # container= tells systemd it is not the machine's init (no hardware, no
+        # kernel setup); it starts the lab's target: the journal, sshd, and what
+        # is enabled.
+        os.execve(SYSTEMD, [SYSTEMD, "--system", f"--unit={LAB_TARGET}"],
+                  {"container": "twinbolt-lab", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
     subprocess.run(
         ["/usr/sbin/sshd", "-f", str(sshd_config_path(host)), "-E", "/var/log/sshd.log"],
         check=True,

@@ -46,6 +46,21 @@ OPERATOR_UID = 2990
 OPERATOR_HOME = "/var/lib/twinbolt-operator"
 
 
+# Which init system the hosts boot: systemd, as on a site's Ubuntu hosts, unless
+# `python -m lab up --init runit` chose runit. Kept while the lab exists, so the
+# lab's group data tells twinbolt what the hosts run.
+INIT_SYSTEMS = ("systemd", "runit")
+INIT_FILE = STATE / "init"
+
+
+def init_system() -> str:
+    """The init system the lab's hosts boot (or will boot): ``systemd`` unless chosen."""
+    try:
+        return INIT_FILE.read_text().strip()
+    except FileNotFoundError:
+        return "systemd"
+
+
 @dataclass(frozen=True)
 class LabHost:
     """One simulated host: a namespace pair, its management address and its role."""

@@ -293,11 +293,12 @@ printf 'module %s\tbuild-id %s\n' "$1" \
   "$(od -An -tx1 -v "$m/notes/.note.gnu.build-id" 2>&1 | tr -d ' \n')"
 """
 
-# runit's own view, every service's: which exist, which are linked to run, and
-# their run scripts (the lab's own backend's among them).
+# The init systems' own view, every service's: which exist, which are linked to
+# run or enabled, and their run scripts and unit files (the lab's own among them).
 INIT_SCRIPT = r"""
-for d in "$@"; do printf 'init %s\t%s\n' "$d" "$(ls "$d" 2>&1 | tr '\n' ' ')"; done
-for f in "$2"/*/run; do [ -e "$f" ] && printf 'init %s\t%s\n' "$f" \
+for d in "$1" "$2" "$3" "$3/multi-user.target.wants"; do
+  printf 'init %s\t%s\n' "$d" "$(ls "$d" 2>&1 | tr '\n' ' ')"; done
+for f in "$2"/*/run "$3"/*.service; do [ -e "$f" ] && printf 'init %s\t%s\n' "$f" \
   "$(sha256sum < "$f" | cut -d' ' -f1)"; done
 true
 """
@@ -315,7 +316,8 @@ def snapshot_command(what: Watched) -> str:
               for name, init in what.services]
     if what.module:
         parts.append(part(MODULE_SCRIPT, what.module))
-    parts.append(part(INIT_SCRIPT, services.RUNIT_SVDIR, services.RUNIT_SOURCEDIR))
+    parts.append(part(INIT_SCRIPT, services.RUNIT_SVDIR, services.RUNIT_SOURCEDIR,
+                      services.SYSTEMD_DIR))
     return "; ".join(parts) + "; echo end"
 
 
@@ -334,6 +336,44 @@ def parse_snapshot(host: str, output: str) -> dict[str, str]:
 @functools.cache
 def inventory() -> tuple[InventoryEntry, ...]:
     return tuple(inventory_entries(REPO))
+
+
+def init_system() -> services.InitSystem:
+    """The init system the lab's hosts run, as the inventory tells twinbolt."""
+    return next(entry.data["serving_init_system"] for entry in inventory()
+                if "workstations" in entry.groups)
+
+
+def service_process(host: str, service: str) -> dict:
+    """A service's process on ``host``, read as twinbolt reads it (``ServiceProcess``)."""
+    fact = services.ServiceProcess()
+    command = fact.command(service, init_system()).get_raw_value()
+    return fact.process(ssh(host, command).splitlines())
+
+
+def service_log(host: str, service: str) -> str:
+    """Everything a service logged: its runit log file, or its journal."""
+    return ssh(host, services.ServiceLog().command(service, init_system(), 100000)
+               .get_raw_value())
+
+
+def restarted(host: str, name: str) -> None:
+    """Restart a service on ``host`` through its init system."""
+    command = (f"systemctl restart {name}.service" if init_system() == "systemd"
+               else f"sv restart {services.RUNIT_SVDIR}/{name}")
+    result = subprocess.run(["ssh", "-F", str(SSH_CONFIG), host, command],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"{host}: {command}: {result.stderr}"
+
+
+def removed(host: str, *names: str) -> None:
+    """Services stopped and no longer started at boot, as if never installed; files stay."""
+    if init_system() == "systemd":
+        units = " ".join(f"{name}.service" for name in names)
+        ssh(host, f"systemctl disable --now {units}")
+    else:
+        links = " ".join(f"{services.RUNIT_SVDIR}/{name}" for name in names)
+        ssh(host, f"sv -w 30 down {links}; rm -f {links}")
 
 
 def snapshot() -> dict[str, str]:

@@ -11,9 +11,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from e2e_helpers import PYTHON, REPO, deploy, fault, ssh, verify
+from e2e_helpers import PYTHON, REPO, deploy, fault, restarted, ssh, verify
 
-from lab.topology import LARGE_BACKEND_SERVICE, host_named
+from lab.topology import LARGE_BACKEND_SERVICE
 
 
 def diagnosed() -> tuple[int, dict]:
@@ -37,8 +37,7 @@ def cause_of(name: str) -> str | None:
 
 def restart_large_backend() -> None:
     """rank_hang hangs every simulated server asked to generate, the gateway's backend too."""
-    service = host_named("gw").root / "etc-sv" / LARGE_BACKEND_SERVICE
-    subprocess.run(["sv", "restart", str(service)], check=True, capture_output=True)
+    restarted("gw", LARGE_BACKEND_SERVICE)
 
 
 @pytest.fixture

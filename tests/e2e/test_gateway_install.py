@@ -12,10 +12,9 @@ import shlex
 import time
 from pathlib import Path
 
-from e2e_helpers import deploy, inventory, ssh
+from e2e_helpers import deploy, inventory, removed, service_process, ssh
 
 from operations.gateway import LITELLM_LOCK
-from operations.services import RUNIT_SVDIR, ServiceProcess
 from operations.serving_router import ROUTER_LOCK
 from operations.venvs import DIST_INFO_SCRIPT, InstalledVersions, lock_pins
 
@@ -35,16 +34,15 @@ def installed(venv: str) -> dict[str, str]:
 def runs_code_from(service: str, venv: str) -> bool:
     """The service's process has the venv's own compiled modules mapped (its argv may be
     retitled: sglang-router's reads ``sglang::router``)."""
-    fact = ServiceProcess()
-    process = fact.process(ssh("gw", fact.command(service, "runit").get_raw_value()).splitlines())
+    process = service_process("gw", service)
     return process["running"] and f" {venv}/lib/" in ssh("gw", f"cat /proc/{process['pid']}/maps")
 
 
 def test_a_gateway_without_venvs_installs_them_from_the_locks() -> None:
     data = gateway_data()
     venvs = {service: data[f"gateway_roles_{key}_venv"] for service, key in SERVICES.items()}
-    links = " ".join(f"{RUNIT_SVDIR}/{service}" for service in SERVICES)
-    ssh("gw", f"sv -w 30 down {links}; rm -f {links}; rm -rf {' '.join(venvs.values())}")
+    removed("gw", *SERVICES)
+    ssh("gw", f"rm -rf {' '.join(venvs.values())}")
     assert all(installed(venv) == {} for venv in venvs.values())
 
     started = time.monotonic()

@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from e2e_helpers import deploy, lab, snapshot, ssh, verify
+from e2e_helpers import deploy, init_system, lab, service_log, snapshot, ssh, verify
 
 from lab.topology import host_named
-from operations import probes
-from operations.gateway import DEPLOYMENTS, RoleAnswers
+from operations import probes, services
+from operations.gateway import DEPLOYMENTS
+from operations.gateway_route import RoleAnswers
 
 # The lab's gateway files live in its private /var/lib (see group_data/lab.py).
 CONFIG = "/var/lib/twinbolt/litellm.yaml"
@@ -101,6 +102,7 @@ def test_the_master_key_is_private_and_never_printed(production_restored: None) 
     assert key.startswith("sk-")
     # -vvv prints every command and every fact's output.
     dry = deploy("tp2_e2e", "--dry", "-vvv")
-    for text in (output, dry.output, ssh("gw", f"cat {CONFIG} /etc/sv/litellm/run"),
-                 ssh("gw", "cat /var/log/twinbolt/litellm.log")):
+    unit = services.rendered_path("litellm", init_system())
+    for text in (output, dry.output, ssh("gw", f"cat {CONFIG} {unit}"),
+                 service_log("gw", "litellm")):
         assert key not in text

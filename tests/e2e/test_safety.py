@@ -22,13 +22,14 @@ from e2e_helpers import (
     fault,
     lab,
     refused_for_a_recorded_stall,
+    service_process,
     snapshot,
     ssh,
     verify,
 )
 
 from lab.topology import STATE, host_named
-from operations import ledger
+from operations import ledger, serving
 
 LOCK = "/run/twinbolt/lock"
 
@@ -143,7 +144,7 @@ def test_a_workstation_rebooted_mid_experiment_is_drift_that_production_repairs(
     assert status.returncode != 0 and "drifted" in status.stdout, status.stdout
     # wsb came back on the stock driver; its TP rank, start-only, did not start alone.
     assert "tx_e2e" not in ssh("wsb", "ls /sys/module/thunderbolt_net/parameters")
-    assert "run: " not in ssh("wsb", "sv status /etc/service/sglang-tp2-* 2>&1; true")
+    assert not any(service_process("wsb", rank)["running"] for rank in serving.TP_RANKS)
     restored = deploy("production")
     assert restored.returncode == 0, restored.output[-3000:]
     assert_production_verified()

@@ -7,7 +7,9 @@ from __future__ import annotations
 import subprocess
 import time
 
-from e2e_helpers import PYINFRA, REPO, deploy, fault, lab, ssh, verify
+from e2e_helpers import INIT_SCRIPT, PYINFRA, REPO, deploy, fault, lab, part, ssh, verify
+
+from operations import services
 
 # tp2_e2e's round trip is test_states_driver_link's; together they cover every state.
 # Each step changes one layer, as a campaign's do: the decoder, then the driver under TP.
@@ -22,7 +24,8 @@ ROLLBACK = "Starting operation: Rollback"
 
 def services_and_driver() -> dict[str, str]:
     """What the serving and driver layers would change: services, run scripts, module."""
-    listing = "ls /etc/service /etc/sv 2>&1; sha256sum /etc/sv/*/run 2>&1"
+    listing = part(INIT_SCRIPT, services.RUNIT_SVDIR, services.RUNIT_SOURCEDIR,
+                   services.SYSTEMD_DIR)
     module = "; cat /sys/module/thunderbolt_net/notes/.note.gnu.build-id " \
              "/sys/module/thunderbolt_net/parameters/* 2>&1 | od -An -tx1"
     return {"wsa": ssh("wsa", listing + module), "wsb": ssh("wsb", listing + module),

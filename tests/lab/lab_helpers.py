@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from lab.modules import CANDIDATE
 from lab.ssh import CLIENT_CONFIG
-from lab.topology import PYTHON, host_named
+from lab.topology import PYTHON, REPO, host_named
 
 TRANSFER_PORT = 5201
 TRANSFER_SCRIPT = """
@@ -29,6 +29,12 @@ else:
         sender.sendall(block)
     sender.close()
 """
+
+
+def lab(*arguments: str) -> subprocess.CompletedProcess[str]:
+    """``python -m lab ARGUMENTS``, as an operator types it."""
+    return subprocess.run([str(PYTHON), "-m", "lab", *arguments], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
 
 
 def ssh(host: str, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:

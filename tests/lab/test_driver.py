@@ -77,7 +77,9 @@ def test_rmmod_takes_the_link_down_and_modprobe_brings_it_back_after_retraining(
     assert 0.5 <= retrain <= 5
     assert read("wsa", "/sys/bus/thunderbolt/devices/0-3/rx_speed") == "20.0 Gb/s"
     wait_until(lambda: linked("wsa") and linked("wsb"), timeout=10)
-    assert ssh("wsa", "ping -c 1 -W 2 169.254.77.2", check=False).returncode == 0
+    # The stock driver's receivers drop a frame now and then (1.6% a round trip here):
+    # one echo of three must come back.
+    assert ssh("wsa", "ping -c 3 -i 0.2 -W 2 169.254.77.2", check=False).returncode == 0
 
 
 def test_xdomain_sysfs_shows_the_peer_beside_a_dock_and_its_network_service() -> None:

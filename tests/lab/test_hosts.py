@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 from functools import partial
+from pathlib import Path
 
-from lab_helpers import listening, ssh, wait_until
+import pytest
+from lab_helpers import lab, listening, ssh, wait_until
 
 from lab.ssh import CLIENT_CONFIG
-from lab.topology import PYTHON
+from lab.topology import PYTHON, init_system
 
 
 def test_every_host_answers_over_ssh_with_its_own_name() -> None:
@@ -67,16 +70,47 @@ def test_nvidia_smi_reports_one_rtx_5090_and_the_memory_live_processes_hold() ->
     assert used("wsa") == before["wsa"], "a dead process must hold no GPU memory"
 
 
-def test_runit_supervises_services_in_each_host() -> None:
-    ssh("wsb", "mkdir -p /etc/sv/lab-test && printf '#!/bin/sh\\nexec sleep 600\\n' "
-               "> /etc/sv/lab-test/run && chmod +x /etc/sv/lab-test/run && "
-               "ln -sfn /etc/sv/lab-test /etc/service/lab-test")
+def test_the_init_system_supervises_services_in_each_host() -> None:
+    if init_system() == "systemd":
+        ssh("wsb", "printf '[Service]\\nExecStart=/bin/sleep 600\\n' "
+                   "> /etc/systemd/system/lab-test.service && systemctl daemon-reload && "
+                   "systemctl start lab-test.service")
+        stop = ("systemctl stop lab-test.service; rm -f /etc/systemd/system/lab-test.service; "
+                "systemctl daemon-reload")
+        running = "systemctl is-active lab-test.service"
+    else:
+        ssh("wsb", "mkdir -p /etc/sv/lab-test && printf '#!/bin/sh\\nexec sleep 600\\n' "
+                   "> /etc/sv/lab-test/run && chmod +x /etc/sv/lab-test/run && "
+                   "ln -sfn /etc/sv/lab-test /etc/service/lab-test")
+        stop = "rm -f /etc/service/lab-test; sv exit /etc/sv/lab-test; rm -rf /etc/sv/lab-test"
+        running = "sv status lab-test"
     try:
-        wait_until(lambda: ssh("wsb", "sv status lab-test", check=False)
-                   .stdout.startswith("run:"), timeout=15)
+        wait_until(lambda: ssh("wsb", running, check=False).stdout.startswith(("run:", "active")),
+                   timeout=15)
+        assert ssh("gw", running, check=False).returncode != 0, "a service leaked to gw"
     finally:
-        ssh("wsb", "rm -f /etc/service/lab-test; sv exit /etc/sv/lab-test; rm -rf /etc/sv/lab-test",
-            check=False)
+        ssh("wsb", stop, check=False)
+
+
+def test_a_systemd_host_runs_only_its_own_units_and_leaves_the_machine_alone() -> None:
+    """None of the machine's units (systemd-tmpfiles would empty its /tmp) runs in a host."""
+    if init_system() != "systemd":
+        pytest.skip("the hosts boot runit")
+    marker = Path("/tmp") / f"twinbolt-lab-marker-{os.getpid()}"
+    marker.write_text("the machine's /tmp\n")
+    try:
+        assert lab("reboot", "wsb").returncode == 0
+        for host in ("wsa", "wsb", "gw"):
+            units = set(ssh(host, "systemctl list-units --type=service --state=running "
+                                  "--plain --no-legend | cut -d' ' -f1").stdout.split())
+            assert units <= {"ssh.service", "systemd-journald.service", "lab-large.service",
+                             "sglang-replica.service", "sglang-router.service",
+                             "litellm.service"}, (host, units)
+            assert ssh(host, "systemctl is-system-running").stdout.strip() == "running", host
+            assert ssh(host, f"test -e {marker}", check=False).returncode != 0, host
+        assert marker.exists(), "a lab host emptied the machine's /tmp"
+    finally:
+        marker.unlink(missing_ok=True)
 
 
 def test_a_service_bound_to_the_hosts_own_name_is_out_of_the_clients_reach() -> None:

@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from pathlib import Path
 
-from lab_helpers import ssh
+from lab_helpers import lab, ssh
 
-from lab import network
+from lab import cgroups, network
 from lab.control import PROCESSES
-from lab.topology import HOSTS, PYTHON, REPO, STATE, alive, read_pid
-
-
-def lab(*arguments: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(PYTHON), "-m", "lab", *arguments], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+from lab.hostinit import cgroup_name
+from lab.topology import HOSTS, STATE, alive, read_pid
 
 
 def leftovers() -> list[str]:
@@ -27,6 +22,7 @@ def leftovers() -> list[str]:
               if network.link_exists(name)]
     found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text()
               .splitlines() if str(STATE) in line or "/run/netns/" in line.split()[4]]
+    found += [f"cgroup {name}" for name in cgroups.existing([cgroup_name(h) for h in HOSTS])]
     return found
 
 
@@ -65,12 +61,14 @@ def test_down_leaves_nothing_then_up_rebuilds_a_stale_lab() -> None:
 def test_reboot_empties_run_kills_the_hosts_processes_and_boots_on_the_stock_driver() -> None:
     ssh("wsb", "mkdir -p /run/twinbolt && touch /run/twinbolt/lock")
     ssh("wsb", "rmmod thunderbolt_net; modprobe thunderbolt_net")
-    stranger = int(ssh("wsb", "sleep 600 >/dev/null 2>&1 & echo $!").stdout)
+    ssh("wsb", "sleep 600 >/dev/null 2>&1 &")
     others = {host.name: read_pid(f"host-{host.name}") for host in HOSTS if host.name != "wsb"}
     rebooted = lab("reboot", "wsb")
     assert rebooted.returncode == 0, rebooted.stderr
     assert "wsb rebooted" in rebooted.stdout
-    assert not alive(stranger)
+    # Its pids are its own PID namespace's under systemd: look from the machine's side.
+    assert not any(Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x00600\x00"
+                   for pid in network.netns_pids("wsb")), "a process outlived the reboot"
     assert ssh("wsb", "ls -A /run/twinbolt 2>/dev/null; true").stdout.strip() == ""
     assert ssh("wsb", "cat /sys/module/thunderbolt_net/initstate").stdout.strip() == "live"
     assert ssh("wsb", "test -e /sys/module/thunderbolt_net/parameters/tx_e2e",

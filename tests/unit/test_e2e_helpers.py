@@ -26,7 +26,9 @@ from e2e_helpers import (  # noqa: E402
     watched,
 )
 
+from lab.topology import init_system  # noqa: E402
 from operations.hosts import InventoryEntry, inventory_entries  # noqa: E402
+from operations.services import rendered_path  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parent / "pyinfra_output"
 
@@ -114,16 +116,18 @@ def test_the_lab_gateway_snapshot_watches_the_files_the_inventory_names(lab_host
     assert gw.secrets == ("/var/lib/twinbolt/litellm_master_key",)
     assert "/var/lib/twinbolt/litellm_master_key" not in gw.files
     assert {"/run/twinbolt", "/var/lib/twinbolt"} <= set(gw.directories)
-    assert {"/etc/sv/sglang-router/run", "/etc/sv/litellm/run"} <= set(gw.files)
-    assert gw.services == (("sglang-router", "runit"), ("litellm", "runit"))
+    init = init_system()  # the lab's hosts boot systemd unless `lab up --init runit`
+    assert {rendered_path("sglang-router", init), rendered_path("litellm", init)} <= set(gw.files)
+    assert gw.services == (("sglang-router", init), ("litellm", init))
     assert gw.module is None
 
 
 def test_a_lab_workstation_snapshot_watches_its_servers_and_driver_only(lab_hosts) -> None:
     for name in ("wsa", "wsb"):
         ws = watched(lab_hosts[name])
-        assert ws.services == (("sglang-replica", "runit"), ("sglang-tp2-rank0", "runit"),
-                               ("sglang-tp2-rank1", "runit"))
+        init = init_system()
+        assert ws.services == (("sglang-replica", init), ("sglang-tp2-rank0", init),
+                               ("sglang-tp2-rank1", init))
         assert ws.module == "thunderbolt_net"
         assert "/run/twinbolt" in ws.directories
         # The lab's group data reaches every lab host; the gateway's files are not here.

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.topology import init_system
 from operations.hosts import InventoryEntry, inventory_entries
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,7 +80,8 @@ def test_lab_workstations_know_their_rank_and_the_link(inventory):
 
 def test_lab_overrides_serving(inventory):
     data = inventory()["wsa"]["data"]
-    assert data["serving_init_system"] == "runit"
+    # The init system the lab's hosts boot (systemd unless `lab up --init runit`).
+    assert data["serving_init_system"] == init_system()
     assert data["serving_python"] == str(REPO / ".venv" / "bin" / "python")
     assert data["serving_sglang_module"] == "lab.sglang_sim"
     assert data["serving_model_path"] == "/var/lib/models/qwen"
