@@ -31,5 +31,6 @@ serving_init_system = site_default(Serving, "init_system")
 serving_working_directory = site_default(Serving, "working_directory")
 serving_start_timeout_seconds = site_default(Serving, "start_timeout_seconds")
 serving_foreign_gpu_memory_mib = site_default(Serving, "foreign_gpu_memory_mib")
+serving_gpu_memory_bandwidth_gb_s = site_default(Serving, "gpu_memory_bandwidth_gb_s")
 
 ledger_path = str(site_default(Ledger, "path"))

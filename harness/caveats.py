@@ -28,6 +28,9 @@ WHERE = {
         "The lab's link never corrupts a frame: the stock driver's losses are injected (iptables "
         "drops at a fixed rate per workstation). Fewer retransmissions and receiver errors with "
         "the candidate show that the harness counts them, not that the driver is right.",
+        "The lab's simulated GPU takes exactly the roofline's compute time, so a measured rate's "
+        "share of its roofline here is what the lab's real link and the simulator cost, not what "
+        "a GPU's kernels would.",
     ],
     "site": [
         f"These reports ran on a site's workstations (none is in the `{LAB_GROUP}` group): the "

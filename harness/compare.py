@@ -21,6 +21,7 @@ from operations.states import STATES, layers_changed
 # (headline key, column title, digits, whether a ratio column follows)
 COLUMNS = (
     ("single_tok_s", "single tok/s", 1, True),
+    ("roofline_single_tok_s", "roofline single tok/s", 1, False),
     ("aggregate_tok_s", "aggregate tok/s", 1, True),
     ("per_request_tok_s", "per-request tok/s", 1, False),
     ("accept_length", "accept length", 2, False),

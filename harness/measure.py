@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import counters, report, windows
+from harness import counters, remote, report, roofline, windows
 from harness.matrix import record_measurement
 from harness.progress import say
 from harness.status import observe
 from harness.topology import Topology
 from operations.states import resolve_state
+from operations.transport import ModelShape
 
 
 class NotMeasurable(RuntimeError):
@@ -45,12 +46,31 @@ async def measure_state(topology: Topology, names: list[str], settings: windows.
         f"windows: {', '.join(names)}; hosts {status.verdict()}")
     info, results = await windows.run(endpoint, names, settings,
                                       lambda: counters.snapshot(topology))
+    bound = await single_stream_bound(topology, info, results)
     built = report.build(state.name, status.to_json(), topology, endpoint, settings, info,
-                         results)
+                         results, bound)
     path = report.write(built, directory)
     say(f"report: {path} and {path.with_suffix('.md').name}; "
         f"ledger: {await record_measurement(topology, state, built)}")
     return path, built
+
+
+async def single_stream_bound(topology: Topology, server_info: dict,
+                              results: list[dict]) -> dict | None:
+    """
+    The roofline of the single window (:mod:`harness.roofline`), from the model
+    files on the first workstation (rank 0, or a replica of the same model).
+    """
+    first = topology.workstations[0]
+    reading = await remote.read(
+        first.name, [remote.Query("shape", ModelShape(),
+                                  {"model_path": first.data["serving_model_path"]})],
+        topology.ssh_config, sudo=first.sudo)
+    link_gbps = (results[0]["link"]["before"].get(first.name, {}).get("rx_rate_gbps")
+                 if results else None)
+    return roofline.beside_measurement(reading.values.get("shape"),
+                                       first.data["serving_gpu_memory_bandwidth_gb_s"],
+                                       server_info, results, link_gbps)
 
 
 def failures(built: dict) -> list[str]:

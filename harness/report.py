@@ -34,8 +34,9 @@ RETRANSMISSIONS_NOTE = (
 
 def build(state: str, observed: dict[str, Any] | None, topology: Topology | None,
           endpoint: Endpoint, settings: WindowSettings, server_info: dict[str, Any],
-          windows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The report of one measurement of ``state``."""
+          windows: list[dict[str, Any]], roofline: dict[str, Any] | None = None
+          ) -> dict[str, Any]:
+    """The report of one measurement of ``state``, with its single window's roofline."""
     return {
         "format": FORMAT,
         "state": state,
@@ -50,6 +51,7 @@ def build(state: str, observed: dict[str, Any] | None, topology: Topology | None
             "server_info": server_info,
         },
         "windows": windows,
+        "roofline": roofline,
     }
 
 
@@ -91,6 +93,7 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
     return {
         "state": report["state"],
         "single_tok_s": summary.get("single", {}).get("output_tok_s"),
+        "roofline_single_tok_s": ((report.get("roofline") or {}).get("bound") or {}).get("tok_s"),
         "single_ttft_s": summary.get("single", {}).get("ttft_seconds"),
         "accept_length": windows.get("single", {}).get("server", {}).get("accept_length"),
         "aggregate_tok_s": summary.get("concurrent", {}).get("aggregate_output_tok_s"),
@@ -179,7 +182,7 @@ def markdown(report: dict[str, Any]) -> str:
          "host-wide retrans", "MiB on link", "seconds"],
         [window_row(window) for window in report["windows"]],
     )
-    lines += ["", RETRANSMISSIONS_NOTE]
+    lines += ["", RETRANSMISSIONS_NOTE, *roofline_lines(report.get("roofline"))]
     errors = [error for window in report["windows"] for error in window["errors"]]
     if errors:
         lines += ["", "Failed requests:", "", *(f"- {error}" for error in errors)]
@@ -205,6 +208,35 @@ def markdown(report: dict[str, Any]) -> str:
               number(host["rx_rate_gbps"], 0)] for name, host in report["hosts"].items()],
         )
     return "\n".join(lines) + "\n"
+
+
+def roofline_lines(roofline: dict[str, Any] | None) -> list[str]:
+    """The single window's roofline beside its measured rate (see ``harness/roofline.py``)."""
+    if roofline is None:
+        return []
+    lines = ["", "## Single stream against its roofline", ""]
+    bound = roofline["bound"]
+    if bound is None:
+        return [*lines, "No roofline: the model's size, the link's rate or the accept length "
+                        "is unknown."]
+    inputs = bound["inputs"]
+    lines += table(
+        ["", "tok/s", "step ms", "target ms", "draft ms", "link ms", "tokens per step"],
+        [["roofline (bandwidth only)", number(bound["tok_s"]), number(bound["step_ms"], 2),
+          number(bound["target_ms"], 2), number(bound["draft_ms"], 2),
+          number(bound["link_ms"], 2), number(bound["tokens_per_step"], 2)],
+         ["measured", number(roofline["measured_tok_s"]), "", "", "", "", ""]])
+    fraction = roofline["fraction"]
+    lines += ["", f"Measured: {number(fraction * 100 if fraction else None)}% of the roofline. "
+              f"Inputs: {number(inputs['weight_bytes'] / GIB, 2)} GiB of weights over TP "
+              f"{inputs['tp_size']} at {number(inputs['gpu_bandwidth_gb_s'], 0)} GB/s, "
+              f"{number(inputs['context_positions'])} positions of context, "
+              f"{inputs['verified_positions']} verified per step after "
+              f"{inputs['draft_passes']} draft passes, the link at "
+              f"{number(inputs['link_gbps'], 0)} Gb/s. The roofline counts bandwidth only; "
+              "the measured rate also pays each all-reduce's round trip, the scheduler, "
+              "retransmissions and the prefill."]
+    return lines
 
 
 def write(report: dict[str, Any], directory: Path) -> Path:

@@ -42,13 +42,21 @@ SIMULATED_COMMANDS = {
     "nvidia-smi": "lab.gpu_sim",
 }
 MODEL_DIRS = {True: ("qwen", "qwen-nextn"), False: ("large",)}
-# The weights' config.json, which is all of the weights the simulator reads: the
-# shape sets what TP2 all-reduces. The numbers are Qwen3-32B's published
+# The weights' config.json and index, which are all of the weights the simulator
+# reads: the shape sets what TP2 all-reduces, the size and the KV cache what a
+# decode pass reads from GPU memory. The shape is Qwen3-32B's published
 # config.json (a dense Qwen of the field's size class; its exact 27B config is
-# not at hand), not fitted to any figure of the field report.
+# not at hand). The size is 27e9 parameters in NVFP4: a 4-bit value per weight
+# plus an FP8 scale per block of 16, 4.5 bits in all (the checkpoint's unquantized
+# embeddings and norms are left out). Neither is fitted to any figure of the
+# field report.
 MODEL_CONFIG = json.dumps({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 5120,
-                           "num_hidden_layers": 64, "torch_dtype": "bfloat16",
-                           "num_nextn_predict_layers": 1}) + "\n"
+                           "num_hidden_layers": 64, "num_attention_heads": 64,
+                           "num_key_value_heads": 8, "head_dim": 128,
+                           "torch_dtype": "bfloat16", "num_nextn_predict_layers": 1}) + "\n"
+MODEL_WEIGHT_BYTES = 27_000_000_000 * 9 // 16
+MODEL_INDEX = json.dumps({"metadata": {"total_size": MODEL_WEIGHT_BYTES},
+                          "weight_map": {}}) + "\n"
 
 
 def _script(path: Path, body: str) -> None:
@@ -184,6 +192,7 @@ def prepare(host: LabHost) -> None:
         model_dir = host.root / "var-lib" / "models" / model
         model_dir.mkdir(parents=True)
         (model_dir / "config.json").write_text(MODEL_CONFIG)
+        (model_dir / "model.safetensors.index.json").write_text(MODEL_INDEX)
     modules.install_stock(host.root / "lib" / "modules")
     if host.workstation:
         (host.root / "sys-module" / "thunderbolt").mkdir(parents=True)

@@ -205,6 +205,9 @@ class Serving(_Section):
     # GPU memory (MiB, in all) that processes twinbolt did not start may hold
     # before a run refuses: a desktop's X server, say.
     foreign_gpu_memory_mib: NonNegativeInt = 0
+    # Each workstation GPU's memory bandwidth, for the measurement's roofline
+    # (harness/roofline.py); NVIDIA's figure for an RTX 5090.
+    gpu_memory_bandwidth_gb_s: PositiveFloat = 1792.0
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> "Serving":

@@ -42,6 +42,7 @@ INTERFACE_COUNTERS = (
 RETRANSMISSIONS = "retrans_segs"
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 MIB = 1 << 20
+WEIGHTS_MARKER = "@@weights"
 
 
 class LinkCounters(FactBase):
@@ -82,27 +83,62 @@ class LinkCounters(FactBase):
 
 class ModelShape(FactBase):
     """
-    The model's shape from ``config.json`` in its directory, as SGLang's loader
-    reads it (a multimodal checkpoint keeps it under ``text_config``); ``None``
-    without one.
+    The model's shape and size from its directory, as SGLang's loader reads
+    them: ``config.json`` (a multimodal checkpoint keeps the shape under
+    ``text_config``), and the weights' size from
+    ``model.safetensors.index.json``'s ``total_size``, else the safetensors
+    files' (``None`` without either). The whole fact is ``None`` without a
+    usable ``config.json``.
 
     .. code:: python
 
-        {"layers": 64, "hidden_size": 5120, "activation_bytes": 2}
+        {"layers": 64, "hidden_size": 5120, "activation_bytes": 2, "draft_layers": 1,
+         "kv_bytes_per_position": 262144, "weight_bytes": 15187500000}
     """
 
     def command(self, model_path: str) -> StringCommand:
-        return StringCommand("cat", QuoteString(f"{model_path.rstrip('/')}/config.json"))
+        # The bare echo ends a config.json that lacks its final newline.
+        script = ('cd "$1" && cat config.json && echo && echo "$2" && '
+                  "{ cat model.safetensors.index.json || stat -c %s -- *.safetensors || true; } "
+                  "2>/dev/null")
+        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(model_path),
+                             WEIGHTS_MARKER)
 
-    def process(self, output: list[str]) -> dict[str, int] | None:
+    def process(self, output: list[str]) -> dict[str, Any] | None:
+        config_lines, weights = output, []
+        if WEIGHTS_MARKER in output:
+            at = output.index(WEIGHTS_MARKER)
+            config_lines, weights = output[:at], output[at + 1:]
         try:
-            config = json.loads("\n".join(output))
+            config = json.loads("\n".join(config_lines))
             config = config.get("text_config", config)
-            return {"layers": int(config["num_hidden_layers"]),
-                    "hidden_size": int(config["hidden_size"]),
-                    "activation_bytes": DTYPE_BYTES[config.get("torch_dtype", "bfloat16")]}
-        except (ValueError, KeyError, TypeError, AttributeError):
+            layers, hidden_size = int(config["num_hidden_layers"]), int(config["hidden_size"])
+            activation_bytes = DTYPE_BYTES[config.get("torch_dtype", "bfloat16")]
+            heads = int(config.get("num_attention_heads", 1))
+            head_dim = int(config.get("head_dim", hidden_size // heads))
+            kv_heads = int(config.get("num_key_value_heads", heads))
+            return {"layers": layers, "hidden_size": hidden_size,
+                    "activation_bytes": activation_bytes,
+                    "draft_layers": int(config.get("num_nextn_predict_layers", 1)),
+                    "kv_bytes_per_position": 2 * layers * kv_heads * head_dim * activation_bytes,
+                    "weight_bytes": weight_bytes(weights)}
+        except (ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError):
             return None
+
+
+def weight_bytes(lines: list[str]) -> int | None:
+    """The index's ``total_size``, or the sum of the files' sizes; ``None`` when neither."""
+    if not lines:
+        return None
+    if lines[0].lstrip().startswith("{"):
+        try:
+            return int(json.loads("\n".join(lines))["metadata"]["total_size"])
+        except (ValueError, KeyError, TypeError):
+            return None
+    try:
+        return sum(int(line) for line in lines) or None
+    except ValueError:
+        return None
 
 
 class Connections(EmptyMeansSomething):

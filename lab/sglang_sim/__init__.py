@@ -9,9 +9,12 @@ Started exactly like the real server, with only the module swapped::
 
 It accepts the real flag names (strictly: an unknown flag exits 2), serves the
 real endpoints with the real shapes, and spends time where the real server does:
-a prefill proportional to the uncached prompt, then decode steps of fixed compute
-plus, in TP2, the step's all-reduce volume (from the model's ``config.json``:
-layers, hidden size, dtype) sent to the peer rank over TCP and back. The TP
+a prefill proportional to the uncached prompt, then decode steps whose compute
+is a roofline (the rank's share of the weights and the KV cache, read at the
+GPU's memory bandwidth) and whose TP2 all-reduces are real messages, two per
+layer, sent to the peer rank over TCP and back, one after the other; sizes
+come from the model's files (``config.json`` and
+``model.safetensors.index.json``, see :mod:`lab.sglang_sim.model`). The TP
 link is therefore the lab's real veth, and its drops and retransmissions set
 the token rate.
 
@@ -22,7 +25,8 @@ prompt; a chat message adds one token for its role. Output is exactly
 Lab knobs (environment; what real hardware would decide):
 
 - ``LAB_SGLANG_LOAD_SECONDS`` (2.0): weight loading time before ``/health`` is 200.
-- ``LAB_SGLANG_TOKEN_SECONDS`` (0.01): compute time of one decode step.
+- ``LAB_SGLANG_GPU_BANDWIDTH_GB_S`` (1792, one RTX 5090's): the GPU's memory
+  bandwidth, which sets a decode pass's compute time.
 - ``LAB_SGLANG_PREFILL_TOKENS_PER_SECOND`` (200000): prefill speed on uncached tokens.
 - ``LAB_SGLANG_SPEC_ACCEPT_RATE`` (0.966): chance that each draft token is accepted;
   the default gives a mean accept length of about 3.8 with NEXTN 3/1/4.

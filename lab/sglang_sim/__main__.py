@@ -126,7 +126,7 @@ def start(args: argparse.Namespace, knobs: Knobs, shape: ModelShape, ifname: str
     if args.speculative_algorithm:
         speculation = Speculation(args.speculative_num_steps,
                                   args.speculative_num_draft_tokens, knobs.spec_accept_rate)
-    scheduler = Scheduler(knobs, shape, stats, speculation)
+    scheduler = Scheduler(knobs, shape, args.tp_size, stats, speculation)
     leader = Leader(args, knobs, stats, scheduler)
     serve(leader.app(), args.host, args.port)
     shutdown.spawn(boot_rank0, args, knobs, ifname, gpu, leader, scheduler, shutdown)

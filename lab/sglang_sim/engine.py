@@ -2,12 +2,16 @@
 
 New requests are prefilled together (time proportional to their uncached
 tokens), then every running request advances by one decode step at a time. A
-step costs fixed compute plus, in TP2, the step's all-reduce volume over the
-link, from the model's shape (:mod:`lab.sglang_sim.model`), sent as one
-payload each way. With speculative decoding a step verifies the draft tokens,
-so each request's positions widen to ``num_draft_tokens``, and the draft's own
-passes add theirs; it yields one token plus the drafts accepted before the
-first rejection, so more tokens per step for a wider exchange.
+step is the target model's forward pass, layer by layer as the GPU and the
+link would run it (:mod:`lab.sglang_sim.model`): its compute is the time to
+read this rank's share of the weights and the running requests' KV caches at
+the GPU's memory bandwidth, and in TP2 each layer's two all-reduces are real
+messages to the peer rank and back, one after the other, each as wide as the
+step's token positions. With speculative decoding the draft first runs its own
+passes (``num_steps`` of them, one position per request), then the target
+verifies ``num_draft_tokens`` positions per request; a step yields one token
+plus the drafts accepted before the first rejection, so more tokens per step
+for wider messages.
 """
 
 import logging
@@ -136,10 +140,11 @@ class DecodeLog:
 class Scheduler:
     """Runs requests in batches, step by step, on its own thread."""
 
-    def __init__(self, knobs: Knobs, shape: ModelShape, stats: Stats,
+    def __init__(self, knobs: Knobs, shape: ModelShape, tp_size: int, stats: Stats,
                  speculation: Speculation | None) -> None:
         self._knobs = knobs
         self._shape = shape
+        self._tp_size = tp_size
         self._stats = stats
         self._speculation = speculation
         self._waiting: queue.SimpleQueue[Sequence] = queue.SimpleQueue()
@@ -208,9 +213,14 @@ class Scheduler:
     def _decode(self, running: list[Sequence], link: PeerLink | None) -> None:
         """One step for every running request."""
         started = time.monotonic()
-        time.sleep(self._knobs.token_seconds)
-        if link:
-            self._stats.record_allreduce(link.allreduce(self._step_bytes(len(running))))
+        context = sum(seq.prompt_tokens + seq.completion_tokens for seq in running)
+        if self._speculation:
+            for _ in range(self._speculation.num_steps):
+                self._forward(len(running), context, self._shape.draft_layers, link)
+            self._forward(len(running) * self._speculation.num_draft_tokens, context,
+                          self._shape.layers, link)
+        else:
+            self._forward(len(running), context, self._shape.layers, link)
         tokens = 0
         for seq in running:
             first = seq.first_token_at is None
@@ -224,15 +234,17 @@ class Scheduler:
                 self._finish(seq)
         self._decode_log.step(started, len(running), tokens)
 
-    def _step_bytes(self, requests: int) -> int:
-        """The all-reduce volume of one decode step for ``requests`` running requests."""
-        if not self._speculation:
-            return self._shape.allreduce_bytes(requests)
-        # The draft runs num_steps passes of one position each, then the target
-        # verifies num_draft_tokens positions per request.
-        draft = self._shape.allreduce_bytes(requests * self._speculation.num_steps,
-                                            layers=self._shape.draft_layers)
-        return draft + self._shape.allreduce_bytes(requests * self._speculation.num_draft_tokens)
+    def _forward(self, positions: int, context: int, layers: int, link: PeerLink | None) -> None:
+        """
+        One forward pass over ``positions`` token positions through ``layers``
+        layers: the GPU's time, then in TP2 two all-reduces per layer, in order.
+        """
+        time.sleep(self._shape.pass_seconds(context, layers, self._tp_size,
+                                            self._knobs.gpu_bandwidth_gb_s * 1e9))
+        if not link:
+            return
+        message = self._shape.allreduce_bytes(positions)
+        self._stats.record_allreduce(sum(link.allreduce(message) for _ in range(2 * layers)))
 
     def _accept_length(self, seq: Sequence) -> int:
         return self._speculation.accept_length(seq.rng) if self._speculation else 1

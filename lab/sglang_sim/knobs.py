@@ -33,7 +33,8 @@ class Knobs:
     """The simulator's physics and its files; each field is ``LAB_SGLANG_<NAME>``."""
 
     load_seconds: float = 2.0
-    token_seconds: float = 0.01
+    # One RTX 5090: NVIDIA's figure for its 512-bit GDDR7 memory at 28 Gb/s per pin.
+    gpu_bandwidth_gb_s: float = field(default=1792.0, metadata={"positive": True})
     prefill_tokens_per_second: float = field(default=200_000.0, metadata={"positive": True})
     spec_accept_rate: float = 0.966
     peer_timeout_seconds: float = field(default=600.0, metadata={"positive": True})

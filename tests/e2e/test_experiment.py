@@ -68,6 +68,14 @@ def test_tp2_e2e_is_observed_and_measured_with_the_link_counters_in_its_window(
         for key in single["link"]["after"][name]["sockets"]:
             assert key.partition(">")[2].startswith(f"{peers[name]}:"), key
     assert single["link"]["totals"]["socket_retransmissions"] is not None
+    # The roofline is read from the model's files on rank 0 (the lab's: 27e9 NVFP4
+    # weights), the server's settings and the link's rate; the simulator spends the
+    # roofline's compute and then the link's real round trips, so it stays below.
+    bound = report["roofline"]["bound"]
+    assert bound["inputs"] | {"context_positions": 0} == {
+        "weight_bytes": 15_187_500_000, "tp_size": 2, "gpu_bandwidth_gb_s": 1792.0,
+        "link_gbps": 20.0, "context_positions": 0, "draft_passes": 3, "verified_positions": 4}
+    assert 0 < report["roofline"]["fraction"] < 1
     # The measurement's tok/s is in the compatibility ledger, with the hosts it ran on.
     entry = ledger.read(matrix.ledger_path(Topology.load(tmp_path)))[-1]
     assert (entry["outcome"], entry["state"], entry["driver"]) == ("measured", "tp2_e2e",
@@ -97,3 +105,7 @@ def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
     # The replicas talk to nobody across the link: no TP socket, so no per-socket figure.
     assert single["link"]["totals"]["socket_retransmissions"] == 0
     assert single["link"]["totals"]["max_socket_retransmissions"] is None
+    # A replica holds the whole model on one GPU and all-reduces nothing.
+    bound = report["roofline"]["bound"]
+    assert (bound["inputs"]["tp_size"], bound["link_ms"], bound["draft_ms"]) == (1, 0.0, 0.0)
+    assert 0 < report["roofline"]["fraction"] < 1

@@ -223,7 +223,7 @@ def campaign_reports() -> list[dict]:
 def test_comparison_ratios_are_to_the_row_above_and_name_the_layer_changed():
     table = compare.comparison(campaign_reports())
     stock, e2e, nospec = [line for line in table.splitlines() if line.startswith("| tp2_")]
-    assert "| tp2_e2e | driver | 77.1 | 1.59× | 310.0 | 1.55× |" in e2e
+    assert "| tp2_e2e | driver | 77.1 | 1.59× | — | 310.0 | 1.55× |" in e2e
     assert "| 0 | 0.00× |" in e2e  # receiver errors: 120 -> 0
     assert "| tp2_e2e_nospec | speculative | 30.0 | 0.39× |" in nospec
     assert "| tp2_stock | — | 48.4 | — |" in stock

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from simulator import SHAPE, model_dir
+from simulator import SHAPE, WEIGHT_BYTES, model_dir
 
 from lab.sglang_sim.engine import Speculation
 from lab.sglang_sim.link import socket_ifname
@@ -91,7 +91,6 @@ def launch(lab_dirs):
     base_env.update({
         "PYTHONPATH": str(REPO),
         "LAB_SGLANG_LOAD_SECONDS": "0.2",
-        "LAB_SGLANG_TOKEN_SECONDS": "0.002",
         # NCCL's own pick would be this machine's LAN port.
         "NCCL_SOCKET_IFNAME": "lo",
         "LAB_SGLANG_GPU_DIR": str(lab_dirs["gpu"]),
@@ -165,15 +164,40 @@ def test_missing_model_path_exits_1_naming_it(lab_dirs, tmp_path):
 
 
 def test_the_model_shape_comes_from_config_json_as_the_loader_reads_it(tmp_path):
+    model_dir(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(
-        {"text_config": {**SHAPE, "torch_dtype": "float32"}, "vision_config": {}}))
+        {"text_config": {**SHAPE, "torch_dtype": "float32", "num_attention_heads": 8,
+                         "num_key_value_heads": 2}, "vision_config": {}}))
     shape = ModelShape.read(str(tmp_path))
     assert (shape.layers, shape.hidden_size, shape.activation_bytes) == (4, 256, 4)
-    assert shape.allreduce_bytes(3) == 2 * 4 * 256 * 4 * 3
-    assert shape.allreduce_bytes(1, layers=shape.draft_layers) == 2 * 1 * 256 * 4
+    assert shape.weight_bytes == WEIGHT_BYTES
+    # K and V, per layer, per KV head of 256 / 8 values.
+    assert shape.kv_bytes_per_position == 2 * 4 * 2 * 32 * 4
+    # One layer's output, three positions wide.
+    assert shape.allreduce_bytes(3) == 256 * 4 * 3
     (tmp_path / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"]}')
     with pytest.raises(OSError, match="no usable model shape"):
         ModelShape.read(str(tmp_path))
+
+
+def test_the_weights_size_comes_from_the_index_else_the_safetensors_files(tmp_path):
+    model_dir(tmp_path)
+    (tmp_path / "model.safetensors.index.json").unlink()
+    with pytest.raises(OSError, match="no safetensors weights"):
+        ModelShape.read(str(tmp_path))
+    (tmp_path / "model.safetensors").write_bytes(bytes(1000))
+    assert ModelShape.read(str(tmp_path)).weight_bytes == 1000
+
+
+def test_a_decode_pass_reads_the_ranks_share_of_weights_and_kv_cache(tmp_path):
+    shape = ModelShape.read(str(model_dir(tmp_path)))
+    bandwidth = 1792e9
+    assert shape.pass_seconds(0, 4, 1, bandwidth) == pytest.approx(0.002)
+    assert shape.pass_seconds(0, 4, 2, bandwidth) == pytest.approx(0.001)
+    # The one-layer draft reads a quarter of a four-layer model.
+    assert shape.pass_seconds(0, 1, 2, bandwidth) == pytest.approx(0.00025)
+    cached = 1000 * shape.kv_bytes_per_position / 2 / bandwidth
+    assert shape.pass_seconds(1000, 4, 2, bandwidth) == pytest.approx(0.001 + cached)
 
 
 def test_nccl_socket_ifname_accepts_one_exact_name():
@@ -311,6 +335,17 @@ def test_gpu_memory_file_is_written_and_removed_on_sigterm(launch, lab_dirs):
 
 
 # TP2 over loopback
+
+
+def test_a_decode_step_takes_at_least_the_rooflines_time(launch):
+    """The knob sets the physics: a slower GPU decodes the same request more slowly."""
+    fast = launch().wait_ready()
+    slow = launch(env={"LAB_SGLANG_GPU_BANDWIDTH_GB_S": "358.4"}).wait_ready()
+    for sim, pass_seconds in ((fast, 0.002), (slow, 0.010)):
+        meta = sim.post("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 40}}
+                        ).json()["meta_info"]
+        # One pass per token, each reading the model's weights once; never less.
+        assert meta["e2e_latency"] >= 40 * pass_seconds
 
 
 def test_tp2_ranks_exchange_payloads_and_fail_together(launch):

@@ -1,8 +1,12 @@
 """The TP group's transport: where its connections run and what the link carried."""
 
 import json
+import subprocess
+from pathlib import Path
 
+from operations.facts import raw_command
 from operations.transport import (
+    WEIGHTS_MARKER,
     Connections,
     ModelShape,
     connection_problems,
@@ -76,7 +80,36 @@ def test_the_link_must_carry_what_the_tokens_all_reduces_need() -> None:
 
 def test_the_model_shape_is_read_as_the_loader_reads_it() -> None:
     nested = {"text_config": {"num_hidden_layers": 64, "hidden_size": 5120,
-                              "torch_dtype": "bfloat16"}, "vision_config": {"depth": 27}}
-    assert ModelShape().process(json.dumps(nested, indent=1).splitlines()) == SHAPE
+                              "num_attention_heads": 64, "num_key_value_heads": 8,
+                              "head_dim": 128, "torch_dtype": "bfloat16"},
+              "vision_config": {"depth": 27}}
+    index = {"metadata": {"total_size": 15187500000}, "weight_map": {"lm_head.weight": "a"}}
+    read = ModelShape().process([*json.dumps(nested, indent=1).splitlines(), WEIGHTS_MARKER,
+                                 *json.dumps(index, indent=1).splitlines()])
+    # K and V for 64 layers of 8 heads of 128 bf16 values; NEXTN's one draft layer by default.
+    assert read == {**SHAPE, "draft_layers": 1, "kv_bytes_per_position": 2 * 64 * 8 * 128 * 2,
+                    "weight_bytes": 15187500000}
+    # Without an index, the safetensors files' sizes; without either, no size.
+    files = ModelShape().process([json.dumps(nested), WEIGHTS_MARKER, "4000", "1000"])
+    assert files["weight_bytes"] == 5000
+    assert ModelShape().process([json.dumps(nested), WEIGHTS_MARKER])["weight_bytes"] is None
     assert ModelShape().process(['{"architectures": ["Qwen3ForCausalLM"]}']) is None
     assert ModelShape().process(["not json"]) is None
+
+
+def test_the_model_shape_command_reads_a_model_directory(tmp_path: Path) -> None:
+    def read() -> dict | None:
+        command = raw_command(ModelShape(), {"model_path": str(tmp_path)})
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+        return ModelShape().process(done.stdout.splitlines()) if done.returncode == 0 else None
+
+    assert read() is None
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 64,
+                                                      "hidden_size": 5120}))
+    assert read()["weight_bytes"] is None
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(bytes(300))
+    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(bytes(200))
+    assert read()["weight_bytes"] == 500
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 480}}))
+    assert read()["weight_bytes"] == 480
