@@ -227,15 +227,18 @@ def roofline_lines(roofline: dict[str, Any] | None) -> list[str]:
           number(bound["link_ms"], 2), number(bound["tokens_per_step"], 2)],
          ["measured", number(roofline["measured_tok_s"]), "", "", "", "", ""]])
     fraction = roofline["fraction"]
+    read = [f"{number(inputs['weight_bytes'] / GIB, 2)} GiB of weights over TP "
+            f"{inputs['tp_size']} at {number(inputs['gpu_bandwidth_gb_s'], 0)} GB/s",
+            f"{number(inputs['context_positions'])} positions of context"]
+    if inputs["draft_passes"]:
+        read.append(f"{inputs['verified_positions']} positions verified per step after "
+                    f"{inputs['draft_passes']} draft passes")
+    if inputs["tp_size"] > 1:
+        read.append(f"the link at {number(inputs['link_gbps'], 0)} Gb/s")
     lines += ["", f"Measured: {number(fraction * 100 if fraction else None)}% of the roofline. "
-              f"Inputs: {number(inputs['weight_bytes'] / GIB, 2)} GiB of weights over TP "
-              f"{inputs['tp_size']} at {number(inputs['gpu_bandwidth_gb_s'], 0)} GB/s, "
-              f"{number(inputs['context_positions'])} positions of context, "
-              f"{inputs['verified_positions']} verified per step after "
-              f"{inputs['draft_passes']} draft passes, the link at "
-              f"{number(inputs['link_gbps'], 0)} Gb/s. The roofline counts bandwidth only; "
-              "the measured rate also pays each all-reduce's round trip, the scheduler, "
-              "retransmissions and the prefill."]
+              f"Inputs: {', '.join(read)}. The roofline counts bandwidth only; the measured "
+              "rate also pays the scheduler and the prefill, and in TP each all-reduce's "
+              "round trip and any retransmission."]
     return lines
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
-from pyinfra import host, inventory
+from pyinfra import host, inventory, logger
 from pyinfra.api import (
     FunctionCommand,
     Host,
@@ -481,10 +481,14 @@ def transport_check(sglang: Sglang, service: Service, tokens: int) -> Check:
                                 init_system=sglang.init_system)
         connections = (transport.connections_of(host.get_fact(transport.Connections),
                                                 process["pid"]) if process["pid"] else [])
-        return (transport.connection_problems(connections, sglang.link_address,
-                                              sglang.peer_link_address, sglang.port,
-                                              sglang.interface)
-                + transport.volume_problems(moved, shape, tokens, sglang.interface)), False
+        found = (transport.connection_problems(connections, sglang.link_address,
+                                               sglang.peer_link_address, sglang.port,
+                                               sglang.interface)
+                 + transport.volume_problems(moved, shape, tokens, sglang.interface))
+        if not found:
+            logger.info(f"    [{host.name}] "
+                        + transport.volume_carried(moved, shape, tokens, sglang.interface))
+        return found, False
 
     return check
 

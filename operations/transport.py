@@ -228,12 +228,17 @@ def one_way_bytes(shape: dict[str, int], tokens: int) -> int:
     return 2 * shape["layers"] * shape["hidden_size"] * shape["activation_bytes"] * tokens
 
 
+def volume_carried(carried: int, shape: dict[str, int], tokens: int, interface: str) -> str:
+    """What the link carried during a completion, against what its all-reduces need."""
+    return (f"{interface} carried {carried / MIB:.1f} MiB during a {tokens}-token completion; "
+            f"its all-reduces need at least {one_way_bytes(shape, tokens) / MIB:.1f} MiB "
+            f"(2 per layer x {shape['layers']} layers x {shape['hidden_size']} x "
+            f"{shape['activation_bytes']} bytes per token)")
+
+
 def volume_problems(carried: int, shape: dict[str, int], tokens: int,
                     interface: str) -> list[str]:
-    minimum = one_way_bytes(shape, tokens)
-    if carried >= minimum:
+    if carried >= one_way_bytes(shape, tokens):
         return []
-    return [f"the TP group's transport is not {interface}: {interface} carried "
-            f"{carried / MIB:.1f} MiB during a {tokens}-token completion; its all-reduces need "
-            f"at least {minimum / MIB:.1f} MiB (2 per layer x {shape['layers']} layers x "
-            f"{shape['hidden_size']} x {shape['activation_bytes']} bytes per token)"]
+    return [f"the TP group's transport is not {interface}: "
+            + volume_carried(carried, shape, tokens, interface)]

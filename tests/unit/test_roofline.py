@@ -63,3 +63,11 @@ def test_the_measurement_is_set_beside_its_bound_in_the_report() -> None:
     unknown = roofline.beside_measurement(None, RTX_5090, NEXTN, [single_window(200.0)], 40.0)
     assert unknown["bound"] is None
     assert "No roofline" in "\n".join(report.roofline_lines(unknown))
+
+
+def test_a_replicas_roofline_names_neither_draft_nor_link() -> None:
+    beside = roofline.beside_measurement(SHAPE, RTX_5090, {"tp_size": 1},
+                                         [single_window(110.0)], 20.0)
+    text = "\n".join(report.roofline_lines(beside))
+    assert "over TP 1 at 1,792 GB/s, 145 positions of context. The roofline" in text
+    assert "draft passes" not in text and "the link at" not in text
