@@ -16,7 +16,6 @@ services with it.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shlex
 from collections.abc import Iterator
@@ -29,11 +28,10 @@ from pyinfra import host
 from pyinfra.api import FactBase, Host, QuoteString, StringCommand, operation
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.util import get_template
-from pyinfra.facts.files import Sha1File
 from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.operations import files, runit, systemd
 
-from operations.facts import EmptyMeansSomething, digest, digest_script
+from operations.facts import EmptyMeansSomething, FileDigest, digest, digest_script
 
 InitSystem = Literal["systemd", "runit"]
 
@@ -320,9 +318,12 @@ def render(service: Service, init_system: InitSystem) -> str:
 
 
 def rendered_differs(service: Service, init_system: InitSystem) -> bool:
-    """Whether the host's rendered file is missing or not what :func:`present` would write."""
-    local = hashlib.sha1(render(service, init_system).encode()).hexdigest()
-    return host.get_fact(Sha1File, path=rendered_path(service.name, init_system)) != local
+    """
+    Whether the host's rendered file is missing or not what :func:`present`
+    would write: its content or its mode, as :func:`present` compares them.
+    """
+    return (host.get_fact(FileDigest, path=rendered_path(service.name, init_system))
+            != digest(render(service, init_system), SUPERVISORS[init_system].mode))
 
 
 # Facts

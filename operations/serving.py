@@ -403,13 +403,27 @@ def stuck(sglang: Sglang, service: Service, tokens: int = ACCEPTANCE_TOKENS) -> 
     if (not process.get("running") or (process.get("seconds") or 0) < sglang.start_timeout
             or process_problems(process, service)):
         return []
+    return serves(sglang, service, process["pid"], 1, None, tokens,
+                  probes.REQUEST_TIMEOUT_SECONDS)[0]
+
+
+def serves(sglang: Sglang, service: Service, pid: int, tp_size: int,
+           speculative: Speculative | None, tokens: int,
+           timeout: float) -> tuple[list[str], list[str]]:
+    """
+    Why the server at ``pid`` serves no real completion, then, if it does, where
+    its ``/server_info`` disagrees with the declared settings. A server that
+    passes both is proven for this run (:func:`probes.remember_served`).
+    """
     answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
-                                    timeout=probes.REQUEST_TIMEOUT_SECONDS)
-    found = probes.completion_problems(answer, tokens)
-    if not found and not server_info_problems(server_info(sglang.url).body, 1, None,
-                                              sglang.served_model_name):
-        probes.remember_served(service.name, process["pid"])
-    return found
+                                    timeout=timeout)
+    if failed := probes.completion_problems(answer, tokens):
+        return failed, []
+    disagrees = server_info_problems(server_info(sglang.url).body, tp_size, speculative,
+                                     sglang.served_model_name)
+    if not disagrees:
+        probes.remember_served(service.name, pid)
+    return [], disagrees
 
 
 def server_check(sglang: Sglang, service: Service, tp_size: int,
@@ -436,16 +450,11 @@ def server_check(sglang: Sglang, service: Service, tp_size: int,
                     f"{process['pid']})"], False
         if probes.served_earlier(service.name, process["pid"]):
             return [], False
-        answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
-                                        timeout=min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left))
-        found = probes.completion_problems(answer, tokens)
-        if found:
-            return found + probes.green_health(sglang.url), True
-        found = server_info_problems(server_info(sglang.url).body, tp_size, speculative,
-                                     sglang.served_model_name)
-        if not found:
-            probes.remember_served(service.name, process["pid"])
-        return found, False
+        failed, disagrees = serves(sglang, service, process["pid"], tp_size, speculative,
+                                   tokens, min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left))
+        if failed:
+            return failed + probes.green_health(sglang.url), True
+        return disagrees, False
 
     return check
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 import subprocess
 import sys
@@ -13,12 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 from operation_harness import run_operation
-from pyinfra.facts.files import Sha1File
 from pyinfra_fakes import FakeHost, commands, on
 from sglang_router.launch_router import parse_router_args
 
 from lab.sglang_sim.args import parse_server_args
 from operations import probes, services, serving, serving_router
+from operations.facts import FileDigest, digest
 from operations.serving import (
     ACCEPTANCE_TOKENS,
     Sglang,
@@ -266,24 +265,40 @@ def test_access_log_lines_are_left_out_of_the_evidence() -> None:
 def test_a_tp_rank_running_as_declared_over_a_staying_driver_is_left_alone() -> None:
     wanted = tp_rank_service(RANK0, NEXTN_3_1_4)
     rendered = services.rendered_path(wanted.name, "systemd")
-    sha = hashlib.sha1(services.render(wanted, "systemd").encode()).hexdigest()
+    unit = digest(services.render(wanted, "systemd"), "644")
     host = FakeHost({services.RunningServices: ["sglang-tp2-rank0"],
-                     Sha1File: lambda path: sha if path == rendered else None})
+                     FileDigest: lambda path: unit if path == rendered else None})
     done = commands(serving.tp_rank_stopped_for_change, host, sglang=RANK0,
                     speculative=NEXTN_3_1_4)
     assert done == [] and re.search("runs as declared", host.noops[0])
 
 
-def test_a_tp_rank_whose_speculative_setting_changes_is_stopped_first(monkeypatch) -> None:
+def test_a_tp_rank_whose_unit_has_another_mode_is_stopped_as_present_would_restart_it(
+        monkeypatch) -> None:
     wanted = tp_rank_service(RANK0, NEXTN_3_1_4)
-    sha = hashlib.sha1(services.render(wanted, "systemd").encode()).hexdigest()
     stopped: list[str] = []
 
     def absent(service: str, init_system: str):
         stopped.append(service)
         yield f"stop {service}"
 
-    host = FakeHost({services.RunningServices: ["sglang-tp2-rank0"], Sha1File: sha})
+    host = FakeHost({services.RunningServices: ["sglang-tp2-rank0"],
+                     FileDigest: digest(services.render(wanted, "systemd"), "600")})
+    monkeypatch.setattr(services.absent, "_inner", absent)
+    commands(serving.tp_rank_stopped_for_change, host, sglang=RANK0, speculative=NEXTN_3_1_4)
+    assert stopped == ["sglang-tp2-rank0"]
+
+
+def test_a_tp_rank_whose_speculative_setting_changes_is_stopped_first(monkeypatch) -> None:
+    wanted = tp_rank_service(RANK0, NEXTN_3_1_4)
+    stopped: list[str] = []
+
+    def absent(service: str, init_system: str):
+        stopped.append(service)
+        yield f"stop {service}"
+
+    host = FakeHost({services.RunningServices: ["sglang-tp2-rank0"],
+                     FileDigest: digest(services.render(wanted, "systemd"), "644")})
     monkeypatch.setattr(services.absent, "_inner", absent)
     done = commands(serving.tp_rank_stopped_for_change, host, sglang=RANK0, speculative=None)
     assert stopped == ["sglang-tp2-rank0"] and done == ["stop sglang-tp2-rank0"]
