@@ -273,34 +273,23 @@ def test_a_tp_rank_running_as_declared_over_a_staying_driver_is_left_alone() -> 
     assert done == [] and re.search("runs as declared", host.noops[0])
 
 
-def test_a_tp_rank_whose_unit_has_another_mode_is_stopped_as_present_would_restart_it(
-        monkeypatch) -> None:
-    wanted = tp_rank_service(RANK0, NEXTN_3_1_4)
+@pytest.mark.parametrize(("mode", "speculative"), [
+    ("644", None),  # the speculative setting changes
+    ("600", NEXTN_3_1_4),  # the same unit with another mode: present would rewrite and restart it
+])
+def test_a_tp_rank_whose_unit_would_change_is_stopped_first(monkeypatch, mode: str,
+                                                            speculative: object) -> None:
+    running = digest(services.render(tp_rank_service(RANK0, NEXTN_3_1_4), "systemd"), mode)
     stopped: list[str] = []
 
     def absent(service: str, init_system: str):
         stopped.append(service)
         yield f"stop {service}"
 
-    host = FakeHost({services.RunningServices: ["sglang-tp2-rank0"],
-                     FileDigest: digest(services.render(wanted, "systemd"), "600")})
+    host = FakeHost({services.RunningServices: ["sglang-tp2-rank0"], FileDigest: running})
     monkeypatch.setattr(services.absent, "_inner", absent)
-    commands(serving.tp_rank_stopped_for_change, host, sglang=RANK0, speculative=NEXTN_3_1_4)
-    assert stopped == ["sglang-tp2-rank0"]
-
-
-def test_a_tp_rank_whose_speculative_setting_changes_is_stopped_first(monkeypatch) -> None:
-    wanted = tp_rank_service(RANK0, NEXTN_3_1_4)
-    stopped: list[str] = []
-
-    def absent(service: str, init_system: str):
-        stopped.append(service)
-        yield f"stop {service}"
-
-    host = FakeHost({services.RunningServices: ["sglang-tp2-rank0"],
-                     FileDigest: digest(services.render(wanted, "systemd"), "644")})
-    monkeypatch.setattr(services.absent, "_inner", absent)
-    done = commands(serving.tp_rank_stopped_for_change, host, sglang=RANK0, speculative=None)
+    done = commands(serving.tp_rank_stopped_for_change, host, sglang=RANK0,
+                    speculative=speculative)
     assert stopped == ["sglang-tp2-rank0"] and done == ["stop sglang-tp2-rank0"]
 
 
