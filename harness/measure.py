@@ -66,8 +66,7 @@ async def single_stream_bound(topology: Topology, server_info: dict,
         first.name, [remote.Query("shape", ModelShape(),
                                   {"model_path": first.data["serving_model_path"]})],
         topology.ssh_config, sudo=first.sudo)
-    link_gbps = (results[0]["link"]["before"].get(first.name, {}).get("rx_rate_gbps")
-                 if results else None)
+    link_gbps = report.hosts(topology, results).get(first.name, {}).get("rx_rate_gbps")
     return roofline.beside_measurement(reading.values.get("shape"),
                                        first.data["serving_gpu_memory_bandwidth_gb_s"],
                                        server_info, results, link_gbps)

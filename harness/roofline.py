@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from operations.transport import one_way_bytes
+
 
 def single_stream(shape: dict[str, Any], bandwidth_gb_s: float, server_info: dict[str, Any],
                   accept_length: float | None, context_positions: int,
@@ -46,9 +48,8 @@ def single_stream(shape: dict[str, Any], bandwidth_gb_s: float, server_info: dic
     verified = int(server_info.get("speculative_num_draft_tokens") or 1) if speculative else 1
     target_seconds = read_per_layer * shape["layers"] / bandwidth
     draft_seconds = draft_passes * read_per_layer * shape["draft_layers"] / bandwidth
-    # Two all-reduces per layer, each of one layer's output per position, one way.
-    positions = shape["layers"] * verified + shape["draft_layers"] * draft_passes
-    link_bytes = 2 * shape["hidden_size"] * shape["activation_bytes"] * positions
+    link_bytes = (one_way_bytes(shape, verified)
+                  + one_way_bytes(shape, draft_passes, layers=shape["draft_layers"]))
     link_seconds = link_bytes * 8 / (link_gbps * 1e9) if tp_size > 1 else 0.0
     tokens_per_step = accept_length if speculative else 1.0
     step_seconds = target_seconds + draft_seconds + link_seconds

@@ -16,11 +16,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from lab.topology import STATE
+from lab.topology import STATE, LabHost
 
-HIERARCHIES = {"systemd": ("cgroup", ["-o", "none,name=systemd"]), "unified": ("cgroup2", [])}
+# The hierarchies systemd needs, as ``mount -t KIND [-o OPTIONS] KIND`` mounts them.
+HIERARCHIES = {"systemd": ("cgroup", "none,name=systemd"), "unified": ("cgroup2", "")}
 # A process killed a moment ago may still hold its cgroup while it is reaped.
 BUSY_SECONDS = 3.0
+
+
+def cgroup_name(host: LabHost) -> str:
+    """The host's subtree in each hierarchy the machine shares with it."""
+    return f"twinbolt-lab-{host.name}"
+
+
+def mount_source(hierarchy: str) -> list[str]:
+    """``mount``'s arguments naming ``hierarchy``, before the mount point."""
+    kind, options = HIERARCHIES[hierarchy]
+    return ["-t", kind, *(["-o", options] if options else []), kind]
 
 
 @contextmanager
@@ -28,10 +40,10 @@ def mounted() -> Iterator[dict[str, Path]]:
     """Each hierarchy that exists, mounted for the moment under the lab's state directory."""
     mounts = {}
     try:
-        for hierarchy, (kind, options) in HIERARCHIES.items():
+        for hierarchy in HIERARCHIES:
             mount_point = STATE / "cgroup" / hierarchy
             mount_point.mkdir(parents=True, exist_ok=True)
-            if subprocess.run(["mount", "-t", kind, *options, kind, str(mount_point)],
+            if subprocess.run(["mount", *mount_source(hierarchy), str(mount_point)],
                               capture_output=True).returncode == 0:
                 mounts[hierarchy] = mount_point
         yield mounts

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lab import cgroups, faults, hostfs, modules, network, ssh
-from lab.hostinit import cgroup_name
 from lab.topology import (
     HOSTS,
     INIT_FILE,
@@ -243,7 +242,7 @@ def down(quiet: bool = False) -> None:
     stop_pids(sorted(set(pids)))
     if pids:
         removed.append(f"{len(set(pids))} processes")
-    removed += cgroups.remove([cgroup_name(host) for host in HOSTS])
+    removed += cgroups.remove([cgroups.cgroup_name(host) for host in HOSTS])
     removed += network.destroy()
     for name in PROCESSES:
         pid_file(name).unlink(missing_ok=True)

@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lab.cgroups import HIERARCHIES, cgroup_name, mount_source
 from lab.hostfs import LAB_TARGET
 from lab.ssh import sshd_config_path
 from lab.topology import LINK_INTERFACE, LabHost, host_named, init_system
@@ -59,16 +60,10 @@ def private_mounts(host: LabHost) -> list[tuple[Path, str]]:
 MACHINE_SYSTEMD_DIRS = tuple(f"/usr/lib/systemd/{name}" for name in (
     "system", "system-generators", "system-environment-generators", "system-preset",
     "system-shutdown", "system-sleep")) + ("/usr/local/lib/systemd/system",)
-CGROUP_HIERARCHIES = {"systemd": ("cgroup", "none,name=systemd"), "unified": ("cgroup2", "")}
 
 
 def mount(*arguments: str) -> None:
     subprocess.run(["mount", *arguments], check=True)
-
-
-def cgroup_name(host: LabHost) -> str:
-    """The host's subtree in each hierarchy the machine shares with it."""
-    return f"twinbolt-lab-{host.name}"
 
 
 def own_cgroups(host: LabHost) -> None:
@@ -77,13 +72,13 @@ def own_cgroups(host: LabHost) -> None:
     systemd looks (a tmpfs at /sys/fs/cgroup, as in hybrid mode), and enter it.
     """
     staging = Path("/run/lab-cgroup")
-    for name, (kind, options) in CGROUP_HIERARCHIES.items():
+    for name in HIERARCHIES:
         root = staging / f"{name}-root"
         root.mkdir(parents=True)
-        mount("-t", kind, *(["-o", options] if options else []), kind, str(root))
+        mount(*mount_source(name), str(root))
         (root / cgroup_name(host)).mkdir(exist_ok=True)
     mount("-t", "tmpfs", "-o", "mode=0755", "tmpfs", "/sys/fs/cgroup")
-    for name in CGROUP_HIERARCHIES:
+    for name in HIERARCHIES:
         target = Path("/sys/fs/cgroup") / name
         target.mkdir()
         mount("--bind", str(staging / f"{name}-root" / cgroup_name(host)), str(target))

@@ -223,9 +223,13 @@ def connection_problems(connections: list[dict[str, Any]], address: str, peer_ad
     return found
 
 
-def one_way_bytes(shape: dict[str, int], tokens: int) -> int:
-    """What ``tokens`` generated tokens' all-reduces carry one way, at the least."""
-    return 2 * shape["layers"] * shape["hidden_size"] * shape["activation_bytes"] * tokens
+def one_way_bytes(shape: dict[str, int], tokens: int, layers: int | None = None) -> int:
+    """
+    What ``tokens`` token positions' all-reduces carry one way, at the least,
+    through the model's layers (or ``layers`` of them: a draft's).
+    """
+    return (2 * (shape["layers"] if layers is None else layers) * shape["hidden_size"]
+            * shape["activation_bytes"] * tokens)
 
 
 def volume_carried(carried: int, shape: dict[str, int], tokens: int, interface: str) -> str:

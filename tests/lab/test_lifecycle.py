@@ -10,7 +10,6 @@ from lab_helpers import lab, ssh
 
 from lab import cgroups, network
 from lab.control import PROCESSES
-from lab.hostinit import cgroup_name
 from lab.topology import HOSTS, STATE, alive, read_pid
 
 
@@ -22,7 +21,8 @@ def leftovers() -> list[str]:
               if network.link_exists(name)]
     found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text()
               .splitlines() if str(STATE) in line or "/run/netns/" in line.split()[4]]
-    found += [f"cgroup {name}" for name in cgroups.existing([cgroup_name(h) for h in HOSTS])]
+    names = [cgroups.cgroup_name(host) for host in HOSTS]
+    found += [f"cgroup {name}" for name in cgroups.existing(names)]
     return found
 
 
