@@ -23,7 +23,7 @@ WHEELHOUSE := wheelhouse
 DEMO_WINDOWS := --window single --window concurrent --single-tokens 128 \
 	--concurrent-requests 4 --concurrent-tokens 64
 
-.PHONY: help venv packages setup lab lab-down demo test test-runit soak lint lock
+.PHONY: help venv root packages setup lab lab-down demo test test-runit soak lint lock
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -40,7 +40,16 @@ $(LAB_VENV)/.installed: requirements-lab.lock
 	$(LAB_VENV)/bin/python -m pip install -q --require-hashes -r requirements-lab.lock
 	touch $@
 
-setup: packages venv $(LAB_VENV)/.installed $(WHEELHOUSE)/.built  ## the lab's Debian packages (root), both venvs, the gateway's wheelhouse
+setup: root packages venv $(LAB_VENV)/.installed $(WHEELHOUSE)/.built  ## the lab's Debian packages (root), both venvs, the gateway's wheelhouse
+
+# First of everything that needs the lab, so that an unprivileged run stops
+# before it installs anything.
+root:
+	@if [ "$$(id -u)" != 0 ]; then \
+		echo "twinbolt: the lab needs root: it makes network namespaces and mounts, and installs Debian packages." >&2; \
+		echo "twinbolt: run this as root (sudo make $(or $(MAKECMDGOALS),demo)); for the operator's tools alone, without root or the lab, run: make venv" >&2; \
+		exit 1; \
+	fi
 
 $(WHEELHOUSE)/.built: $(GATEWAY_LOCKS) $(LAB_VENV)/.installed
 	$(LAB_PY) -m pip download -q --require-hashes --only-binary=:all: -d $(WHEELHOUSE) \
@@ -54,7 +63,7 @@ packages:
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
-lab: setup  ## start (or repair) the embedded lab
+lab: root setup  ## start (or repair) the embedded lab
 	$(PY) -m lab up
 	$(PY) -m lab status
 
@@ -65,19 +74,19 @@ lab-down:  ## remove the lab: namespaces, links, processes
 # layer apart, each deployed, verified and measured, and production restored and
 # verified whatever failed. The exit code says whether anything failed. Last, the
 # compatibility ledger those runs wrote.
-demo: lab  ## the experiment on the lab: production, tp2_stock, tp2_e2e, compared, production
+demo: root lab  ## the experiment on the lab: production, tp2_stock, tp2_e2e, compared, production
 	$(VENV)/bin/pyinfra -y inventory.py deploy.py --data state=production
 	$(VENV)/bin/pytest tests/verify --state production -q
 	$(PY) experiment.py campaign --no-baseline --states tp2_stock,tp2_e2e $(DEMO_WINDOWS)
 	$(PY) experiment.py matrix
 
-lint: setup  ## ruff
+lint: root setup  ## ruff
 	$(LAB_VENV)/bin/ruff check .
 
 # Every test, with a short interruption sweep (`make soak SOAK_POINTS=N` for a longer one).
 # The lab's own tests go last: they take the lab down and rebuild it, and a
 # rebuilt gateway has no venvs, which the end-to-end tests would then reinstall.
-test: setup lint  ## every test: unit, end-to-end, a short interruption sweep, the lab's own, runit
+test: root setup lint  ## every test: unit, end-to-end, a short interruption sweep, the lab's own, runit
 	$(PY) -m lab up
 	$(LAB_PY) -m pytest --durations=20 tests/unit tests/e2e
 	$(MAKE) soak
@@ -89,7 +98,7 @@ test: setup lint  ## every test: unit, end-to-end, a short interruption sweep, t
 RUNIT_CASES := \
 	tests/e2e/test_states_driver_link.py::test_production_to_tp2_e2e_and_back_each_verified \
 	tests/e2e/test_gateway_rollback.py
-test-runit: setup  ## a round trip and a rollback on lab hosts that boot runit
+test-runit: root setup  ## a round trip and a rollback on lab hosts that boot runit
 	$(PY) -m lab up --init runit
 	$(LAB_PY) -m pytest --durations=5 $(RUNIT_CASES)
 	$(PY) -m lab up --init systemd
@@ -97,7 +106,7 @@ test-runit: setup  ## a round trip and a rollback on lab hosts that boot runit
 # Kill runs of production -> tp2_e2e -> production at SOAK_POINTS points per leg;
 # every next run must converge and verify.
 SOAK_POINTS ?= 2
-soak: lab  ## the interruption sweep (SOAK_POINTS per leg)
+soak: root lab  ## the interruption sweep (SOAK_POINTS per leg)
 	$(PY) tests/soak/interrupt.py --points $(SOAK_POINTS)
 
 lock: $(LAB_VENV)/.installed  ## re-pin every requirement set, with hashes

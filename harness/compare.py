@@ -80,16 +80,21 @@ def changed(previous: str, current: str) -> str:
     return ", ".join(layers_changed(STATES[previous], STATES[current])) or "none"
 
 
+def comparison_header() -> list[str]:
+    """The comparison table's columns (the README quotes its header line)."""
+    header = ["state", "changed"]
+    for _, title, _, with_ratio in COLUMNS:
+        header += [title, "×"] if with_ratio else [title]
+    return [*header, "long prefill"]
+
+
 def comparison(reports: list[dict[str, Any]], baseline: str | None = None) -> str:
     """The Markdown table; ratios against the row above, or against ``baseline``'s row."""
     rows = [headline(report) for report in reports]
     states = [row["state"] for row in rows]
     if baseline is not None and baseline not in states:
         raise ValueError(f"no report of the baseline state {baseline!r} (have {states})")
-    header = ["state", "changed"]
-    for _, title, _, with_ratio in COLUMNS:
-        header += [title, "×"] if with_ratio else [title]
-    header.append("long prefill")
+    header = comparison_header()
     body = []
     for index, row in enumerate(rows):
         reference = rows[states.index(baseline)] if baseline else rows[index - 1] if index else {}

@@ -9,6 +9,7 @@ made, by pid and by name, and succeeds on a half-built lab.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from lab import cgroups, faults, hostfs, modules, network, ssh
+from lab import cgroups, faults, hostfs, hostinit, modules, network, ssh
 from lab.topology import (
     HOSTS,
     INIT_FILE,
@@ -39,6 +40,8 @@ REQUIRED_TOOLS = ("ip", "nsenter", "unshare", "iptables", "tc", "/usr/sbin/sshd"
                   "ssh-keygen", "/lib/systemd/systemd", "runsvdir", "sv", "modinfo", "depmod",
                   "readelf", "objcopy", "gcc", "ld", "zstd")
 LOGS = STATE / "logs"
+# How much of a host's log a boot failure quotes.
+BOOT_LOG_LINES = 8
 PROCESSES = [f"host-{host.name}" for host in HOSTS] + ["kernel"]
 
 
@@ -88,6 +91,46 @@ def spawn(name: str, command: list[str]) -> int:
     pid_file(name).parent.mkdir(parents=True, exist_ok=True)
     pid_file(name).write_text(str(process.pid))
     return process.pid
+
+
+def boot_log(host: LabHost) -> Path:
+    return LOGS / f"host-{host.name}.log"
+
+
+def last_boot(host: LabHost) -> list[str]:
+    """The lines the host's latest boot wrote to its log (the log spans every boot)."""
+    try:
+        lines = boot_log(host).read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    starts = [index for index, line in enumerate(lines) if line.startswith(hostinit.BOOTING)]
+    return lines[starts[-1]:] if starts else lines
+
+
+def boot_failure(host: LabHost, what: str) -> LabError:
+    """One message for a host that did not boot: the step, the log's end, the log's path."""
+    lines = last_boot(host)
+    failed = [line for line in lines if line.startswith(hostinit.BOOT_FAILED)]
+    step = failed[-1].removeprefix(hostinit.BOOT_FAILED).strip() if failed else what
+    tail = "\n".join(f"    {line}" for line in lines[-BOOT_LOG_LINES:]) or "    (empty)"
+    return LabError(f"{host.name} did not boot: {step}\n  the end of its log:\n{tail}\n"
+                    f"  the whole log: {boot_log(host)}\n"
+                    "  once that is mended, `python -m lab up` rebuilds the lab")
+
+
+def wait_for_boot(host: LabHost, timeout: float = 10) -> None:
+    """
+    Wait for the host's sshd; fail as soon as the host's first process has died,
+    with what its log says, rather than when the timeout runs out.
+    """
+    deadline = time.monotonic() + timeout
+    while not sshd_answers(host):
+        if read_pid(f"host-{host.name}") is None:
+            raise boot_failure(host, "its init exited")
+        if time.monotonic() > deadline:
+            raise boot_failure(host, f"sshd did not answer on {host.management_address}:22 "
+                                     f"within {timeout:g}s")
+        time.sleep(0.05)
 
 
 def sshd_answers(host: LabHost) -> bool:
@@ -160,8 +203,7 @@ def up(init: str | None = None) -> None:
     for host in HOSTS:
         boot_host(host)
     for host in HOSTS:
-        wait_for(f"sshd on {host.name} ({host.management_address}:22)",
-                 lambda host=host: sshd_answers(host), timeout=10)
+        wait_for_boot(host)
     for host in WORKSTATIONS:
         boot_workstation_driver(host)
     spawn("kernel", [str(PYTHON), "-m", "lab.kernel"])
@@ -169,7 +211,7 @@ def up(init: str | None = None) -> None:
         wait_for(f"{LINK_INTERFACE} carrier and address on {host.name}",
                  lambda host=host: carrier(host) and addressed(host), timeout=10)
     say(f"up ({init_system()}) in {time.monotonic() - started:.1f}s; "
-        f"ssh -F {ssh.CLIENT_CONFIG} wsa")
+        f"ssh -F {shlex.quote(str(ssh.CLIENT_CONFIG))} wsa")
 
 
 def boot_workstation_driver(host: LabHost) -> None:
@@ -196,8 +238,7 @@ def reboot(name: str) -> None:
     if host.workstation:
         shutil.rmtree(host.root / "sys-module" / MODULE_NAME, ignore_errors=True)
     boot_host(host)
-    wait_for(f"sshd on {host.name} ({host.management_address}:22)",
-             lambda: sshd_answers(host), timeout=10)
+    wait_for_boot(host)
     if host.workstation:
         boot_workstation_driver(host)
     say(f"{host.name} rebooted in {time.monotonic() - started:.1f}s")

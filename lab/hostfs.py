@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from lab.topology import (
     REPO,
     LabHost,
 )
+from operations.services import unit_quote
 
 SIMULATED_COMMANDS = {
     "insmod": "lab.kmod_sim insmod",
@@ -65,17 +67,24 @@ def _script(path: Path, body: str) -> None:
     path.chmod(0o755)
 
 
-def large_backend_command(host: LabHost) -> str:
+def large_backend_command(host: LabHost) -> list[str]:
     """The gateway's alternate backend: the SGLang simulator serving ``large``."""
-    return (f"{PYTHON} -m lab.sglang_sim --model-path /var/lib/models/large"
-            f" --served-model-name large --host {host.management_address}"
-            f" --port {LARGE_BACKEND_PORT} --context-length 262144 --enable-cache-report")
+    return [str(PYTHON), "-m", "lab.sglang_sim", "--model-path", "/var/lib/models/large",
+            "--served-model-name", "large", "--host", host.management_address,
+            "--port", str(LARGE_BACKEND_PORT), "--context-length", "262144",
+            "--enable-cache-report"]
 
 
 def large_backend_run_script(host: LabHost) -> str:
     """The alternate backend as a runit run script."""
-    return "\n".join(["exec >>/var/log/lab-large.log 2>&1", f"cd {REPO}",
-                      f"export PYTHONPATH={REPO}", f"exec {large_backend_command(host)}"])
+    return "\n".join(["exec >>/var/log/lab-large.log 2>&1", f"cd {shlex.quote(str(REPO))}",
+                      f"export PYTHONPATH={shlex.quote(str(REPO))}",
+                      f"exec {shlex.join(large_backend_command(host))}"])
+
+
+def unit_command(words: list[str]) -> str:
+    """A command line as an ``ExecStart=`` takes it, each word quoted by systemd's rules."""
+    return " ".join(unit_quote(word) for word in words)
 
 
 # The targets units name, which on a real host stand for the whole boot; here
@@ -109,8 +118,9 @@ def systemd_units(host: LabHost) -> dict[str, str]:
         "ssh.service": unit(
             Unit={"Description": "OpenSSH server"},
             Service={"ExecStartPre": "/bin/mkdir -p /run/sshd",
-                     "ExecStart": f"/usr/sbin/sshd -D -f {sshd_config_path(host)} "
-                                  "-E /var/log/sshd.log",
+                     "ExecStart": unit_command(["/usr/sbin/sshd", "-D", "-f",
+                                                str(sshd_config_path(host)),
+                                                "-E", "/var/log/sshd.log"]),
                      "Restart": "on-failure"}),
     }
     for target in STUB_TARGETS:
@@ -118,8 +128,9 @@ def systemd_units(host: LabHost) -> dict[str, str]:
     if not host.workstation:
         units[f"{LARGE_BACKEND_SERVICE}.service"] = unit(
             Unit={"Description": "The alternate large backend"},
-            Service={"WorkingDirectory": str(REPO), "Environment": f"PYTHONPATH={REPO}",
-                     "ExecStart": large_backend_command(host),
+            Service={"WorkingDirectory": str(REPO).replace("%", "%%"),
+                     "Environment": unit_quote(f"PYTHONPATH={REPO}"),
+                     "ExecStart": unit_command(large_backend_command(host)),
                      "StandardOutput": "append:/var/log/lab-large.log",
                      "StandardError": "inherit", "Restart": "on-failure"},
             Install={"WantedBy": "multi-user.target"})
@@ -206,7 +217,8 @@ def prepare(host: LabHost) -> None:
         (host.root / "statistics").mkdir()
         for command, module in SIMULATED_COMMANDS.items():
             _script(host.root / "sbin" / command,
-                    f'PYTHONPATH={REPO} exec {PYTHON} -m {module} "$@"')
+                    f"PYTHONPATH={shlex.quote(str(REPO))} exec {shlex.quote(str(PYTHON))} "
+                    f'-m {module} "$@"')
     else:
         service = host.root / "etc-sv" / LARGE_BACKEND_SERVICE
         _script(service / "run", large_backend_run_script(host))

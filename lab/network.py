@@ -54,6 +54,17 @@ def link_exists(name: str) -> bool:
     return run("ip", "link", "show", name, check=False).returncode == 0
 
 
+def delete_link(name: str) -> bool:
+    """
+    Delete a link; whether this call deleted it. A veth whose other end was in a
+    namespace just deleted goes away with it, asynchronously: gone is not an error.
+    """
+    deleted = run("ip", "link", "delete", name, check=False)
+    if deleted.returncode != 0 and link_exists(name):
+        raise RuntimeError(f"ip link delete {name}: {deleted.stderr.strip()}")
+    return deleted.returncode == 0
+
+
 def set_link_rate(namespace: str, gbps: float) -> None:
     """Cap the veth at the trained rate; tbf is what this kernel has (no netem)."""
     in_netns(
@@ -129,8 +140,7 @@ def destroy(hosts: Sequence[LabHost] = HOSTS) -> list[str]:
             # Deleting the namespace takes its veths, qdiscs and iptables rules along.
             run("ip", "netns", "delete", host.name)
             removed.append(f"netns {host.name}")
-        if link_exists(host.management_veth):
-            run("ip", "link", "delete", host.management_veth)
+        if link_exists(host.management_veth) and delete_link(host.management_veth):
             removed.append(f"link {host.management_veth}")
     if link_exists(BRIDGE):
         run("ip", "link", "delete", BRIDGE)

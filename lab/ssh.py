@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 from lab.topology import HOSTS, STATE, LabHost
+from operations.hosts import ssh_config_word
 
 SSH_DIR = STATE / "ssh"
 CLIENT_KEY = SSH_DIR / "id_ed25519"
@@ -40,9 +41,9 @@ def sshd_config(host: LabHost) -> str:
     return "\n".join([
         f"ListenAddress {host.management_address}",
         "Port 22",
-        f"HostKey {host_key_path(host)}",
+        f"HostKey {ssh_config_word(str(host_key_path(host)), tokens=False)}",
         "PidFile /run/sshd.pid",
-        f"AuthorizedKeysFile {AUTHORIZED_KEYS}",
+        f"AuthorizedKeysFile {ssh_config_word(str(AUTHORIZED_KEYS))}",
         "PermitRootLogin prohibit-password",
         "PasswordAuthentication no",
         "KbdInteractiveAuthentication no",
@@ -63,9 +64,9 @@ def client_config() -> str:
             f"Host {host.name}",
             f"    HostName {host.management_address}",
             "    User root",
-            f"    IdentityFile {CLIENT_KEY}",
+            f"    IdentityFile {ssh_config_word(str(CLIENT_KEY))}",
             "    IdentitiesOnly yes",
-            f"    UserKnownHostsFile {KNOWN_HOSTS}",
+            f"    UserKnownHostsFile {ssh_config_word(str(KNOWN_HOSTS))}",
             "    StrictHostKeyChecking yes",
             "    BatchMode yes",
             "    ConnectTimeout 5",

@@ -56,6 +56,21 @@ def in_group(entries: list[InventoryEntry], group: str) -> list[InventoryEntry]:
     return [entry for entry in entries if group in entry.groups]
 
 
+def ssh_config_word(value: str, tokens: bool = True) -> str:
+    """
+    One argument of an OpenSSH config line (``ssh_config``, ``sshd_config``):
+    double-quoted when it has blanks, its ``%`` doubled where the keyword
+    expands tokens. A double quote or a control character has no quoting in
+    that format, so it is refused.
+    """
+    if '"' in value or any(ord(char) < 32 or ord(char) == 127 for char in value):
+        raise ValueError(f"{value!r} cannot be written into an OpenSSH config: it holds a "
+                         "double quote or a control character")
+    if tokens:
+        value = value.replace("%", "%%")
+    return f'"{value}"' if not value or any(char.isspace() for char in value) else value
+
+
 def ssh_config(entries: list[InventoryEntry]) -> str:
     """An OpenSSH client config with one block per host, from the inventory's SSH data."""
     blocks = []
@@ -71,8 +86,10 @@ def ssh_config(entries: list[InventoryEntry]) -> str:
             f"    StrictHostKeyChecking {data.get('ssh_strict_host_key_checking') or 'yes'}",
         ]
         if data.get("ssh_key"):
-            lines += [f"    IdentityFile {data['ssh_key']}", "    IdentitiesOnly yes"]
+            lines += [f"    IdentityFile {ssh_config_word(str(data['ssh_key']))}",
+                      "    IdentitiesOnly yes"]
         if data.get("ssh_known_hosts_file"):
-            lines.append(f"    UserKnownHostsFile {data['ssh_known_hosts_file']}")
+            lines.append("    UserKnownHostsFile "
+                         + ssh_config_word(str(data["ssh_known_hosts_file"])))
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"

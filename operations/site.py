@@ -61,6 +61,18 @@ def _from_site_dir(path: Path, info: ValidationInfo) -> Path:
     return (info.context or {}).get("site_dir", Path()) / path.expanduser()
 
 
+class MissingFile(ValueError):
+    """A local file the site names is not there; the refusal names the host it is for."""
+
+
+def _existing_file(path: Path) -> Path:
+    # pyinfra would find out per host, mid-connect, with a traceback each.
+    if not path.is_file():
+        raise MissingFile(f"no such file: {path}" + ("" if not path.exists() else
+                                                    " (it is not a regular file)"))
+    return path
+
+
 def _lowercase_sha256(value: str) -> str:
     value = value.lower()
     if len(value) != 64 or any(char not in "0123456789abcdef" for char in value):
@@ -79,6 +91,8 @@ def _link_local(address: IPv4Address) -> IPv4Address:
 Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 LocalPath = Annotated[Path, AfterValidator(_from_site_dir)]
+# A file on the machine running twinbolt that a run reads: it must be there at load.
+LocalFile = Annotated[Path, AfterValidator(_from_site_dir), AfterValidator(_existing_file)]
 Sha256 = Annotated[str, AfterValidator(_lowercase_sha256)]
 LinkLocalAddress = Annotated[IPv4Address, AfterValidator(_link_local)]
 Version = Annotated[str, StringConstraints(pattern=r"^\d+(\.\d+)*$")]
@@ -121,7 +135,7 @@ class Host(_Section):
     ssh_hostname: Text
     ssh_user: Text = "root"
     ssh_port: Port = 22
-    ssh_key: LocalPath | None = None
+    ssh_key: LocalFile | None = None
     sudo: bool = False
 
     @model_validator(mode="after")
@@ -147,7 +161,7 @@ class Workstation(Host):
 class Ssh(_Section):
     """SSH settings shared by every host."""
 
-    known_hosts_file: LocalPath | None = None
+    known_hosts_file: LocalFile | None = None
     # twinbolt swaps kernel modules as root: a host key never seen before is a
     # reason to stop. pyinfra's own default would be "accept-new".
     strict_host_key_checking: Literal["yes", "accept-new"] = "yes"
@@ -173,7 +187,7 @@ class Link(_Section):
 class Candidate(_Section):
     """The pinned candidate ``thunderbolt_net`` module, built elsewhere and uploaded."""
 
-    path: LocalPath
+    path: LocalFile
     sha256: Sha256
     module_name: Text = "thunderbolt_net"
 
@@ -404,13 +418,16 @@ def load_site(path: str | os.PathLike[str]) -> Site:
     try:
         return Site.model_validate(document, context={"site_dir": path.parent.resolve()})
     except ValidationError as error:
-        lines = [f"{path}: {_describe(problem)}" for problem in error.errors()]
+        lines = [f"{path}: {_describe(problem, document)}" for problem in error.errors()]
         raise SiteError("\n".join(lines)) from None
 
 
-def _describe(problem: Any) -> str:
+def _describe(problem: Any, document: dict[str, Any]) -> str:
     location = problem["loc"]
     where = ".".join(str(part) for part in location) or "(top level)"
+    host = _host_at(location, document)
+    if host and isinstance(problem.get("ctx", {}).get("error"), MissingFile):
+        where = f"{where} (host {host})"
     if problem["type"] == "missing":
         return f"{where}: required, but missing"
     if problem["type"] == "extra_forbidden":
@@ -423,6 +440,21 @@ def _describe(problem: Any) -> str:
     if isinstance(problem["input"], (str, int, float)):
         message = f"{message} (got {problem['input']!r})"
     return f"{where}: {message}"
+
+
+def _host_at(location: tuple[Any, ...], document: dict[str, Any]) -> str | None:
+    """The name of the host a problem's key belongs to, when the file gives one."""
+    try:
+        if location[:1] == ("workstations",) and len(location) > 2:
+            entry = document["workstations"][location[1]]
+        elif location[:1] == ("gateway",) and len(location) > 1:
+            entry = document["gateway"]
+        else:
+            return None
+        name = entry["name"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return name if isinstance(name, str) else None
 
 
 def _model_at(location: tuple[Any, ...]) -> type[BaseModel]:

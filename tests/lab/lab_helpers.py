@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from lab.modules import CANDIDATE
 from lab.ssh import CLIENT_CONFIG
@@ -31,14 +32,15 @@ else:
 """
 
 
-def lab(*arguments: str) -> subprocess.CompletedProcess[str]:
-    """``python -m lab ARGUMENTS``, as an operator types it."""
-    return subprocess.run([str(PYTHON), "-m", "lab", *arguments], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+def lab(*arguments: str, checkout: Path = REPO) -> subprocess.CompletedProcess[str]:
+    """``python -m lab ARGUMENTS`` in ``checkout``, as an operator types it there."""
+    return subprocess.run([str(checkout / ".venv" / "bin" / "python"), "-m", "lab", *arguments],
+                          cwd=checkout, capture_output=True, text=True, timeout=120)
 
 
-def ssh(host: str, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(["ssh", "-F", str(CLIENT_CONFIG), host, command],
+def ssh(host: str, command: str, check: bool = True,
+        config: Path = CLIENT_CONFIG) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(["ssh", "-F", str(config), host, command],
                             capture_output=True, text=True, timeout=60)
     if check and result.returncode != 0:
         raise AssertionError(f"{host}: {command!r} failed: {result.stderr}")

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from lab_helpers import lab, ssh
 
 from lab import cgroups, network
 from lab.control import PROCESSES
-from lab.topology import HOSTS, STATE, alive, read_pid
+from lab.topology import HOSTS, REPO, STATE, alive, read_pid
+
+# What a clone holds that the copy needs: everything tracked. The venv is the
+# checkout's own (a link to it: the lab runs its interpreter from the copy's path).
+NOT_IN_A_CLONE = shutil.ignore_patterns(".git", ".venv*", ".lab", "wheelhouse", "reports",
+                                        "__pycache__", ".ruff_cache", ".pytest_cache")
 
 
 def leftovers() -> list[str]:
@@ -49,7 +59,9 @@ def test_down_leaves_nothing_then_up_rebuilds_a_stale_lab() -> None:
         os.kill(read_pid(name), signal.SIGKILL)
     for host in HOSTS:
         for pid in network.netns_pids(host.name):
-            os.kill(pid, signal.SIGKILL)
+            # A host's processes die with its PID 1: some are gone before their turn.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     assert lab("status").returncode == 3
     rebuilt = lab("up")
     assert rebuilt.returncode == 0, rebuilt.stderr
@@ -81,3 +93,55 @@ def test_reboot_empties_run_kills_the_hosts_processes_and_boots_on_the_stock_dri
 def test_reboot_of_an_unknown_host_is_refused() -> None:
     refused = lab("reboot", "wsc")
     assert refused.returncode == 2 and "invalid choice: 'wsc'" in refused.stderr
+
+
+@contextmanager
+def checkout_under_tmp() -> Iterator[Path]:
+    """
+    A copy of the checkout where a quick try lands: under /tmp, in a directory
+    whose name has a space, reached through a symlink. Yields the symlink.
+    """
+    directory = Path(tempfile.mkdtemp(prefix="twinbolt try "))
+    copy = directory / "checkout"
+    shutil.copytree(REPO, copy, symlinks=True, ignore=NOT_IN_A_CLONE)
+    (copy / ".venv").symlink_to(REPO / ".venv")
+    link = Path(tempfile.mkdtemp(prefix="twinbolt-link-")) / "twinbolt"
+    link.symlink_to(copy)
+    try:
+        yield link
+    finally:
+        lab("down", checkout=link)
+        shutil.rmtree(link.parent)
+        shutil.rmtree(directory)
+        assert lab("up").returncode == 0
+
+
+def test_the_lab_boots_from_a_checkout_under_tmp_and_says_why_a_host_did_not() -> None:
+    assert lab("down").returncode == 0
+    with checkout_under_tmp() as checkout:
+        state = checkout.resolve() / ".lab"
+        up = lab("up", checkout=checkout)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert lab("status", checkout=checkout).returncode == 0
+        config = state / "ssh" / "config"
+        # The gateway's backend is a unit that runs the copy's interpreter from its path.
+        assert ssh("gw", "systemctl is-active lab-large", config=config).stdout.strip() == "active"
+        assert ssh("wsa", "cat /sys/module/thunderbolt_net/parameters/e2e",
+                   config=config).stdout.strip() == "Y"
+
+        # A host whose boot cannot mount its own /var/log: one message, at once.
+        shutil.rmtree(state / "hosts" / "wsb" / "var-log")
+        failed = lab("reboot", "wsb", checkout=checkout)
+        assert failed.returncode == 1
+        source = state / "hosts" / "wsb" / "var-log"
+        first, *rest = failed.stderr.splitlines()
+        assert first == (f'lab: wsb did not boot: step "mount --bind \'{source}\' /var/log" '
+                         f"failed: mount: /var/log: special device {source} does not exist.")
+        assert "  the end of its log:" in rest
+        assert "    lab host booting: wsb (systemd)" in rest
+        assert f"  the whole log: {state / 'logs' / 'host-wsb.log'}" in rest
+        # Failed when its init died, not when the wait for sshd ran out.
+        assert "did not answer" not in failed.stderr
+        rebuilt = lab("up", checkout=checkout)
+        assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+        assert ssh("wsb", "test -d /var/log", config=config).returncode == 0

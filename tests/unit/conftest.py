@@ -17,9 +17,14 @@ MINIMAL_SITE = (Path(__file__).parent / "minimal_site.toml").read_text()
 
 @pytest.fixture
 def write_site(tmp_path: Path) -> Callable[[str], Path]:
-    """Write a site file into the test's directory and return its path."""
+    """
+    Write a site file into the test's directory and return its path, beside the
+    candidate module the minimal site names (whose sha256 it declares).
+    """
 
     def write(text: str = MINIMAL_SITE) -> Path:
+        (tmp_path / "modules").mkdir(exist_ok=True)
+        (tmp_path / "modules" / "thunderbolt_net.ko").write_text("test")
         path = tmp_path / "site.toml"
         path.write_text(text)
         return path

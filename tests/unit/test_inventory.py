@@ -187,3 +187,15 @@ def test_a_missing_site_file_names_it_and_the_variable(run_pyinfra, tmp_path):
     assert result.returncode != 0
     assert f"site file {tmp_path / 'nope.toml'} does not exist" in result.stderr
     assert "TWINBOLT_SITE" in result.stderr
+
+
+def test_a_first_dry_run_with_a_missing_key_is_one_line_per_host(run_pyinfra, write_site, tmp_path):
+    """pyinfra itself would print a gevent traceback per host ('No such private key file')."""
+    site = write_site(MINIMAL_SITE.replace('ssh_port = 1\n', 'ssh_port = 1\nssh_key = "id_nope"\n'))
+    result = run_pyinfra("-y", "--dry", "inventory.py", "deploy.py", "--data", "state=production",
+                         TWINBOLT_SITE=str(site))
+    assert result.returncode != 0
+    for where, name in (("workstations.0", "ws0"), ("workstations.1", "ws1"), ("gateway", "gw0")):
+        assert (f"{site}: {where}.ssh_key (host {name}): no such file: {tmp_path / 'id_nope'}"
+                in result.stderr)
+    assert "Traceback" not in result.stderr + result.stdout

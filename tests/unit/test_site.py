@@ -58,10 +58,29 @@ def test_a_ledger_path_is_relative_to_the_site_file(write_site, tmp_path):
         tmp_path / "records" / "ledger.jsonl")
 
 
-def test_example_site_loads():
-    site = load_site(REPO / "examples" / "site.toml")
-    assert [host.name for host in site.workstations] == ["ws0", "ws1"]
-    assert site.gateway.name == "gw"
+def test_example_site_loads_once_the_files_it_names_exist(tmp_path, monkeypatch):
+    """
+    The example copied as the README says: until the key and the candidate it
+    names exist, it is refused, a line per file with its host; then it loads.
+    """
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    site = tmp_path / "twinbolt-site.toml"
+    site.write_text((REPO / "examples" / "site.toml").read_text())
+    key = tmp_path / "home" / ".ssh" / "id_ed25519"
+    module = tmp_path / "modules" / "thunderbolt_net.ko"
+    assert problems(site) == [
+        *(f"{where} (host {name}): no such file: {key} (got '~/.ssh/id_ed25519')"
+          for where, name in (("workstations.0.ssh_key", "ws0"), ("workstations.1.ssh_key", "ws1"),
+                              ("gateway.ssh_key", "gw"))),
+        f"candidate.path: no such file: {module} (got 'modules/thunderbolt_net.ko')",
+    ]
+    key.parent.mkdir(parents=True)
+    key.write_text("a key\n")
+    module.parent.mkdir()
+    module.write_bytes(b"\x7fELF")
+    loaded = load_site(site)
+    assert [host.name for host in loaded.workstations] == ["ws0", "ws1"]
+    assert loaded.gateway.name == "gw"
 
 
 def test_relative_local_paths_are_relative_to_the_site_file(write_site, tmp_path):
@@ -236,3 +255,29 @@ def test_pyinfra_runs_a_sudo_hosts_operations_and_facts_under_sudo(write_site, s
         assert host.get_fact(Command, command="echo fact") == "fact"
     assert sudo_calls.read_text().splitlines() == ["-H -n sh -c echo operation",
                                                     "-H -n sh -c echo fact"]
+
+
+def test_a_missing_local_file_is_refused_at_load_with_its_key_host_and_path(write_site, tmp_path):
+    site = write_site(edited('name = "ws1"\n', 'name = "ws1"\nssh_key = "keys/ws1"\n')
+                      + '\n[ssh]\nknown_hosts_file = "known_hosts"\n')
+    (tmp_path / "modules" / "thunderbolt_net.ko").unlink()
+    assert problems(site) == [
+        f"workstations.1.ssh_key (host ws1): no such file: {tmp_path / 'keys' / 'ws1'} "
+        "(got 'keys/ws1')",
+        f"ssh.known_hosts_file: no such file: {tmp_path / 'known_hosts'} (got 'known_hosts')",
+        f"candidate.path: no such file: {tmp_path / 'modules' / 'thunderbolt_net.ko'} "
+        "(got 'modules/thunderbolt_net.ko')",
+    ]
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "ws1").write_text("a key\n")
+    (tmp_path / "known_hosts").mkdir()
+    (tmp_path / "modules" / "thunderbolt_net.ko").write_text("test")
+    assert problems(site) == [
+        f"ssh.known_hosts_file: no such file: {tmp_path / 'known_hosts'} (it is not a regular "
+        "file) (got 'known_hosts')"]
+
+
+def test_a_gateway_key_names_the_gateway(write_site):
+    site = write_site(edited('name = "gw0"\n', 'name = "gw0"\nssh_key = "/nonexistent/key"\n'))
+    assert problems(site) == [
+        "gateway.ssh_key (host gw0): no such file: /nonexistent/key (got '/nonexistent/key')"]
