@@ -151,11 +151,15 @@ def generate_events(seq: Sequence, num_draft_tokens: int | None,
     decode step, then a last event with the finished request's ``meta_info``.
     Closing the stream early aborts the request.
     """
-    rid, text = uuid.uuid4().hex, ""
+    rid, text, delivered = uuid.uuid4().hex, "", 0
     try:
         for words in seq.stream():
             text = " ".join([text, *words]) if text else " ".join(words)
-            yield {"text": text, "meta_info": generate_meta(seq, rid, num_draft_tokens, False)}
+            delivered += len(words)
+            # The tokens this event delivers, not the scheduler's count, a step ahead.
+            meta = {**generate_meta(seq, rid, num_draft_tokens, False),
+                    "completion_tokens": delivered}
+            yield {"text": text, "meta_info": meta}
     except GeneratorExit:
         seq.abort()
         raise
