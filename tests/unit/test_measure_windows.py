@@ -81,7 +81,8 @@ def test_a_window_under_40_decode_batches_leaves_the_snapshot_unchanged(tmp_path
         # the 40th batch folds them in.
         for index in range(40):
             httpx.post(f"{url}/generate", json={"text": f"history {index}",
-                                                "sampling_params": {"max_new_tokens": 1}})
+                                                "sampling_params": {"max_new_tokens": 1}}
+                       ).raise_for_status()
         deadline = time.monotonic() + 5
         while average() is None and time.monotonic() < deadline:
             time.sleep(0.05)
