@@ -1,13 +1,21 @@
 """
-The measurement client: streamed chat completions, timed on the client.
+The measurement client: streamed requests, timed on the client.
 
 Throughput has exactly one definition in twinbolt (:data:`THROUGHPUT`), so no
 figure in a report or a comparison mixes two. Tokens are the completion tokens
-the server reports in the stream's final ``usage``, never counted chunks: with
+the server reports for the finished request, never counted chunks: with
 speculative decoding one chunk carries every token a verify step accepted, so
-chunks per second would measure steps, not tokens. A stream without usage is a
-failed sample, not a guess. Chunks are still counted, because tokens per chunk
-is the request's own speculative accept length, a cross-check of the server's.
+chunks per second would measure steps, not tokens. A stream that never reports
+them is a failed sample, not a guess.
+
+The windows stream SGLang's native ``/generate`` (:func:`stream_generate`):
+its last event's ``meta_info`` carries the request's own ``spec_verify_ct``,
+so a window's accept length is its requests' completion tokens over their
+verify steps, which ``/v1/chat/completions`` does not report (SGLang 0.5.9's
+OpenAI-compatible usage has token counts only). :func:`stream_chat` is the
+OpenAI-compatible stream, as a user's client sends it. Chunks are still
+counted: tokens per chunk is a cross-check of the accept length (an upper
+bound: a slow reader may receive two steps in one chunk).
 
 The client must not be the bottleneck: one ``httpx.AsyncClient`` per window,
 lines parsed as they arrive, one ``json.loads`` per event (``bench/`` measures
@@ -18,13 +26,14 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 THROUGHPUT = (
-    "output tok/s = completion tokens reported in the stream's usage / seconds from "
+    "output tok/s = completion tokens the server reports for the finished request / seconds from "
     "sending the request to receiving its last token; a window's aggregate tok/s = its "
     "requests' completion tokens / seconds from the first request sent to the last token "
     "received"
@@ -49,7 +58,11 @@ class Sample:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    # The request's verify steps (``meta_info.spec_verify_ct``); None where not reported.
+    verify_steps: int | None = None
     error: str | None = None
+    # Tokens seen so far in a /generate stream's meta_info (new tokens make a chunk).
+    _streamed_tokens: int = field(default=0, init=False, repr=False)
 
     @property
     def ttft(self) -> float | None:
@@ -88,6 +101,7 @@ class Sample:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
+            "verify_steps": self.verify_steps,
             "output_tok_s": self.output_rate,
             "tokens_per_chunk": self.tokens_per_chunk,
             "error": self.error,
@@ -131,43 +145,91 @@ async def stream_chat(client: httpx.AsyncClient, url: str, model: str, prompt: s
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    return await _stream(client, f"{url}/v1/chat/completions", body, sample, _chat_event,
+                         "the stream carried no usage (is stream_options.include_usage "
+                         "honoured?)")
+
+
+async def stream_generate(client: httpx.AsyncClient, url: str, prompt: str,
+                          sample: Sample) -> Sample:
+    """
+    Stream one ``/generate`` of exactly ``sample.max_tokens`` tokens into ``sample``.
+
+    The same request as :func:`stream_chat`'s, in SGLang's native form: every
+    event carries the ``meta_info`` so far, the last one the finished request's
+    (its token counts and, with speculation, ``spec_verify_ct``).
+    """
+    body = {
+        "text": prompt,
+        "sampling_params": {"max_new_tokens": sample.max_tokens, "temperature": 0,
+                            "ignore_eos": True},
+        "stream": True,
+    }
+    return await _stream(client, f"{url}/generate", body, sample, _generate_event,
+                         "the stream never reported the finished request's meta_info")
+
+
+async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], sample: Sample,
+                  event: Callable[[Sample, dict[str, Any]], None], unfinished: str) -> Sample:
+    """POST ``body`` and feed each server-sent event to ``event`` until ``[DONE]``."""
     sample.sent_at = time.perf_counter()
     try:
-        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        async with client.stream("POST", url, json=body) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
                 sample.error = f"HTTP {response.status_code}: {text[:300]}"
                 return sample
             async for line in response.aiter_lines():
-                if line.startswith("data: ") and not _event(sample, line[6:]):
+                if not line.startswith("data: "):
+                    continue
+                if line[6:] == "[DONE]":
                     break
+                data = json.loads(line[6:])
+                if "error" in data:
+                    sample.error = f"error in the stream: {json.dumps(data['error'])[:300]}"
+                    break
+                event(sample, data)
     except httpx.HTTPError as error:
         sample.error = f"{type(error).__name__}: {error or 'no detail'}"
         return sample
     if sample.error is None and sample.completion_tokens is None:
-        sample.error = "the stream carried no usage (is stream_options.include_usage honoured?)"
+        sample.error = unfinished
     return sample
 
 
-def _event(sample: Sample, data: str) -> bool:
-    """Record one server-sent event; false when the stream is over."""
-    if data == "[DONE]":
-        return False
-    event = json.loads(data)
-    if "error" in event:
-        sample.error = f"error in the stream: {json.dumps(event['error'])[:300]}"
-        return False
+def _generated(sample: Sample) -> None:
+    """An event carried generated tokens: one more chunk, and the token times."""
+    now = time.perf_counter()
+    if sample.first_token_at is None:
+        sample.first_token_at = now
+    sample.last_token_at = now
+    sample.chunks += 1
+
+
+def _chat_event(sample: Sample, event: dict[str, Any]) -> None:
     for choice in event.get("choices") or ():
         if (choice.get("delta") or {}).get("content"):
-            now = time.perf_counter()
-            if sample.first_token_at is None:
-                sample.first_token_at = now
-            sample.last_token_at = now
-            sample.chunks += 1
+            _generated(sample)
     usage = event.get("usage")
     if usage:
         sample.prompt_tokens = usage.get("prompt_tokens")
         sample.completion_tokens = usage.get("completion_tokens")
         # SGLang leaves the details out when nothing was cached.
         sample.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return True
+
+
+def _generate_event(sample: Sample, event: dict[str, Any]) -> None:
+    """
+    New tokens are told by ``completion_tokens`` growing, which holds whether
+    ``text`` is the whole text so far (SGLang's default) or only the new piece
+    (``--stream-output``).
+    """
+    meta = event.get("meta_info") or {}
+    if (meta.get("completion_tokens") or 0) > sample._streamed_tokens:
+        sample._streamed_tokens = meta["completion_tokens"]
+        _generated(sample)
+    if meta.get("finish_reason") is not None:
+        sample.prompt_tokens = meta.get("prompt_tokens")
+        sample.completion_tokens = meta.get("completion_tokens")
+        sample.cached_tokens = meta.get("cached_tokens", 0)
+        sample.verify_steps = meta.get("spec_verify_ct")

@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.report import headline, number, table
+from harness import server_stats
+from harness.report import accept_length_cell, headline, number, table
 from operations.states import STATES, layers_changed
 
 # (headline key, column title, digits, whether a ratio column follows)
@@ -101,14 +102,18 @@ def comparison(reports: list[dict[str, Any]], baseline: str | None = None) -> st
         cells = [row["state"], changed(states[index - 1], row["state"]) if index else "—"]
         for key, _, digits, with_ratio in COLUMNS:
             value = row[key]
-            cells.append(figure(value, digits))
+            cells.append(accept_length_cell(value, row["accept_length_cumulative"])
+                         if key == "accept_length" else figure(value, digits))
             if with_ratio:
                 cells.append(ratio(value, reference.get(key), digits))
         cells.append(f"{row['long_prefill'] or '—'} ({number(row['long_ttft_s'], 2)} s TTFT)"
                      if row["long_prefill"] else "—")
         body.append(cells)
     against = f"the {baseline} row" if baseline else "the row above"
-    return "\n".join([*table(header, body), "", f"× : ratio to {against}.", "",
+    notes = [f"× : ratio to {against}."]
+    if lagging := [row for row in rows if row["accept_length_cumulative"]]:
+        notes.append(server_stats.caveat(max(row["decode_log_interval"] for row in lagging)))
+    return "\n".join([*table(header, body), "", "\n\n".join(notes), "",
                       *side_by_side(reports)]) + "\n"
 
 

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from harness import server_stats
 from harness.client import THROUGHPUT
 from harness.counters import INTERFACE_COUNTERS, RETRANSMISSIONS, combined
 from harness.topology import Endpoint, Topology
@@ -96,6 +97,9 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         "roofline_single_tok_s": ((report.get("roofline") or {}).get("bound") or {}).get("tok_s"),
         "single_ttft_s": summary.get("single", {}).get("ttft_seconds"),
         "accept_length": windows.get("single", {}).get("server", {}).get("accept_length"),
+        "accept_length_cumulative": "single" in windows and cumulative(windows["single"]),
+        "decode_log_interval": server_stats.decode_log_interval(
+            report.get("config", {}).get("server_info") or {}),
         "aggregate_tok_s": summary.get("concurrent", {}).get("aggregate_output_tok_s"),
         "per_request_tok_s": summary.get("concurrent", {}).get("per_request_output_tok_s",
                                                                  {}).get("mean"),
@@ -112,6 +116,23 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         "long_prefill": summary.get("long", {}).get("prefill"),
         "long_ttft_s": summary.get("long", {}).get("ttft_seconds"),
     }
+
+
+def cumulative(window: dict[str, Any]) -> bool:
+    """
+    Whether the window's accept length is the cumulative snapshots' (which may
+    lag), not its requests'. Reports from before the requests' figure have
+    only the snapshots'.
+    """
+    server = window["server"]
+    return (server["accept_length"] is not None
+            and server.get("accept_length_source", server_stats.CUMULATIVE)
+            == server_stats.CUMULATIVE)
+
+
+def accept_length_cell(value: float | None, is_cumulative: bool) -> str:
+    """An accept length, marked ``*`` when cumulative (see :func:`server_stats.caveat`)."""
+    return number(value, 2) + (" *" if is_cumulative else "")
 
 
 def number(value: float | int | None, digits: int = 1) -> str:
@@ -150,7 +171,7 @@ def window_row(window: dict[str, Any]) -> list[str]:
     moved = totals["bytes_moved"]
     return [
         name, str(len(window["samples"])), rate, aggregate, ttft,
-        number(window["server"]["accept_length"], 2), tokens,
+        accept_length_cell(window["server"]["accept_length"], cumulative(window)), tokens,
         number(totals["receiver_errors"]),
         f"{number(totals.get('socket_retransmissions'))} "
         f"(max {number(totals.get('max_socket_retransmissions'))})",
@@ -182,7 +203,12 @@ def markdown(report: dict[str, Any]) -> str:
          "host-wide retrans", "MiB on link", "seconds"],
         [window_row(window) for window in report["windows"]],
     )
-    lines += ["", RETRANSMISSIONS_NOTE, *roofline_lines(report.get("roofline"))]
+    lines += ["", RETRANSMISSIONS_NOTE]
+    if any(cumulative(window) for window in report["windows"]):
+        interval = server_stats.decode_log_interval(
+            report.get("config", {}).get("server_info") or {})
+        lines += ["", server_stats.caveat(interval)]
+    lines += roofline_lines(report.get("roofline"))
     errors = [error for window in report["windows"] for error in window["errors"]]
     if errors:
         lines += ["", "Failed requests:", "", *(f"- {error}" for error in errors)]

@@ -1,19 +1,27 @@
 """
 What the SGLang servers say about a window: tokens generated and the
-speculative accept length, from ``/metrics`` and ``/server_info``.
+speculative accept length.
 
-``internal_states[0].avg_spec_accept_length`` is cumulative since the server
-started: tokens generated / verify steps run. A window's own accept length is
-therefore derived from two snapshots. Each snapshot gives the tokens generated
-so far, ``G`` (``sglang:generation_tokens_total``), and the average ``A``; the
-verify steps so far are ``S = G / A``; the window's accept length is
-``(G1 - G0) / (S1 - S0)``. Reading ``A`` alone after the window would mix in
-everything the server did before it (acceptance probes, earlier windows).
-``spec_verify_ct`` would give the same per request, but only on ``/generate``;
-the client's tokens per chunk is the streamed equivalent, kept as a cross-check.
+A window's accept length is taken first from its own requests: SGLang's
+``/generate`` reports each finished request's ``completion_tokens`` and
+``spec_verify_ct`` (its ``meta_info.spec_accept_length`` is their ratio), so
+the window's figure is the sum of one over the sum of the other
+(:func:`requests_accept_length`): every verify step of every request, counted
+once, as the server's own accept length counts them.
+
+Only where the requests do not report their verify steps does it fall back to
+``/server_info``: ``internal_states[0].avg_spec_accept_length`` is cumulative
+since the server started, so the window's figure is derived from two snapshots.
+Each gives the tokens generated so far, ``G`` (``sglang:generation_tokens_total``
+of ``/metrics``), and the average ``A``; the verify steps so far are
+``S = G / A``; the window's accept length is ``(G1 - G0) / (S1 - S0)``. SGLang
+folds its steps into ``A`` only every ``decode_log_interval`` decode batches
+(40 by default; ``scheduler_metrics_mixin.log_decode_stats``), so ``A`` may lag
+``G`` by that many batches: a window shorter than that may see no change at all,
+and the report says the figure is cumulative and may lag (:func:`caveat`).
 
 Both snapshots are taken while the window's own requests are not running, so
-``G`` and ``A`` describe the same instant.
+``G`` and ``A`` describe the same instant, up to that lag.
 """
 
 from __future__ import annotations
@@ -25,10 +33,16 @@ from typing import Any
 
 import httpx
 
+from harness.client import Sample
+
 GENERATION_TOKENS = "sglang:generation_tokens_total"
 # Server args that hold credentials; their values never reach a report.
 SECRET = re.compile(r"(^|_)(key|secret|password|token)$", re.IGNORECASE)
 REDACTED = "(redacted)"
+# SGLang's default --decode-log-interval, for a /server_info that does not report it.
+DECODE_LOG_INTERVAL = 40
+REQUESTS = "requests"
+CUMULATIVE = "cumulative"
 
 
 @dataclass(frozen=True)
@@ -109,3 +123,50 @@ def window_generated(before: list[ServerSnapshot],
         return None
     return sum(last.generation_tokens - first.generation_tokens
                for first, last in zip(before, after, strict=True))
+
+
+def requests_accept_length(samples: list[Sample]) -> float | None:
+    """
+    Completion tokens over verify steps of the window's finished requests;
+    ``None`` when none finished or one of them reports no verify steps (no
+    speculative decoding, or an API that does not report them).
+    """
+    finished = [sample for sample in samples if sample.error is None]
+    if not finished or any(sample.verify_steps is None for sample in finished):
+        return None
+    steps = sum(sample.verify_steps for sample in finished)
+    return sum(sample.completion_tokens for sample in finished) / steps if steps else None
+
+
+def window_accept(samples: list[Sample], before: list[ServerSnapshot],
+                  after: list[ServerSnapshot]) -> dict[str, Any]:
+    """
+    The window's accept length and where it came from: its requests
+    (``source`` ``"requests"``), else the cumulative snapshots (``"cumulative"``,
+    which may lag); both figures are kept, so a report shows the lag.
+    """
+    from_requests = requests_accept_length(samples)
+    cumulative = window_accept_length(before, after)
+    if from_requests is not None:
+        chosen, source = from_requests, REQUESTS
+    elif cumulative is not None:
+        chosen, source = cumulative, CUMULATIVE
+    else:
+        chosen = source = None
+    return {"accept_length": chosen, "accept_length_source": source,
+            "requests_accept_length": from_requests, "cumulative_accept_length": cumulative}
+
+
+def decode_log_interval(info: dict[str, Any]) -> int:
+    """How many decode batches ``avg_spec_accept_length`` may lag, from ``/server_info``."""
+    value = info.get("decode_log_interval")
+    return value if isinstance(value, int) and value > 0 else DECODE_LOG_INTERVAL
+
+
+def caveat(interval: int) -> str:
+    """What a reader must know of an accept length taken from the cumulative snapshots."""
+    return (f"Accept lengths marked * are cumulative: the window's requests did not report "
+            "their verify steps (/generate's meta_info.spec_verify_ct), so they are derived "
+            "from /server_info's avg_spec_accept_length before and after the window, which "
+            f"SGLang updates only every {interval} decode batches (--decode-log-interval): "
+            f"they may lag by up to {interval} decode batches.")

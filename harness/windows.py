@@ -36,13 +36,14 @@ import httpx
 from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt
 
 from harness import counters, server_stats
-from harness.client import Sample, rate, session, stream_chat
+from harness.client import Sample, rate, session, stream_generate
 from harness.progress import reporting, say
 from harness.topology import Endpoint
 
 WINDOWS = ("single", "concurrent", "prefix", "long")
-# A chat template wraps the message in a few tokens of its own; the longest
-# input leaves room for them so that the server does not refuse it.
+# The longest input leaves room for the few tokens a chat template (or a
+# tokenizer that counts the prompt differently) adds, so that the server does
+# not refuse it.
 CHAT_TEMPLATE_ALLOWANCE = 256
 PROMPT_TEXT = "describe the cable between the two workstations"
 
@@ -97,9 +98,12 @@ class Measurement:
         return bool(self.server_info.get("enable_cache_report"))
 
     async def stream(self, samples: list[tuple[Sample, str]]) -> list[Sample]:
-        """Stream every (sample, prompt) at once."""
+        """
+        Stream every (sample, prompt) at once, through ``/generate``: the one
+        API whose answers carry each request's verify steps.
+        """
         return list(await asyncio.gather(
-            *(stream_chat(self.client, self.endpoint.url, self.endpoint.model, text, sample)
+            *(stream_generate(self.client, self.endpoint.url, text, sample)
               for sample, text in samples)))
 
     async def context_length(self) -> int | None:
@@ -296,7 +300,7 @@ async def run_window(measurement: Measurement, name: str) -> dict[str, Any]:
             "totals": counters.window_totals(deltas),
         },
         "server": {
-            "accept_length": server_stats.window_accept_length(servers_before, servers_after),
+            **server_stats.window_accept(samples, servers_before, servers_after),
             "generated_tokens": server_stats.window_generated(servers_before, servers_after),
             "before": [_server_counters(snap) for snap in servers_before],
             "after": [_server_counters(snap) for snap in servers_after],

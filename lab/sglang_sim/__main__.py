@@ -121,7 +121,7 @@ def start(args: argparse.Namespace, knobs: Knobs, shape: ModelShape, ifname: str
         serve(dummy_health_app(), args.host, args.port)
         shutdown.spawn(boot_rank1, args, knobs, ifname, gpu)
         return
-    stats = Stats()
+    stats = Stats(args.decode_log_interval)
     speculation = None
     if args.speculative_algorithm:
         speculation = Speculation(args.speculative_num_steps,

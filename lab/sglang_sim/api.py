@@ -13,7 +13,6 @@ from lab.sglang_sim.args import context_length
 from lab.sglang_sim.engine import Scheduler, Sequence
 from lab.sglang_sim.httpd import (
     App,
-    BadRequest,
     Request,
     Response,
     Route,
@@ -30,6 +29,7 @@ from lab.sglang_sim.openai_api import (
     chat_prompt,
     check_context,
     generate_body,
+    generate_events,
     requested_tokens,
     text_prompt,
 )
@@ -99,8 +99,10 @@ class Leader:
     def server_info(self, request: Request) -> Response:
         """Every server arg under SGLang's name, the version, and the scheduler's state."""
         state = {}
-        if self._args.speculative_algorithm:
-            state["avg_spec_accept_length"] = self._stats.avg_accept_length()
+        # Absent until the first decode log interval has been folded in, as in SGLang.
+        if self._args.speculative_algorithm and (
+                accept_length := self._stats.avg_accept_length()) is not None:
+            state["avg_spec_accept_length"] = accept_length
         if self._args.nnodes > 1:
             state["allreduce_bytes"] = self._stats.allreduce_bytes
         return json_response({**vars(self._args), "version": self._knobs.version,
@@ -135,14 +137,19 @@ class Leader:
             body.get("max_tokens"))))
 
     def generate(self, request: Request) -> Response:
-        """SGLang's native endpoint: ``text`` (or ``input_ids``) and ``sampling_params``."""
+        """
+        SGLang's native endpoint: ``text`` (or ``input_ids``) and
+        ``sampling_params``, answered whole or, with ``stream``, as events.
+        """
         body = request.json()
-        if body.get("stream"):
-            raise BadRequest("The simulator's /generate does not stream; use /v1/completions.")
         prompt = text_prompt(body.get("text", body.get("input_ids")), "text")
         sampling = body.get("sampling_params") or {}
         seq = self._submit(prompt, requested_tokens(sampling.get("max_new_tokens")))
-        return json_response(generate_body(seq, bool(self._args.speculative_algorithm)))
+        drafts = (self._args.speculative_num_draft_tokens if self._args.speculative_algorithm
+                  else None)
+        if body.get("stream"):
+            return sse_response(generate_events(seq, drafts))
+        return json_response(generate_body(seq, drafts))
 
     def _submit(self, prompt: str, requested: int | None) -> Sequence:
         """Tokenize, check the window, and queue the request for the scheduler."""

@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--api-key")
     add("--trust-remote-code", action="store_true")
     add("--log-level", default="info")
+    # How many decode batches between the decode log lines, which is also how
+    # often avg_spec_accept_length in /server_info is brought up to date.
+    add("--decode-log-interval", type=int, default=40)
     return parser
 
 

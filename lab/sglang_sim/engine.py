@@ -32,7 +32,6 @@ logger = logging.getLogger(__name__)
 
 # An idle rank 0 still exchanges with rank 1, as SGLang's ranks keep talking.
 HEARTBEAT_SECONDS = 1.0
-DECODE_LOG_INTERVAL = 40
 VOCABULARY = (
     "the", "link", "rank", "token", "model", "cable", "frame", "credit", "lane", "route",
     "answer", "draft", "verify", "prefix", "cache", "batch", "state", "layer", "proof", "run",
@@ -71,6 +70,8 @@ class Sequence:
     cached_tokens: int = 0
     completion_tokens: int = 0
     verify_ct: int = 0
+    # Verify steps by the drafts they accepted: SGLang's spec_accept_histogram.
+    accept_histogram: list[int] = field(default_factory=list)
     created: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -91,6 +92,9 @@ class Sequence:
         words = [self.rng.choice(VOCABULARY) for _ in range(count)]
         self.completion_tokens += count
         self.verify_ct += 1
+        drafts = count - 1
+        self.accept_histogram.extend([0] * (drafts + 1 - len(self.accept_histogram)))
+        self.accept_histogram[drafts] += 1
         self.first_token_at = self.first_token_at or time.monotonic()
         self._outputs.put(words)
 
@@ -113,28 +117,29 @@ class Sequence:
 
 
 class DecodeLog:
-    """SGLang's periodic decode line: throughput and accept length of the last 40 steps."""
+    """
+    SGLang's periodic decode line, every ``decode_log_interval`` batches: the
+    interval's throughput and accept length. The same moment folds the accept
+    length into ``/server_info`` (:meth:`Stats.end_decode_batch`).
+    """
 
-    def __init__(self) -> None:
-        self._reset()
-
-    def _reset(self) -> None:
-        self._started, self._steps, self._request_steps, self._tokens = 0.0, 0, 0, 0
+    def __init__(self, stats: Stats) -> None:
+        self._stats = stats
+        self._started: float | None = None
+        self._tokens = 0
 
     def step(self, started: float, running: int, tokens: int) -> None:
-        """Count one step; an interval starts with its first step, not at the idle wait before."""
-        if not self._steps:
+        """Count one batch; an interval starts with its first batch, not at the idle wait before."""
+        if self._started is None:
             self._started = started
-        self._steps += 1
-        self._request_steps += running
         self._tokens += tokens
-        if self._steps < DECODE_LOG_INTERVAL:
+        accept_length = self._stats.end_decode_batch()
+        if accept_length is None:
             return
-        now = time.monotonic()
         logger.info("Decode batch. #running-req: %d, accept len: %.2f, "
-                    "gen throughput (token/s): %.2f", running,
-                    self._tokens / self._request_steps, self._tokens / (now - self._started))
-        self._reset()
+                    "gen throughput (token/s): %.2f", running, accept_length,
+                    self._tokens / (time.monotonic() - self._started))
+        self._started, self._tokens = None, 0
 
 
 class Scheduler:
@@ -149,7 +154,7 @@ class Scheduler:
         self._speculation = speculation
         self._waiting: queue.SimpleQueue[Sequence] = queue.SimpleQueue()
         self._cache = PrefixCache()
-        self._decode_log = DecodeLog()
+        self._decode_log = DecodeLog(stats)
 
     def submit(self, sequence: Sequence) -> None:
         self._waiting.put(sequence)

@@ -134,20 +134,71 @@ CHAT = Endpoint("chat.completion", "chat.completion.chunk", "chatcmpl-", chat=Tr
 TEXT = Endpoint("text_completion", "text_completion", "cmpl-", chat=False)
 
 
-def generate_body(seq: Sequence, speculative: bool) -> dict:
-    """The native ``/generate`` answer, with SGLang's ``meta_info``."""
+def generate_body(seq: Sequence, num_draft_tokens: int | None) -> dict:
+    """
+    The native ``/generate`` answer, with SGLang's ``meta_info``;
+    ``num_draft_tokens`` is ``--speculative-num-draft-tokens``, ``None`` without speculation.
+    """
     words = [word for step in seq.stream() for word in step]
+    return {"text": " ".join(words), "meta_info": generate_meta(seq, uuid.uuid4().hex,
+                                                                num_draft_tokens, True)}
+
+
+def generate_events(seq: Sequence, num_draft_tokens: int | None,
+                    ) -> Generator[dict, None, None]:
+    """
+    ``/generate`` streamed: the text so far and the ``meta_info`` after each
+    decode step, then a last event with the finished request's ``meta_info``.
+    Closing the stream early aborts the request.
+    """
+    rid, text, delivered = uuid.uuid4().hex, "", 0
+    try:
+        for words in seq.stream():
+            text = " ".join([text, *words]) if text else " ".join(words)
+            delivered += len(words)
+            # The tokens this event delivers, not the scheduler's count, a step ahead.
+            meta = {**generate_meta(seq, rid, num_draft_tokens, False),
+                    "completion_tokens": delivered}
+            yield {"text": text, "meta_info": meta}
+    except GeneratorExit:
+        seq.abort()
+        raise
+    yield {"text": text, "meta_info": generate_meta(seq, rid, num_draft_tokens, True)}
+
+
+def generate_meta(seq: Sequence, rid: str, num_draft_tokens: int | None,
+                  finished: bool) -> dict:
+    """
+    ``meta_info`` as SGLang 0.5.9's tokenizer manager builds it: the token
+    counts always; once finished, the latency and, with speculation, the
+    request's own verify steps and what they accepted
+    (``_calculate_spec_decoding_metrics``). These are per request and never lag,
+    unlike ``/server_info``'s ``avg_spec_accept_length``.
+    """
     meta = {
-        "id": uuid.uuid4().hex,
-        "finish_reason": {"type": "length", "length": seq.completion_tokens},
+        "id": rid,
+        "finish_reason": ({"type": "length", "length": seq.completion_tokens} if finished
+                          else None),
         "prompt_tokens": seq.prompt_tokens,
         "completion_tokens": seq.completion_tokens,
         "cached_tokens": seq.cached_tokens,
-        "e2e_latency": seq.e2e_latency(),
     }
-    if speculative:
-        meta["spec_verify_ct"] = seq.verify_ct
-        meta["spec_accept_length"] = (
-            seq.completion_tokens / seq.verify_ct if seq.verify_ct else 0.0
-        )
-    return {"text": " ".join(words), "meta_info": meta}
+    if not finished:
+        return meta
+    meta["e2e_latency"] = seq.e2e_latency()
+    if num_draft_tokens is None or not seq.verify_ct:
+        return meta
+    # Each verify step yields one token of the target's own beside the drafts it accepted.
+    guessed = seq.verify_ct * (num_draft_tokens - 1)
+    accepted = seq.completion_tokens - seq.verify_ct
+    if guessed > 0:
+        meta.update({
+            "spec_accept_rate": accepted / guessed,
+            "spec_accept_length": seq.completion_tokens / seq.verify_ct,
+            "spec_accept_token_num": accepted,
+            "spec_draft_token_num": guessed,
+            "spec_verify_ct": seq.verify_ct,
+        })
+    if any(seq.accept_histogram):
+        meta["spec_accept_histogram"] = list(seq.accept_histogram)
+    return meta

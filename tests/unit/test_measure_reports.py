@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness import campaign, caveats, compare, counters, remote, report, server_stats
+from harness.client import Sample
 from harness.counters import LinkCounters, LinkSnapshot
 from harness.server_stats import ServerSnapshot
 from harness.topology import Endpoint, Topology
@@ -142,6 +143,64 @@ def test_window_accept_length_from_two_cumulative_snapshots():
     assert server_stats.window_generated(before, after) == 380
     assert server_stats.window_accept_length([ServerSnapshot("s", 10.0)],
                                              [ServerSnapshot("s", 20.0)]) is None
+
+
+def finished(tokens: int | None, verify_steps: int | None, error: str | None = None) -> Sample:
+    """A window's request as the client leaves it."""
+    sample = Sample("s", tokens or 1)
+    sample.completion_tokens, sample.verify_steps, sample.error = tokens, verify_steps, error
+    return sample
+
+
+def test_a_windows_accept_length_is_its_requests_tokens_over_their_verify_steps():
+    # 64 tokens in 17 steps and 32 in 8: (64 + 32) / (17 + 8), every step counted
+    # once, not the mean of 64 / 17 and 32 / 8; a failed request counts nothing.
+    samples = [finished(64, 17), finished(32, 8), finished(None, None, "HTTP 500: no")]
+    assert server_stats.requests_accept_length(samples) == pytest.approx(96 / 25)
+    # One finished request that reports no verify steps: no figure from the requests.
+    assert server_stats.requests_accept_length([finished(64, 17), finished(64, None)]) is None
+    assert server_stats.requests_accept_length([finished(None, None, "refused")]) is None
+    assert server_stats.requests_accept_length([]) is None
+
+
+def test_the_requests_figure_is_preferred_and_the_lagging_snapshots_are_the_fallback():
+    # Nothing folded into avg_spec_accept_length during the window: the snapshots
+    # see the old 2.0 while the window's requests ran at 380 / 100 = 3.8.
+    before = [ServerSnapshot("s", 1000.0, 2.0)]
+    after = [ServerSnapshot("s", 1380.0, 2.0)]
+    accept = server_stats.window_accept([finished(380, 100)], before, after)
+    assert accept == {"accept_length": pytest.approx(3.8), "accept_length_source": "requests",
+                      "requests_accept_length": pytest.approx(3.8),
+                      "cumulative_accept_length": pytest.approx(2.0)}
+    fallback = server_stats.window_accept([finished(380, None)], before, after)
+    assert (fallback["accept_length"], fallback["accept_length_source"]) == (
+        pytest.approx(2.0), "cumulative")
+    plain = server_stats.window_accept([finished(380, None)], [ServerSnapshot("s", 1000.0)],
+                                       [ServerSnapshot("s", 1380.0)])
+    assert (plain["accept_length"], plain["accept_length_source"]) == (None, None)
+
+
+def test_a_cumulative_accept_length_is_marked_and_said_to_lag_by_the_servers_interval():
+    built = measurement("tp2_e2e", 77.1, 300.0, 0, 1, 3.8)
+    built["windows"][0]["server"]["accept_length_source"] = "cumulative"
+    built["config"]["server_info"]["decode_log_interval"] = 25
+    text = report.markdown(built)
+    assert "| 3.80 * |" in text
+    assert "cumulative" in text and "may lag by up to 25 decode batches" in text
+    # A report from before the requests' figure had only the snapshots': the same caveat,
+    # with SGLang's default interval when /server_info does not give one.
+    del built["windows"][0]["server"]["accept_length_source"]
+    del built["config"]["server_info"]["decode_log_interval"]
+    assert "may lag by up to 40 decode batches" in report.markdown(built)
+    table = compare.comparison([built])
+    assert "| 3.80 * |" in table and "may lag by up to 40 decode batches" in table
+
+
+def test_an_accept_length_from_the_requests_needs_no_caveat():
+    built = measurement("tp2_e2e", 77.1, 300.0, 0, 1, 3.8)
+    built["windows"][0]["server"]["accept_length_source"] = "requests"
+    text = report.markdown(built) + compare.comparison([built])
+    assert "| 3.80 |" in text and "3.80 *" not in text and "may lag" not in text
 
 
 def test_metrics_are_summed_over_label_sets_and_secrets_are_redacted():

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
 from simulator import NEXTN, simulator
 
 from harness import report, windows
-from harness.client import Sample, stream_chat
+from harness.client import Sample, stream_chat, stream_generate
 from harness.topology import Endpoint
 from harness.windows import WindowSettings
 
@@ -54,15 +55,47 @@ def test_single_measures_ttft_total_and_tok_s_from_the_servers_usage(nextn):
     assert sample["chunks"] < 64
 
 
-def test_window_accept_length_is_derived_from_cumulative_counters(nextn):
+def test_window_accept_length_is_its_requests_own(nextn):
     run(nextn, "single")  # history before the window: the window must not include it
     single = run(nextn, "single")["single"]
-    server, summary = single["server"], single["summary"]
+    server, summary, (sample,) = single["server"], single["summary"], single["samples"]
     assert server["generated_tokens"] == 64
-    # The server's window value agrees with the request's own tokens per verify step,
-    # which the cumulative average (history included) need not.
+    assert server["accept_length_source"] == "requests"
+    assert server["accept_length"] == 64 / sample["verify_steps"]
+    # The simulator streams one event per verify step: tokens per chunk agrees.
     assert server["accept_length"] == pytest.approx(summary["tokens_per_chunk"])
     assert 1 < server["accept_length"] <= 4
+
+
+def test_a_window_under_40_decode_batches_leaves_the_snapshot_unchanged(tmp_path):
+    """
+    SGLang folds the accept length into /server_info every 40 decode batches: a
+    window shorter than that sees the history's average, not its own.
+    """
+    with simulator(tmp_path, *NEXTN) as url:
+        def average() -> float | None:
+            state = httpx.get(f"{url}/server_info").json()["internal_states"][0]
+            return state.get("avg_spec_accept_length")
+
+        # History: 40 one-token requests, one decode batch each at one token per step;
+        # the 40th batch folds them in.
+        for index in range(40):
+            httpx.post(f"{url}/generate", json={"text": f"history {index}",
+                                                "sampling_params": {"max_new_tokens": 1}}
+                       ).raise_for_status()
+        deadline = time.monotonic() + 5
+        while average() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert average() == 1.0
+        single = run(url, "single")["single"]
+    server, (sample,) = single["server"], single["samples"]
+    assert sample["verify_steps"] < 40
+    assert [snap["avg_spec_accept_length"] for snap in (*server["before"], *server["after"])
+            ] == [1.0, 1.0]
+    assert server["cumulative_accept_length"] == pytest.approx(1.0)
+    assert server["requests_accept_length"] == 64 / sample["verify_steps"] > 3
+    assert (server["accept_length"], server["accept_length_source"]) == (
+        server["requests_accept_length"], "requests")
 
 
 def test_without_speculation_there_is_no_accept_length(plain):
@@ -176,3 +209,41 @@ def test_usage_and_cached_tokens_come_from_the_final_event():
 def test_an_error_event_in_the_stream_fails_the_sample():
     sample = stream(streamed(chunk("a"), {"error": {"message": "scheduler died"}}))
     assert "scheduler died" in sample.error
+
+
+def generated(text: str, tokens: int, **finished: object) -> dict:
+    """A /generate event: the text and meta_info so far; ``finished`` ends the request."""
+    meta = {"prompt_tokens": 9, "completion_tokens": tokens, "cached_tokens": 8,
+            "finish_reason": None, **finished}
+    return {"text": text, "meta_info": meta}
+
+
+def stream_native(transport: httpx.MockTransport) -> Sample:
+    async def go() -> Sample:
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await stream_generate(client, "http://server", "hi", Sample("t", 5))
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("texts", [("a", "a b c", "a b c d e", "a b c d e"),
+                                   ("a", " b c", " d e", "")], ids=["whole", "stream-output"])
+def test_generate_tokens_and_verify_steps_come_from_the_finished_meta_info(texts):
+    # Whether each event carries the whole text (SGLang's default) or only its
+    # piece (--stream-output), a chunk is an event whose completion tokens grew.
+    end = {"type": "length", "length": 5}
+    sample = stream_native(streamed(
+        generated(texts[0], 1), generated(texts[1], 3), generated(texts[2], 5),
+        generated(texts[3], 5, finish_reason=end, spec_verify_ct=3, spec_accept_length=5 / 3),
+        "[DONE]"))
+    assert sample.error is None
+    assert (sample.prompt_tokens, sample.completion_tokens, sample.cached_tokens) == (9, 5, 8)
+    assert (sample.chunks, sample.verify_steps) == (3, 3)
+
+
+def test_a_generate_stream_that_never_finishes_is_failed():
+    sample = stream_native(streamed(generated("a", 1), generated("a b", 2), "[DONE]"))
+    assert sample.chunks == 2 and sample.completion_tokens is None
+    assert "never reported the finished request" in sample.error
+    plain = stream_native(streamed(generated("a b", 2, finish_reason={"type": "length"}),
+                                   "[DONE]"))
+    assert plain.error is None and plain.verify_steps is None

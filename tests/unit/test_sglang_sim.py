@@ -312,6 +312,57 @@ def test_nextn_accepts_about_four_tokens_per_step(launch):
     assert 3.3 <= state["avg_spec_accept_length"] <= 4.0
 
 
+def generate(sim: Sim, text: str, tokens: int, **fields) -> httpx.Response:
+    return sim.post("/generate", {"text": text, "sampling_params": {"max_new_tokens": tokens},
+                                  **fields})
+
+
+def test_avg_spec_accept_length_is_folded_in_every_decode_log_interval_batches(launch):
+    sim = launch(*NEXTN, "--decode-log-interval", "3").wait_ready()
+    assert sim.get("/server_info").json()["decode_log_interval"] == 3
+
+    def state() -> dict:
+        return sim.get("/server_info").json()["internal_states"][0]
+
+    # One-token requests, one decode batch each, one token per verify step.
+    for index in range(2):
+        generate(sim, f"batch {index}", 1)
+    # Two batches: nothing folded in yet, and SGLang leaves the key out until then.
+    assert "avg_spec_accept_length" not in state()
+    generate(sim, "batch 2", 1)
+    wait_for(lambda: state().get("avg_spec_accept_length") == 1.0, 5, "the third batch's fold")
+    wait_for(lambda: sim.log().count("accept len: 1.00") == 1, 5, "the fold's decode log line")
+    # A longer request: its own meta_info is right at once; the average holds only
+    # the batches up to the last fold, three of them at one token per step.
+    meta = generate(sim, "a longer one", 64).json()["meta_info"]
+    assert meta["spec_accept_length"] == 64 / meta["spec_verify_ct"] > 2
+    folds = (3 + meta["spec_verify_ct"]) // 3
+    wait_for(lambda: sim.log().count("Decode batch.") == folds, 5, f"{folds} decode log lines")
+    assert 1.0 < state()["avg_spec_accept_length"] < meta["spec_accept_length"]
+
+
+def test_generate_streams_its_meta_info_and_the_verify_steps_once_finished(launch):
+    sim = launch(*NEXTN).wait_ready()
+    events = stream_events(generate(sim, "stream it", 32, stream=True))
+    metas = [event["meta_info"] for event in events]
+    assert all(meta["finish_reason"] is None and "spec_verify_ct" not in meta
+               for meta in metas[:-1])
+    last = metas[-1]
+    assert last["finish_reason"] == {"type": "length", "length": 32}
+    assert last["completion_tokens"] == 32 and len(events[-1]["text"].split()) == 32
+    # A verify step is an event whose completion tokens grew.
+    counts = [0] + [meta["completion_tokens"] for meta in metas]
+    steps = sum(1 for earlier, later in zip(counts, counts[1:], strict=False) if later > earlier)
+    assert last["spec_verify_ct"] == steps < 32
+    assert last["spec_accept_length"] == 32 / steps
+    # NEXTN 3/1/4 guesses 3 drafts per step; each step adds the target's own token.
+    assert (last["spec_accept_token_num"], last["spec_draft_token_num"]) == (32 - steps, 3 * steps)
+    assert last["spec_accept_rate"] == (32 - steps) / (3 * steps)
+    histogram = last["spec_accept_histogram"]
+    assert sum(histogram) == steps
+    assert sum(drafts * count for drafts, count in enumerate(histogram)) == 32 - steps
+
+
 def test_metrics_use_sglang_names(launch):
     sim = launch("--enable-metrics").wait_ready()
     chat(sim, "hello", 3)
