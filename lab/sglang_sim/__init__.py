@@ -46,8 +46,9 @@ long rank 0's ``/health`` waits for the scheduler's output.
 
 Processes and sockets (:mod:`lab.sglang_sim.group`): in TP2 each rank's server
 process starts a scheduler process, which holds the group's sockets as a real
-one does: torch's store (rank 0 hosts it and is its client too), NCCL's
-bootstrap ring, its proxy connection and its data connections.
+one does: torch's store (rank 0 hosts it and is its client too), Gloo's pair
+(``GLOO_SOCKET_IFNAME``), NCCL's bootstrap ring, its proxy connection and its
+data connections.
 
 Files: ``$LAB_SGLANG_GPU_DIR/<pid>`` holds the MiB of GPU memory the process
 uses while its model is loaded (read by the lab's nvidia-smi); removed on SIGTERM.

@@ -20,6 +20,10 @@ socket of the group:
 - **NCCL's data**: per channel, the receiver listens and sends the sender its
   address over the bootstrap ring; the sender connects. Two ranks on one NIC
   make two channels, each with a connection each way.
+- **Gloo's pair** (the TP group's CPU group, which SGLang broadcasts over):
+  one connection between the two ranks, from the address of
+  ``GLOO_SOCKET_IFNAME``'s interface, else the address the host's name
+  resolves to (127.0.1.1 on Debian and Ubuntu, which cannot reach the peer).
 
 NCCL's sockets take the address of the interface NCCL would choose
 (:func:`lab.sglang_sim.link.nccl_endpoint`); the store's follow the routing
@@ -34,6 +38,7 @@ ZeroMQ ``ipc://`` sockets, which ``ss -t`` does not show either).
 import ctypes
 import logging
 import multiprocessing
+import os
 import signal
 import socket
 import threading
@@ -47,6 +52,7 @@ from lab.sglang_sim.link import (
     accept,
     address_of,
     connect,
+    interface_address,
     listener,
     nccl_endpoint,
 )
@@ -56,6 +62,7 @@ logger = logging.getLogger(__name__)
 WORLD_SIZE = 2
 NCCL_CHANNELS = 2
 NCCL_ID_KEY = "nccl_unique_id"
+GLOO_KEY = "gloo/tp/0"
 # prctl(2): a signal for this process when the thread that made it exits.
 PR_SET_PDEATHSIG = 1
 
@@ -94,7 +101,7 @@ class StoreServer:
                              daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
-        with sock.makefile("rw", buffering=1) as stream:
+        with sock.makefile("rw") as stream:
             for line in stream:
                 command, _, rest = line.rstrip("\n").partition(" ")
                 if command == "set":
@@ -107,6 +114,7 @@ class StoreServer:
                         self._changed.wait_for(lambda key=rest: key in self._values)
                         value = self._values[rest]
                     stream.write(value + "\n")
+                    stream.flush()
 
 
 class StoreClient:
@@ -114,13 +122,15 @@ class StoreClient:
 
     def __init__(self, host: str, port: int) -> None:
         self._sock = connect((host, port), None, f"the store at {host}:{port}")
-        self._stream = self._sock.makefile("rw", buffering=1)
+        self._stream = self._sock.makefile("rw")
 
     def set(self, key: str, value: str) -> None:
         self._stream.write(f"set {key} {value}\n")
+        self._stream.flush()
 
     def get(self, key: str) -> str:
         self._stream.write(f"get {key}\n")
+        self._stream.flush()
         value = self._stream.readline()
         if not value:
             raise PeerLost("the store closed its connection")
@@ -205,6 +215,22 @@ class Proxy:
             self._held.append(sock)
 
 
+def gloo_address() -> str:
+    """Gloo's address: ``GLOO_SOCKET_IFNAME``'s interface's, else the host name's."""
+    name = os.environ.get("GLOO_SOCKET_IFNAME")
+    return interface_address(name) if name else socket.gethostbyname(socket.gethostname())
+
+
+def gloo_pair(rank: int, store: StoreClient) -> socket.socket:
+    """The two ranks' Gloo connection: rank 0 listens and publishes its address in the store."""
+    address = gloo_address()
+    if rank == 0:
+        with listener(address) as listening:
+            store.set(GLOO_KEY, name_of(listening))
+            return accept(listening, "rank 1's Gloo pair")[0]
+    return connect(address_of(store.get(GLOO_KEY)), None, "rank 0's Gloo pair", source=address)
+
+
 def die_with_parent() -> None:
     """SGLang's ``kill_itself_when_parent_died``: a scheduler never outlives its server."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -223,6 +249,7 @@ def scheduler_main(rank: int, host: str, port: int, ifname: str | None,
         # This frame holds them for the process's life: their sockets close when they go.
         server = StoreServer(port) if rank == 0 else None  # noqa: F841
         store = StoreClient(host, port)
+        gloo = gloo_pair(rank, store)  # noqa: F841
         group = NcclGroup(rank, store, ifname)
         link = group.data_link()
     except (OSError, ValueError) as error:

@@ -92,8 +92,9 @@ def launch(lab_dirs):
     base_env.update({
         "PYTHONPATH": str(REPO),
         "LAB_SGLANG_LOAD_SECONDS": "0.2",
-        # NCCL's own pick would be this machine's LAN port.
+        # NCCL's own pick would be this machine's LAN port, Gloo's its name's address.
         "NCCL_SOCKET_IFNAME": "lo",
+        "GLOO_SOCKET_IFNAME": "lo",
         "LAB_SGLANG_GPU_DIR": str(lab_dirs["gpu"]),
         "LAB_FAULTS_DIR": str(lab_dirs["faults"]),
     })
@@ -392,7 +393,7 @@ def kinds_of_connections(reading: dict, sim: Sim, dist_port: int) -> dict[str, i
     holders = {endpoint(connection["local"]): connection["pids"]
                for connection in reading["connections"]}
     children = {pid for pid, parent in reading["parents"].items() if parent == sim.proc.pid}
-    kinds = {"store": 0, "nccl proxy": 0, "nccl bootstrap and data": 0, "http": 0}
+    kinds = {"store": 0, "nccl proxy": 0, "to the peer": 0, "http": 0}
     for connection in held:
         (_, port), (_, peer_port) = endpoint(connection["local"]), endpoint(connection["peer"])
         if port == sim.port:
@@ -406,7 +407,7 @@ def kinds_of_connections(reading: dict, sim: Sim, dist_port: int) -> dict[str, i
         elif holders.get(endpoint(connection["peer"])) == connection["pids"]:
             kinds["nccl proxy"] += 1
         else:
-            kinds["nccl bootstrap and data"] += 1
+            kinds["to the peer"] += 1
     return kinds
 
 
@@ -414,7 +415,8 @@ def test_tp2_ranks_hold_a_real_groups_sockets_in_their_scheduler_processes(launc
     """
     Rank 0's scheduler hosts the store and is its client (both ends), rank 1's
     joins it; each has its NCCL proxy connection (both ends), the bootstrap
-    ring and two channels each way; the server's process holds only HTTP.
+    ring, two channels each way and Gloo's pair; the server's process holds
+    only HTTP.
     """
     dist_port = free_port()
     dist = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{dist_port}"]
@@ -422,10 +424,11 @@ def test_tp2_ranks_hold_a_real_groups_sockets_in_their_scheduler_processes(launc
     rank0 = launch(*dist, "--node-rank", "0").wait_ready()
     with socket.create_connection(("127.0.0.1", rank0.port)):
         reading = connections_now()
+        # To the peer: NCCL's bootstrap ring (2), its two channels each way (4), Gloo's pair.
         assert kinds_of_connections(reading, rank0, dist_port) == {
-            "store": 3, "nccl proxy": 2, "nccl bootstrap and data": 6, "http": 1}
+            "store": 3, "nccl proxy": 2, "to the peer": 7, "http": 1}
         assert kinds_of_connections(reading, rank1, dist_port) == {
-            "store": 1, "nccl proxy": 2, "nccl bootstrap and data": 6, "http": 0}
+            "store": 1, "nccl proxy": 2, "to the peer": 7, "http": 0}
     store_self = [c for c in connections_of(reading, rank0.proc.pid)
                   if endpoint(c["local"])[1] == dist_port and
                   any(endpoint(o["local"]) == endpoint(c["peer"]) and o["pids"] == c["pids"]
@@ -441,6 +444,17 @@ def test_tp2_ranks_hold_a_real_groups_sockets_in_their_scheduler_processes(launc
     wait_for(lambda: not Path(f"/proc/{scheduler}").exists(), 5, "rank 0's scheduler to exit")
     assert rank1.wait_exit() == 1
     assert "connection closed by peer rank" in rank1.log()
+
+
+def test_nccl_over_ipv6_stops_both_ranks_naming_the_variable(launch):
+    dist = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}"]
+    rank1 = launch(*dist, "--node-rank", "1")
+    rank0 = launch(*dist, "--node-rank", "0", env={"NCCL_SOCKET_FAMILY": "AF_INET6"})
+    assert rank0.wait_exit(20) == 1
+    assert "NCCL_SOCKET_FAMILY='AF_INET6'" in rank0.log()
+    # Its store gone, rank 1 cannot form the group either.
+    assert rank1.wait_exit(20) == 1
+    assert "fired up" not in rank0.log()
 
 
 def test_rank1s_dummy_health_stays_green_while_rank0_hangs(launch, lab_dirs):
