@@ -26,8 +26,11 @@ socket of the group:
   resolves to (127.0.1.1 on Debian and Ubuntu, which cannot reach the peer).
 
 NCCL's sockets take the address of the interface NCCL would choose
-(:func:`lab.sglang_sim.link.nccl_endpoint`); the store's follow the routing
-table to ``--dist-init-addr``. The simulator sends its all-reduces on
+(:func:`lab.sglang_sim.link.nccl_endpoint`): its listeners are bound to that
+address, and its connections to the peer also to the interface itself (a
+connection to the rank's own address is not: the kernel delivers it on
+loopback). The store's connections follow the routing table to
+``--dist-init-addr``. The simulator sends its all-reduces on
 channel 0 only; channel 1's connections are open and idle.
 
 The server's process asks the scheduler process for a forward pass's
@@ -73,6 +76,19 @@ def name_of(sock: socket.socket) -> str:
     return f"{host}:{port}"
 
 
+def every_address(port: int) -> socket.socket:
+    """
+    A listener on every address, as torch's libuv ``TCPStore`` server binds:
+    IPv6 and IPv4 at once (``::``, not v6-only) where the host has IPv6, else IPv4.
+    """
+    try:
+        sock = socket.create_server(("::", port), family=socket.AF_INET6, backlog=16,
+                                    reuse_port=False, dualstack_ipv6=True)
+    except (OSError, ValueError):
+        return listener("", port)
+    return sock
+
+
 class StoreServer:
     """Rank 0's ``TCPStore``: ``set KEY VALUE`` and ``get KEY`` (which waits) per line."""
 
@@ -80,17 +96,7 @@ class StoreServer:
         self._values: dict[str, str] = {}
         self._changed = threading.Condition()
         self._connections: list[socket.socket] = []
-        # torch's libuv server listens on every address, IPv6 and IPv4 when it can.
-        try:
-            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("::", port))
-        except OSError:
-            sock.close()
-            sock = listener("", port)
-        sock.listen(16)
-        self._listener = sock
+        self._listener = every_address(port)
         threading.Thread(target=self._accept, name="store", daemon=True).start()
 
     def _accept(self) -> None:
@@ -160,13 +166,12 @@ class NcclGroup:
     def __init__(self, rank: int, store: StoreClient, ifname: str | None) -> None:
         chosen, address = nccl_endpoint(ifname)
         if rank == 0:
-            root = listener(address, ifname=chosen)
+            root = listener(address)
             store.set(NCCL_ID_KEY, name_of(root))
             threading.Thread(target=bootstrap_root, args=(root,), name="bootstrap-root",
                              daemon=True).start()
-        ring_listener, reply_listener = listener(address, ifname=chosen), listener(
-            address, ifname=chosen)
-        with connect(address_of(store.get(NCCL_ID_KEY)), chosen, "NCCL's bootstrap root",
+        ring_listener, reply_listener = listener(address), listener(address)
+        with connect(address_of(store.get(NCCL_ID_KEY)), None, "NCCL's bootstrap root",
                      source=address) as sock:
             sock.sendall(f"{rank} {name_of(ring_listener)} {name_of(reply_listener)}\n".encode())
         reply, _ = accept(reply_listener, "NCCL's bootstrap root to answer")
@@ -176,14 +181,14 @@ class NcclGroup:
         self.ring = PeerLink(connect(address_of(next_ring), chosen, "the next rank's bootstrap",
                                      source=address),
                              accept(ring_listener, "the previous rank's bootstrap")[0])
-        self._proxy = Proxy(address, chosen)
+        self._proxy = Proxy(address)
         self._send, self._receive = self._connect_channels(address, chosen)
         logger.info("NCCL INFO Connected all rings: %d channels, %d connections to the peer",
                     NCCL_CHANNELS, 2 * NCCL_CHANNELS)
 
     def _connect_channels(self, address: str, ifname: str) -> tuple[list, list]:
         """Each channel's receiver listens and hands its address over the bootstrap ring."""
-        listeners = [listener(address, ifname=ifname) for _ in range(NCCL_CHANNELS)]
+        listeners = [listener(address) for _ in range(NCCL_CHANNELS)]
         for each in listeners:
             self.ring.send_text(ENDPOINT, name_of(each))
         peers = [self.ring.receive_text(ENDPOINT) for _ in range(NCCL_CHANNELS)]
@@ -202,12 +207,12 @@ class NcclGroup:
 class Proxy:
     """NCCL's proxy thread, and the rank's own connection to it."""
 
-    def __init__(self, address: str, ifname: str) -> None:
-        listening = listener(address, ifname=ifname)
+    def __init__(self, address: str) -> None:
+        listening = listener(address)
         self._held: list[socket.socket] = []
         threading.Thread(target=self._serve, args=(listening,), name="nccl-proxy",
                          daemon=True).start()
-        self._client = connect(listening.getsockname(), ifname, "NCCL's proxy", source=address)
+        self._client = connect(listening.getsockname(), None, "NCCL's proxy", source=address)
 
     def _serve(self, listening: socket.socket) -> None:
         while True:

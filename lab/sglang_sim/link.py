@@ -105,14 +105,9 @@ def nccl_endpoint(ifname: str | None) -> tuple[str, str]:
     return chosen, address
 
 
-def listener(address: str, port: int = 0, ifname: str | None = None,
-             backlog: int = 16) -> socket.socket:
-    """A listening TCP socket at ``address:port`` (any port for 0)."""
-    sock = tcp_socket(ifname)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((address, port))
-    sock.listen(backlog)
-    return sock
+def listener(address: str, port: int = 0) -> socket.socket:
+    """A listening TCP socket at ``address:port`` (any port for 0), as NCCL binds its own."""
+    return socket.create_server((address, port), backlog=16)
 
 
 def accept(listening: socket.socket, what: str) -> tuple[socket.socket, tuple]:
