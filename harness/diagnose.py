@@ -290,11 +290,11 @@ def sockets_rung(topology: Topology, state: State, first: dict[str, remote.Readi
     for entry, before, after in readable(rung, topology, first, second):
         data = entry.data
         process = before.values[f"process {TP_RANKS[data['rank']]}"]
-        held = (transport.connections_of(after.values["connections"], process["pid"])
-                if process["pid"] else [])
+        reading = after.values["connections"]
+        held = transport.connections_of(reading, process["pid"]) if process["pid"] else []
         for problem in transport.connection_problems(
-                held, data["thunderbolt_address"], data["peer_thunderbolt_address"],
-                data["serving_port"], data["link_interface"]):
+                held, reading["addresses"], data["thunderbolt_address"],
+                data["peer_thunderbolt_address"], data["serving_port"], data["link_interface"]):
             rung.saw(f"{entry.name}: {problem}", FAIL)
         deltas = socket_deltas(before.values["sockets"], after.values["sockets"])
         rung.saw(f"{entry.name}: {len(held)} connection(s) of the rank; {deltas['count']} "

@@ -18,7 +18,12 @@ FAULTS: dict[str, str] = {
     "peer_no_e2e": "each workstation's peer advertises prtcstns without bit 0 (TBNET_E2E)",
     "link_10g": "the link retrains at 10 Gb/s",
     "draft_init_crash": "a TP rank exits while the draft model initializes",
-    "rank_hang": "rank 0's /health answers but generation never completes",
+    "rank_hang": "rank 0's scheduler stops: no generation completes, and its /health (SGLang "
+                 "0.5.9's, a one-token generation) answers 503 after 20 s; rank 1's dummy "
+                 "/health stays 200",
+    "rank_hang_green_health": "rank 0's scheduler stops while its /health answers 200, as "
+                              "SGLang releases before sgl-project/sglang#8444 (merged "
+                              "2025-07-28) answer it, without generating",
     "fallback_down": "the gateway's alternate (large) backend is stopped",
     "sig_enforce": "the workstations' kernels refuse unsigned modules (Secure Boot)",
     "udev_autoload": "udev loads the stock module again about 100 ms after each rmmod",

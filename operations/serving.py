@@ -488,11 +488,11 @@ def transport_check(sglang: Sglang, service: Service, tokens: int) -> Check:
             time.sleep(probes.POLL_SECONDS / 5)
         process = host.get_fact(ServiceProcess, service=service.name,
                                 init_system=sglang.init_system)
-        connections = (transport.connections_of(host.get_fact(transport.Connections),
-                                                process["pid"]) if process["pid"] else [])
-        found = (transport.connection_problems(connections, sglang.link_address,
-                                               sglang.peer_link_address, sglang.port,
-                                               sglang.interface)
+        reading = host.get_fact(transport.Connections)
+        connections = transport.connections_of(reading, process["pid"]) if process["pid"] else []
+        found = (transport.connection_problems(connections, reading["addresses"],
+                                               sglang.link_address, sglang.peer_link_address,
+                                               sglang.port, sglang.interface)
                  + transport.volume_problems(moved, shape, tokens, sglang.interface))
         if not found:
             logger.info(f"    [{host.name}] "

@@ -10,8 +10,12 @@ network plugin can fall back to sockets silently), and ``thunderbolt0``,
 created at hotplug, is rarely first. A TP group on the management network
 passes every other check. So a TP state is accepted only when
 
-- every connection of rank 0's process tree, other than its HTTP clients' and
-  loopback, runs between the two Thunderbolt addresses, and at least one does;
+- every connection of the rank's process tree to another host runs to the
+  peer's Thunderbolt address, and at least one runs between the two
+  Thunderbolt addresses; its HTTP clients aside, and the group talking to
+  itself (both ends this host's own addresses: torch's store, which rank 0
+  hosts at ``--dist-init-addr`` and joins as a client too, and each rank's
+  socket to its own NCCL proxy thread);
 - during a completion of N tokens, ``thunderbolt0`` carries at least what N
   tokens' all-reduces must.
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from ipaddress import ip_address
 from typing import Any
 
@@ -143,26 +148,34 @@ def weight_bytes(lines: list[str]) -> int | None:
 
 class Connections(EmptyMeansSomething):
     """
-    The host's established TCP connections with the processes holding them, and
-    the process tree (``ss -tnp`` and ``ps``): enough to find every connection of
-    a service, whichever of its processes (SGLang's TP workers) holds it.
+    The host's established TCP connections with the processes holding them, the
+    process tree, and the host's own addresses (``ps``, ``ss -tnp`` and ``ip -o
+    addr``): enough to find every connection of a service, whichever of its
+    processes holds it (SGLang's scheduler, a child of the server's process,
+    holds NCCL's and the store's sockets), and to tell the host talking to
+    itself from a connection to another host. The addresses are read, not
+    taken from the inventory: a connection between this host's LAN address and
+    its link address is the host's own, whatever the site file says.
 
     .. code:: python
 
         {"parents": {4242: 1, 4250: 4242},
          "connections": [{"local": "169.254.77.1:5757", "peer": "169.254.77.2:40112",
-                          "pids": [4250]}]}
+                          "pids": [4250]}],
+         "addresses": ["127.0.0.1", "::1", "10.66.0.11", "169.254.77.1"]}
     """
 
     def requires_command(self) -> str:
         return "ss"
 
     def command(self) -> str:
-        return "ps -e -o pid=,ppid= && echo @@ && ss -tnpH state established"
+        return ("ps -e -o pid=,ppid= && echo @@ && ss -tnpH state established && echo @@ && "
+                "ip -o addr show")
 
     def process(self, output: list[str]) -> dict[str, Any]:
         parents: dict[int, int] = {}
         connections: list[dict[str, Any]] = []
+        addresses: list[str] = []
         lines = iter(output)
         for line in lines:
             if line == "@@":
@@ -170,12 +183,19 @@ class Connections(EmptyMeansSomething):
             pid, ppid = line.split()
             parents[int(pid)] = int(ppid)
         for line in lines:
+            if line == "@@":
+                break
             # Recv-Q Send-Q Local Peer Process
             fields = line.split()
             if len(fields) >= 4:
                 connections.append({"local": fields[2], "peer": fields[3],
                                     "pids": sorted(map(int, re.findall(r"pid=(\d+)", line)))})
-        return {"parents": parents, "connections": connections}
+        for line in lines:
+            # 2: eth0    inet 10.66.0.11/24 brd 10.66.0.255 scope global eth0\ ...
+            fields = line.split()
+            if len(fields) >= 4 and fields[2] in ("inet", "inet6"):
+                addresses.append(fields[3].partition("/")[0])
+        return {"parents": parents, "connections": connections, "addresses": addresses}
 
 
 def endpoint(text: str) -> tuple[str, int]:
@@ -197,18 +217,39 @@ def connections_of(reading: dict[str, Any], pid: int) -> list[dict[str, Any]]:
             if tree.intersection(connection["pids"])]
 
 
-def connection_problems(connections: list[dict[str, Any]], address: str, peer_address: str,
-                        http_port: int, interface: str) -> list[str]:
-    """What is wrong with a TP rank's connections: any off the link, or none on it."""
+def own_address(address: str, addresses: Collection[str]) -> bool:
+    """
+    Whether ``address`` is this host's: one of its interfaces' addresses, or
+    loopback (the kernel answers all of 127.0.0.0/8 locally, though ``ip addr``
+    lists only 127.0.0.1).
+    """
+    return address in addresses or ip_address(address).is_loopback
+
+
+def connection_problems(connections: list[dict[str, Any]], addresses: Collection[str],
+                        address: str, peer_address: str, http_port: int,
+                        interface: str) -> list[str]:
+    """
+    What is wrong with a TP rank's connections: any to another host that does
+    not run to the peer's link address (off the link), or none between the two
+    link addresses. ``addresses`` are this host's own (:class:`Connections`):
+    a connection with both ends among them is the group talking to itself
+    (the store's self-connection on rank 0, NCCL's proxy sockets), on whichever
+    interface, and proves nothing either way. A connection from this host's
+    link address counts only when it reaches the peer's: the link is a cable
+    to one peer, and anything else from that address left by another route.
+    """
     group, off_link = [], []
     for connection in connections:
         (local, port), (peer, peer_port) = (endpoint(connection["local"]),
                                             endpoint(connection["peer"]))
-        if port == http_port or ip_address(local).is_loopback:
-            continue  # its HTTP clients, and its own processes talking among themselves
+        if port == http_port:
+            continue  # its HTTP clients
+        if own_address(local, addresses) and own_address(peer, addresses):
+            continue  # the group's own processes and threads, talking among themselves
         if (local, peer) == (address, peer_address):
             group.append(connection)
-        else:
+        elif peer != peer_address:
             off_link.append(f"{local}:{port} -> {peer}:{peer_port}")
     found = []
     if off_link:

@@ -37,17 +37,29 @@ Lab knobs (environment; what real hardware would decide):
 - ``LAB_FAULTS_DIR`` (``$TWINBOLT_LAB_STATE/faults``, else ``<repo>/.lab/faults``):
   where lab faults are switched on, one file per fault.
 
-``NCCL_SOCKET_IFNAME`` (``name`` or ``=name``) binds NCCL's connection to that
+``NCCL_SOCKET_IFNAME`` (``name`` or ``=name``) binds NCCL's connections to that
 interface, as NCCL's Socket transport does; unset, NCCL picks the first
-interface that is neither loopback nor docker (the LAN port, on a workstation).
+interface that is neither loopback nor docker nor virbr (the LAN port, on a
+workstation). ``NCCL_SOCKET_FAMILY`` may be unset or ``AF_INET`` (the
+simulator's NCCL speaks IPv4 only). ``SGLANG_HEALTH_CHECK_TIMEOUT`` (20) is how
+long rank 0's ``/health`` waits for the scheduler's output.
+
+Processes and sockets (:mod:`lab.sglang_sim.group`): in TP2 each rank's server
+process starts a scheduler process, which holds the group's sockets as a real
+one does: torch's store (rank 0 hosts it and is its client too), Gloo's pair
+(``GLOO_SOCKET_IFNAME``), NCCL's bootstrap ring, its proxy connection and its
+data connections.
 
 Files: ``$LAB_SGLANG_GPU_DIR/<pid>`` holds the MiB of GPU memory the process
 uses while its model is loaded (read by the lab's nvidia-smi); removed on SIGTERM.
 
 Faults, read when they would bite: ``draft_init_crash`` (a speculative server
-crashes while initializing its draft model), ``rank_hang`` (``/health`` stays
-200 but no generation completes) and ``wrong_interface`` (``NCCL_SOCKET_IFNAME``
-does not reach NCCL, which picks an interface itself).
+crashes while initializing its draft model), ``rank_hang`` (the scheduler
+stops; rank 0's ``/health`` answers 503 once ``SGLANG_HEALTH_CHECK_TIMEOUT``
+has passed), ``rank_hang_green_health`` (the scheduler stops and ``/health``
+stays 200, as releases before sgl-project/sglang#8444 answer it) and
+``wrong_interface`` (``NCCL_SOCKET_IFNAME`` does not reach NCCL, which picks an
+interface itself).
 """
 
 __version__ = "0.5.9"

@@ -1,10 +1,12 @@
 """``python -m lab.sglang_sim``: start one rank the way ``sglang.launch_server`` does.
 
-Rank 0 serves HTTP at once (``/health`` 503 while starting), waits for rank 1
-at the rendezvous, loads, waits for rank 1 to load, and only then reports
-ready. Rank 1 serves its dummy health server, joins, loads, and then answers
-rank 0's all-reduces until the link breaks. Any failure on either rank ends the
-process with exit code 1, as a crashed SGLang scheduler takes its server down.
+Rank 0 serves HTTP at once (``/health`` 503 while starting), starts its
+scheduler process, which meets rank 1 in torch's store and NCCL
+(:mod:`lab.sglang_sim.group`), loads, waits for rank 1 to load, and only then
+reports ready. Rank 1 serves its dummy health server, starts its scheduler
+process, joins, loads, and then answers rank 0's all-reduces until the link
+breaks. Any failure on either rank ends the process with exit code 1, as a
+crashed SGLang scheduler takes its server down.
 """
 
 import argparse
@@ -21,9 +23,10 @@ from lab.sglang_sim.api import Leader, dummy_health_app
 from lab.sglang_sim.args import parse_server_args, split_host_port
 from lab.sglang_sim.engine import Scheduler, Speculation
 from lab.sglang_sim.gpu import GpuMemory
+from lab.sglang_sim.group import SchedulerProcess
 from lab.sglang_sim.httpd import serve
 from lab.sglang_sim.knobs import Knobs
-from lab.sglang_sim.link import READY, accept_peer, connect_peer, socket_ifname
+from lab.sglang_sim.link import READY, socket_ifname
 from lab.sglang_sim.model import ModelShape
 from lab.sglang_sim.stats import Stats
 
@@ -61,10 +64,14 @@ class Shutdown:
         threading.Thread(target=run, name=target.__name__, daemon=True).start()
 
 
-def configure_logging(args: argparse.Namespace) -> None:
+def log_format(args: argparse.Namespace) -> str:
     rank = f" TP{args.node_rank}" if args.nnodes > 1 else ""
+    return f"[%(asctime)s{rank}] %(message)s"
+
+
+def configure_logging(args: argparse.Namespace) -> None:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format=f"[%(asctime)s{rank}] %(message)s", datefmt="%Y-%m-%d %H:%M:%S")
+                        format=log_format(args), datefmt="%Y-%m-%d %H:%M:%S")
 
 
 def load_model(args: argparse.Namespace, knobs: Knobs, gpu: GpuMemory) -> None:
@@ -90,11 +97,18 @@ def nccl_ifname(knobs: Knobs, ifname: str | None) -> str | None:
     return ifname
 
 
-def boot_rank0(args: argparse.Namespace, knobs: Knobs, ifname: str | None, gpu: GpuMemory,
-               leader: Leader, scheduler: Scheduler, shutdown: Shutdown) -> None:
-    link = None
-    if args.nnodes > 1:
-        link = accept_peer(*split_host_port(args.dist_init_addr), nccl_ifname(knobs, ifname))
+def scheduler_process(args: argparse.Namespace, knobs: Knobs,
+                      ifname: str | None) -> SchedulerProcess:
+    """The rank's scheduler process, which joins the TP group at ``--dist-init-addr``."""
+    host, port = split_host_port(args.dist_init_addr)
+    return SchedulerProcess(args.node_rank, host, port, nccl_ifname(knobs, ifname),
+                            log_format(args), args.log_level)
+
+
+def boot_rank0(args: argparse.Namespace, knobs: Knobs, gpu: GpuMemory, leader: Leader,
+               scheduler: Scheduler, link: SchedulerProcess | None, shutdown: Shutdown) -> None:
+    if link:
+        link.formed()
     load_model(args, knobs, gpu)
     if link:
         link.expect(READY)
@@ -105,9 +119,9 @@ def boot_rank0(args: argparse.Namespace, knobs: Knobs, ifname: str | None, gpu: 
     logger.info("The server is fired up and ready to roll!")
 
 
-def boot_rank1(args: argparse.Namespace, knobs: Knobs, ifname: str | None,
-               gpu: GpuMemory) -> None:
-    link = connect_peer(*split_host_port(args.dist_init_addr), nccl_ifname(knobs, ifname))
+def boot_rank1(args: argparse.Namespace, knobs: Knobs, gpu: GpuMemory,
+               link: SchedulerProcess) -> None:
+    link.formed()
     load_model(args, knobs, gpu)
     link.send(READY)
     logger.info("Loaded; serving rank 0's all-reduces")
@@ -116,10 +130,14 @@ def boot_rank1(args: argparse.Namespace, knobs: Knobs, ifname: str | None,
 
 def start(args: argparse.Namespace, knobs: Knobs, shape: ModelShape, ifname: str | None,
           gpu: GpuMemory, shutdown: Shutdown) -> None:
-    """Serve HTTP on this rank and boot it in the background."""
+    """
+    Serve HTTP on this rank and boot it in the background. The scheduler
+    process starts from the main thread: it is to die with its parent, and
+    Linux's parent-death signal follows the thread that started it.
+    """
     if args.node_rank > 0:
         serve(dummy_health_app(), args.host, args.port)
-        shutdown.spawn(boot_rank1, args, knobs, ifname, gpu)
+        shutdown.spawn(boot_rank1, args, knobs, gpu, scheduler_process(args, knobs, ifname))
         return
     stats = Stats(args.decode_log_interval)
     speculation = None
@@ -129,7 +147,8 @@ def start(args: argparse.Namespace, knobs: Knobs, shape: ModelShape, ifname: str
     scheduler = Scheduler(knobs, shape, args.tp_size, stats, speculation)
     leader = Leader(args, knobs, stats, scheduler)
     serve(leader.app(), args.host, args.port)
-    shutdown.spawn(boot_rank0, args, knobs, ifname, gpu, leader, scheduler, shutdown)
+    link = scheduler_process(args, knobs, ifname) if args.nnodes > 1 else None
+    shutdown.spawn(boot_rank0, args, knobs, gpu, leader, scheduler, link, shutdown)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,14 @@
 
 Rank 1's server answers 200 on ``/health`` and ``/health_generate`` whatever
 the group's state, as SGLang's dummy health server does: only rank 0's answers
-mean anything.
+mean anything. Rank 0's ``/health`` is its ``/health_generate``, as in SGLang
+0.5.9 (since sgl-project/sglang#8444, merged 2025-07-28): 503 while starting, then 200 only once the
+scheduler has produced output since the request came, and 503 after
+``SGLANG_HEALTH_CHECK_TIMEOUT`` seconds (20) when it has not, as a stuck
+scheduler never does. (0.5.9 looks once a second; the simulator answers as
+soon as the output is there.) Releases before that change answered
+``/health`` 200 without generating; the lab's fault ``rank_hang_green_health``
+is a rank 0 of such a release whose scheduler stops.
 """
 
 import argparse
@@ -36,8 +43,8 @@ from lab.sglang_sim.openai_api import (
 from lab.sglang_sim.stats import Stats
 from lab.sglang_sim.tokens import block_hashes, tokenize
 
-# SGLang's SGLANG_HEALTH_CHECK_TIMEOUT: /health_generate gives up after this.
-HEALTH_GENERATE_TIMEOUT_SECONDS = 20.0
+# The lab's fault for a scheduler that stops behind an older release's green /health.
+GREEN_HEALTH_FAULT = "rank_hang_green_health"
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -86,15 +93,17 @@ class Leader:
         return guarded
 
     def health(self, request: Request) -> Response:
-        return Response(200 if self.ready.is_set() else 503)
+        if self.ready.is_set() and self._knobs.fault_on(GREEN_HEALTH_FAULT):
+            return Response(200)
+        return self.health_generate(request)
 
     def health_generate(self, request: Request) -> Response:
         """200 only when a one-token generation really completes."""
         if not self.ready.is_set():
             return Response(503)
-        probe = Sequence("health", 1, [], max_new_tokens=1)
+        probe = Sequence("health", 1, [], max_new_tokens=1, log_metrics=False)
         self._scheduler.submit(probe)
-        return Response(200 if probe.done.wait(HEALTH_GENERATE_TIMEOUT_SECONDS) else 503)
+        return Response(200 if probe.done.wait(self._knobs.health_check_timeout) else 503)
 
     def server_info(self, request: Request) -> Response:
         """Every server arg under SGLang's name, the version, and the scheduler's state."""

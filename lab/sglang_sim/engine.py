@@ -67,6 +67,8 @@ class Sequence:
     prompt_tokens: int
     block_hashes: list[bytes]
     max_new_tokens: int
+    # SGLang's health check asks with log_metrics=False: /metrics never counts it.
+    log_metrics: bool = True
     cached_tokens: int = 0
     completion_tokens: int = 0
     verify_ct: int = 0
@@ -194,8 +196,8 @@ class Scheduler:
             return admitted
 
     def _hang_if_faulted(self) -> None:
-        """Stop here for good, as a hung rank does; HTTP threads still answer /health."""
-        if self._knobs.fault_on("rank_hang"):
+        """Stop here for good, as a hung rank does; HTTP threads still answer."""
+        if self._knobs.fault_on("rank_hang") or self._knobs.fault_on("rank_hang_green_health"):
             logger.warning("Lab fault rank_hang: this rank stops making progress")
             threading.Event().wait()
 
@@ -205,7 +207,8 @@ class Scheduler:
             return []
         for seq in new:
             seq.cached_tokens = self._cache.match_and_insert(seq.block_hashes)
-            self._stats.record_prefill(seq.prompt_tokens, seq.cached_tokens)
+            if seq.log_metrics:
+                self._stats.record_prefill(seq.prompt_tokens, seq.cached_tokens)
         uncached = sum(seq.prompt_tokens - seq.cached_tokens for seq in new)
         time.sleep(uncached / self._knobs.prefill_tokens_per_second)
         logger.info("Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d",
@@ -231,9 +234,10 @@ class Scheduler:
             first = seq.first_token_at is None
             count = min(seq.remaining, self._accept_length(seq))
             seq.emit(count)
-            self._stats.record_decode(count)
+            if seq.log_metrics:
+                self._stats.record_decode(count)
             tokens += count
-            if first:
+            if first and seq.log_metrics:
                 self._stats.record_ttft(seq.first_token_at - seq.created)
             if not seq.remaining:
                 self._finish(seq)
@@ -249,7 +253,7 @@ class Scheduler:
         if not link:
             return
         message = self._shape.allreduce_bytes(positions)
-        self._stats.record_allreduce(sum(link.allreduce(message) for _ in range(2 * layers)))
+        self._stats.record_allreduce(link.allreduce(message, 2 * layers))
 
     def _accept_length(self, seq: Sequence) -> int:
         return self._speculation.accept_length(seq.rng) if self._speculation else 1

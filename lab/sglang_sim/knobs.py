@@ -30,7 +30,7 @@ class KnobError(ValueError):
 
 @dataclass(frozen=True)
 class Knobs:
-    """The simulator's physics and its files; each field is ``LAB_SGLANG_<NAME>``."""
+    """The simulator's physics and its files; each field is ``LAB_SGLANG_<NAME>`` unless named."""
 
     load_seconds: float = 2.0
     # One RTX 5090: NVIDIA's figure for its 512-bit GDDR7 memory at 28 Gb/s per pin.
@@ -39,6 +39,10 @@ class Knobs:
     spec_accept_rate: float = 0.966
     peer_timeout_seconds: float = field(default=600.0, metadata={"positive": True})
     version: str = __version__
+    # SGLang's own variable: how long /health waits for the scheduler's output.
+    health_check_timeout: float = field(
+        default=20.0, metadata={"env": "SGLANG_HEALTH_CHECK_TIMEOUT", "positive": True}
+    )
     gpu_dir: Path = Path("/run/lab-gpu")
     faults_dir: Path = field(
         default_factory=default_faults_dir, metadata={"env": "LAB_FAULTS_DIR"}

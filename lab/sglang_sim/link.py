@@ -1,24 +1,24 @@
-"""The TP2 link: rendezvous at ``--dist-init-addr``, then NCCL's own connection.
+"""The TP2 link's sockets and NCCL's choice of interface.
 
-The rendezvous (torch.distributed's store) is a TCP connection to
-``--dist-init-addr``, wherever the routing table sends it. NCCL's Socket
-transport then opens its own connection, plain TCP on the interface
-``NCCL_SOCKET_IFNAME`` names; unset, NCCL picks one itself: the first that is
-neither loopback nor docker, in the kernel's order, which on a workstation is
-the LAN port, not ``thunderbolt0`` (created later, at hotplug). Rank 0 tells
-rank 1 its NCCL address through the store, as NCCL's bootstrap does.
+NCCL's Socket transport is plain TCP on the interface ``NCCL_SOCKET_IFNAME``
+names; unset, NCCL picks one itself: the first that is neither loopback nor
+docker nor virbr, in the kernel's order, which on a workstation is the LAN
+port, not ``thunderbolt0`` (created later, at hotplug). Which sockets a group
+opens, and in which process, is :mod:`lab.sglang_sim.group`'s.
 
-Every decode step's all-reduces travel on NCCL's connection: rank 0 sends the
-step's payload and waits for rank 1 to send as much back, so a step takes as
-long as the real link needs to carry it, retransmissions included. A broken
+Every decode step's all-reduces travel on NCCL's data connections: rank 0
+sends the step's payload on the connection it opened to rank 1 and waits for
+rank 1 to send as much back on the one rank 1 opened, so a step takes as long
+as the real link needs to carry it, retransmissions included. A broken
 connection aborts both ranks, as an NCCL error does.
 
 Frames are a kind byte and a length; the payload is that many zero bytes, or
-for ``ENDPOINT`` rank 0's NCCL address as ``ip:port``.
+for ``ENDPOINT`` an address as ``ip:port``.
 """
 
 import fcntl
 import logging
+import os
 import socket
 import struct
 import time
@@ -65,7 +65,7 @@ def nccl_interface(ifname: str | None) -> str:
     if ifname:
         return ifname
     for _, name in socket.if_nameindex():
-        if name.startswith(("lo", "docker")):
+        if name.startswith(("lo", "docker", "virbr")):
             continue
         try:
             interface_address(name)
@@ -75,7 +75,7 @@ def nccl_interface(ifname: str | None) -> str:
     return "lo"
 
 
-def _tcp_socket(ifname: str | None = None) -> socket.socket:
+def tcp_socket(ifname: str | None = None) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     if ifname:
         try:
@@ -87,12 +87,16 @@ def _tcp_socket(ifname: str | None = None) -> socket.socket:
     return sock
 
 
-def _address(host: str, port: int) -> tuple:
-    return socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)[0][4]
-
-
-def _nccl_endpoint(ifname: str | None) -> tuple[str, str]:
-    """NCCL's interface and its address, logged as NCCL_DEBUG=INFO logs them."""
+def nccl_endpoint(ifname: str | None) -> tuple[str, str]:
+    """
+    NCCL's interface and its address, logged as NCCL_DEBUG=INFO logs them. NCCL
+    takes the interface's first address, or the first of ``NCCL_SOCKET_FAMILY``;
+    the simulator's sockets are IPv4 only, so it refuses ``AF_INET6``.
+    """
+    family = os.environ.get("NCCL_SOCKET_FAMILY")
+    if family not in (None, "AF_INET"):
+        raise ValueError(f"NCCL_SOCKET_FAMILY={family!r}: the simulator's NCCL speaks IPv4 "
+                         "only (unset, or AF_INET)")
     if not ifname:
         logger.info("NCCL_SOCKET_IFNAME is not set: NCCL picks the interface itself")
     chosen = nccl_interface(ifname)
@@ -101,55 +105,34 @@ def _nccl_endpoint(ifname: str | None) -> tuple[str, str]:
     return chosen, address
 
 
-def accept_peer(host: str, port: int, ifname: str | None) -> "PeerLink":
-    """Rank 0: listen at the rendezvous address until rank 1 joins, then let NCCL connect."""
-    with _tcp_socket() as listener:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(_address(host, port))
-        listener.listen(1)
-        store = PeerLink(_accept(listener, f"rank 1 to join at {host}:{port}")[0])
-    chosen, address = _nccl_endpoint(ifname)
-    with _tcp_socket(chosen) as listener:
-        listener.bind((address, 0))
-        listener.listen(1)
-        store.send_text(ENDPOINT, f"{address}:{listener.getsockname()[1]}")
-        sock, peer = _accept(listener, f"rank 1's NCCL connection at {address}")
-    logger.info("Rank 1 joined; NCCL connected from %s:%d", peer[0], peer[1])
-    return PeerLink(sock, store)
+def listener(address: str, port: int = 0) -> socket.socket:
+    """A listening TCP socket at ``address:port`` (any port for 0), as NCCL binds its own."""
+    return socket.create_server((address, port), backlog=16)
 
 
-def _accept(listener: socket.socket, what: str) -> tuple[socket.socket, tuple]:
+def accept(listening: socket.socket, what: str) -> tuple[socket.socket, tuple]:
     """The next connection, with progress, bounded by the rendezvous timeout."""
-    listener.settimeout(PROGRESS_SECONDS)
+    listening.settimeout(PROGRESS_SECONDS)
     started = time.monotonic()
     while True:
         try:
-            return listener.accept()
+            sock, peer = listening.accept()
         except TimeoutError:
             waited = time.monotonic() - started
             if waited >= RENDEZVOUS_TIMEOUT_SECONDS:
                 raise TimeoutError(f"no {what} within {waited:.0f} s") from None
             logger.info("Waiting for %s (%.0f s)", what, waited)
+            continue
+        sock.settimeout(None)
+        return sock, peer
 
 
-def connect_peer(host: str, port: int, ifname: str | None) -> "PeerLink":
-    """Rank 1: join rank 0's rendezvous, retrying while it is not up yet; then connect NCCL."""
-    store = PeerLink(_connect(_address(host, port), None, f"rank 0 at {host}:{port}"))
-    chosen, address = _nccl_endpoint(ifname)
-    endpoint = store.receive_text(ENDPOINT)
-    peer_address, _, peer_port = endpoint.rpartition(":")
-    sock = _connect((peer_address, int(peer_port)), chosen, f"rank 0's NCCL at {endpoint}",
-                    source=address)
-    logger.info("Joined rank 0 at %s:%d; NCCL connected to %s from %s", host, port, endpoint,
-                sock.getsockname()[0])
-    return PeerLink(sock, store)
-
-
-def _connect(sockaddr: tuple, ifname: str | None, what: str,
-             source: str | None = None) -> socket.socket:
+def connect(sockaddr: tuple, ifname: str | None, what: str,
+            source: str | None = None) -> socket.socket:
+    """A connection to ``sockaddr``, retried while nothing listens there yet."""
     started = last_report = time.monotonic()
     while True:
-        sock = _tcp_socket(ifname)
+        sock = tcp_socket(ifname)
         sock.settimeout(PROGRESS_SECONDS)
         try:
             if source:
@@ -170,20 +153,30 @@ def _connect(sockaddr: tuple, ifname: str | None, what: str,
         return sock
 
 
-class PeerLink:
-    """One TCP connection between the two ranks, carrying framed zero payloads."""
+def address_of(text: str) -> tuple[str, int]:
+    """``ip:port`` as a socket address."""
+    host, _, port = text.rpartition(":")
+    return host, int(port)
 
-    def __init__(self, sock: socket.socket, store: "PeerLink | None" = None) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock = sock
-        # The rendezvous stays open for the group's life, as torch's store does.
-        self._store = store
+
+class PeerLink:
+    """
+    Framed zero payloads to the other rank: sent on one TCP connection, received
+    on another (NCCL's send and receive connections), or both on one.
+    """
+
+    def __init__(self, sock: socket.socket, receive_sock: socket.socket | None = None) -> None:
+        self._sockets = [sock] if receive_sock is None else [sock, receive_sock]
+        for each in self._sockets:
+            each.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock, self._receive_sock = sock, receive_sock or sock
         self._zeros = memoryview(bytes(CHUNK_BYTES))
         self._scratch = memoryview(bytearray(CHUNK_BYTES))
 
     def set_timeout(self, seconds: float | None) -> None:
         """Bound every later send and receive, like the NCCL watchdog."""
-        self._sock.settimeout(seconds)
+        for each in self._sockets:
+            each.settimeout(seconds)
 
     def send(self, kind: int, nbytes: int = 0) -> None:
         self._sendall(HEADER.pack(kind, nbytes))
@@ -212,10 +205,13 @@ class PeerLink:
     def expect(self, kind: int) -> int:
         return self.receive(kind)[1]
 
-    def allreduce(self, nbytes: int) -> int:
-        """Rank 0's side of one step's exchange; the bytes moved both ways."""
-        self.send(ALLREDUCE, nbytes)
-        return nbytes + self.expect(ALLREDUCE)
+    def allreduce(self, nbytes: int, count: int = 1) -> int:
+        """Rank 0's side of ``count`` exchanges, one after the other; the bytes moved both ways."""
+        moved = 0
+        for _ in range(count):
+            self.send(ALLREDUCE, nbytes)
+            moved += nbytes + self.expect(ALLREDUCE)
+        return moved
 
     def heartbeat(self) -> None:
         """An empty exchange, so an idle rank 0 still notices a dead peer."""
@@ -249,7 +245,7 @@ class PeerLink:
 
     def _read_into(self, size: int) -> int:
         try:
-            count = self._sock.recv_into(self._scratch[:size])
+            count = self._receive_sock.recv_into(self._scratch[:size])
         except OSError as error:
             raise PeerLost(f"receive from peer rank failed: {error}") from error
         if not count:

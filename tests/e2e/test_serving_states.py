@@ -111,14 +111,16 @@ def deploy_with_fault_between(on: str, off: str, fault_name: str, state: str,
 
 def test_a_rank_that_hangs_behind_a_green_health_fails_the_deploy_in_bounded_time() -> None:
     started = time.monotonic()
-    # rank_hang stalls every simulated server asked to generate, production's
-    # replicas and the gateway's large backend too, and for good; so it is on
-    # only from the ranks' start to the rollback that restores production.
-    returncode, output = deploy_with_fault_between(RANKS_START, ROLLBACK, "rank_hang",
-                                                   "tp2_stock", *SHORT_START)
+    # rank_hang_green_health (an older SGLang's /health, which does not generate)
+    # stalls every simulated server asked to generate, production's replicas and
+    # the gateway's large backend too, and for good; so it is on only from the
+    # ranks' start to the rollback that restores production.
+    returncode, output = deploy_with_fault_between(RANKS_START, ROLLBACK,
+                                                   "rank_hang_green_health", "tp2_stock",
+                                                   *SHORT_START)
     elapsed = time.monotonic() - started
     try:
-        assert "(test: fault rank_hang off)" in output, output[-4000:]
+        assert "(test: fault rank_hang_green_health off)" in output, output[-4000:]
         assert returncode != 0
         assert "wsa: serving layer: TP rank 0" in output, output[-4000:]
         assert "its /health answers 200, which proves nothing" in output

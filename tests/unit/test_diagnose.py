@@ -9,7 +9,9 @@ from harness.remote import Reading
 from harness.topology import Topology
 from operations.hosts import InventoryEntry
 from operations.probes import Answer
+from operations.serving import TP_RANKS
 from operations.states import STATES
+from operations.transport import Connections
 
 TP2_E2E, PRODUCTION = STATES["tp2_e2e"], STATES["production"]
 
@@ -129,3 +131,46 @@ def test_every_query_of_both_readings_builds_its_command() -> None:
     for state in (TP2_E2E, PRODUCTION):
         for query in (*diagnose.first_reading(entry, state), *diagnose.second_reading(entry)):
             assert isinstance(query.command(), str) and query.command(), query.key
+
+
+def group_reading(pid: int, scheduler: int, address: str, peer: str, *sockets: str) -> dict:
+    """``ps``, ``ss`` and ``ip -o addr`` of a rank whose scheduler holds ``sockets``."""
+    return Connections().process([
+        f"{pid} 1", f"{scheduler} {pid}", "@@",
+        *(f'0 0 {line} users:(("python",pid={scheduler},fd=9))' for line in sockets), "@@",
+        "1: lo    inet 127.0.0.1/8 scope host lo",
+        f"3: thunderbolt0    inet {address}/16 scope link thunderbolt0"])
+
+
+def test_the_sockets_rung_leaves_a_real_groups_own_connections_aside() -> None:
+    """Rank 0's store holds both ends of its own client; each rank reaches its own proxy."""
+    wsa = group_reading(4242, 4250, "169.254.77.1", "169.254.77.2",
+                        "[::ffff:169.254.77.1]:5757 [::ffff:169.254.77.1]:42848",
+                        "169.254.77.1:42848 169.254.77.1:5757",
+                        "[::ffff:169.254.77.1]:5757 [::ffff:169.254.77.2]:51022",
+                        "169.254.77.1:39157 169.254.77.1:43311",
+                        "169.254.77.1:43311 169.254.77.1:39157",
+                        "169.254.77.1%thunderbolt0:36022 169.254.77.2:45233")
+    wsb = group_reading(5242, 5250, "169.254.77.2", "169.254.77.1",
+                        "169.254.77.2:51022 169.254.77.1:5757",
+                        "169.254.77.2:40811 169.254.77.2:35533",
+                        "169.254.77.2:35533 169.254.77.2:40811",
+                        "169.254.77.2:45233 169.254.77.1:36022")
+    first = {name: Reading(name, {f"process {TP_RANKS[rank]}": {"pid": pid}, "sockets": {}}, 0.0)
+             for name, rank, pid in (("wsa", 0, 4242), ("wsb", 1, 5242))}
+
+    def second(wsa_reading: dict) -> dict[str, Reading]:
+        return {name: Reading(name, {"connections": reading, "sockets": {}}, 2.0)
+                for name, reading in (("wsa", wsa_reading), ("wsb", wsb))}
+
+    rung = diagnose.sockets_rung(TOPOLOGY, TP2_E2E, first, second(wsa))
+    assert rung.verdict != diagnose.FAIL, rung.evidence
+    assert "wsa: 6 connection(s) of the rank; 0 socket(s) to the peer retransmitted 0 " \
+           "segment(s) during the probes" in " ".join(rung.evidence)
+    stray = dict(wsa, connections=[*wsa["connections"], {
+        "local": "10.66.0.11%eth0:41000", "peer": "10.66.0.12:38000", "pids": [4250]}])
+    rung = diagnose.sockets_rung(TOPOLOGY, TP2_E2E, first, second(stray))
+    assert rung.verdict == diagnose.FAIL
+    assert any("wsa: the TP group's transport is not thunderbolt0: its connections "
+               "10.66.0.11:41000 -> 10.66.0.12:38000 run outside" in line
+               for line in rung.evidence)

@@ -18,6 +18,7 @@ from simulator import SHAPE, WEIGHT_BYTES, model_dir
 from lab.sglang_sim.engine import Speculation
 from lab.sglang_sim.link import socket_ifname
 from lab.sglang_sim.model import ModelShape
+from operations.transport import Connections, connections_of, endpoint
 
 REPO = Path(__file__).resolve().parents[2]
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
@@ -91,8 +92,9 @@ def launch(lab_dirs):
     base_env.update({
         "PYTHONPATH": str(REPO),
         "LAB_SGLANG_LOAD_SECONDS": "0.2",
-        # NCCL's own pick would be this machine's LAN port.
+        # NCCL's own pick would be this machine's LAN port, Gloo's its name's address.
         "NCCL_SOCKET_IFNAME": "lo",
+        "GLOO_SOCKET_IFNAME": "lo",
         "LAB_SGLANG_GPU_DIR": str(lab_dirs["gpu"]),
         "LAB_FAULTS_DIR": str(lab_dirs["faults"]),
     })
@@ -428,6 +430,96 @@ def test_tp2_ranks_exchange_payloads_and_fail_together(launch):
     assert "connection closed by peer rank" in rank0.log()
 
 
+def connections_now() -> dict:
+    """This machine's processes, connections and addresses, as the transport fact reads them."""
+    done = subprocess.run(["sh", "-c", Connections().command()], capture_output=True, text=True,
+                          check=True)
+    return Connections().process(done.stdout.splitlines())
+
+
+def kinds_of_connections(reading: dict, sim: Sim, dist_port: int) -> dict[str, int]:
+    """A rank's connections by kind; each socket of the group must be its scheduler's."""
+    held = connections_of(reading, sim.proc.pid)
+    # ss writes a socket bound to a device as addr%dev:port, on its own side only.
+    holders = {endpoint(connection["local"]): connection["pids"]
+               for connection in reading["connections"]}
+    children = {pid for pid, parent in reading["parents"].items() if parent == sim.proc.pid}
+    kinds = {"store": 0, "nccl proxy": 0, "to the peer": 0, "http": 0}
+    for connection in held:
+        (_, port), (_, peer_port) = endpoint(connection["local"]), endpoint(connection["peer"])
+        if port == sim.port:
+            assert connection["pids"] == [sim.proc.pid], connection
+            kinds["http"] += 1
+            continue
+        # The server's process holds none of the group's sockets: its scheduler does.
+        assert len(connection["pids"]) == 1 and connection["pids"][0] in children, connection
+        if dist_port in (port, peer_port):
+            kinds["store"] += 1
+        elif holders.get(endpoint(connection["peer"])) == connection["pids"]:
+            kinds["nccl proxy"] += 1
+        else:
+            kinds["to the peer"] += 1
+    return kinds
+
+
+def test_tp2_ranks_hold_a_real_groups_sockets_in_their_scheduler_processes(launch):
+    """
+    Rank 0's scheduler hosts the store and is its client (both ends), rank 1's
+    joins it; each has its NCCL proxy connection (both ends), the bootstrap
+    ring, two channels each way and Gloo's pair; the server's process holds
+    only HTTP.
+    """
+    dist_port = free_port()
+    dist = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{dist_port}"]
+    rank1 = launch(*dist, "--node-rank", "1")
+    rank0 = launch(*dist, "--node-rank", "0").wait_ready()
+    with socket.create_connection(("127.0.0.1", rank0.port)):
+        reading = connections_now()
+        # To the peer: NCCL's bootstrap ring (2), its two channels each way (4), Gloo's pair.
+        assert kinds_of_connections(reading, rank0, dist_port) == {
+            "store": 3, "nccl proxy": 2, "to the peer": 7, "http": 1}
+        assert kinds_of_connections(reading, rank1, dist_port) == {
+            "store": 1, "nccl proxy": 2, "to the peer": 7, "http": 0}
+    store_self = [c for c in connections_of(reading, rank0.proc.pid)
+                  if endpoint(c["local"])[1] == dist_port and
+                  any(endpoint(o["local"]) == endpoint(c["peer"]) and o["pids"] == c["pids"]
+                      for o in reading["connections"])]
+    assert len(store_self) == 1, "rank 0 is not its own store's client"
+    scheduler = next(pid for pid, parent in reading["parents"].items()
+                     if parent == rank0.proc.pid and pid in store_self[0]["pids"])
+    assert chat(rank0, "hello", 8).status_code == 200
+
+    # A scheduler never outlives its server, even one killed outright.
+    rank0.proc.kill()
+    rank0.proc.wait(5)
+    wait_for(lambda: not Path(f"/proc/{scheduler}").exists(), 5, "rank 0's scheduler to exit")
+    assert rank1.wait_exit() == 1
+    assert "connection closed by peer rank" in rank1.log()
+
+
+def test_nccl_over_ipv6_stops_both_ranks_naming_the_variable(launch):
+    dist = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}"]
+    rank1 = launch(*dist, "--node-rank", "1")
+    rank0 = launch(*dist, "--node-rank", "0", env={"NCCL_SOCKET_FAMILY": "AF_INET6"})
+    assert rank0.wait_exit(20) == 1
+    assert "NCCL_SOCKET_FAMILY='AF_INET6'" in rank0.log()
+    # Its store gone, rank 1 cannot form the group either.
+    assert rank1.wait_exit(20) == 1
+    assert "fired up" not in rank0.log()
+
+
+def test_rank1s_dummy_health_stays_green_while_rank0_hangs(launch, lab_dirs):
+    dist = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}"]
+    env = {"SGLANG_HEALTH_CHECK_TIMEOUT": "1"}
+    rank1 = launch(*dist, "--node-rank", "1", env=env)
+    rank0 = launch(*dist, "--node-rank", "0", env=env).wait_ready()
+    switch_fault(lab_dirs, "rank_hang")
+    with pytest.raises(httpx.ReadTimeout):
+        chat(rank0, "hello", 4, timeout=1.0)
+    assert rank0.get("/health").status_code == 503
+    assert rank1.get("/health").status_code == 200
+
+
 # Faults
 
 
@@ -442,9 +534,21 @@ def test_draft_init_crash_stops_speculative_ranks_only(launch, lab_dirs):
     plain.wait_ready()
 
 
-def test_rank_hang_keeps_health_green_but_never_generates(launch, lab_dirs):
-    sim = launch().wait_ready()
+def test_rank_hang_stops_generation_and_0_5_9s_health_says_so(launch, lab_dirs):
+    """0.5.9's /health is a one-token generation: 503 once the health check times out."""
+    sim = launch(env={"SGLANG_HEALTH_CHECK_TIMEOUT": "1"}).wait_ready()
     switch_fault(lab_dirs, "rank_hang")
+    with pytest.raises(httpx.ReadTimeout):
+        chat(sim, "hello", 4, timeout=1.0)
+    started = time.monotonic()
+    assert sim.get("/health").status_code == 503
+    assert time.monotonic() - started >= 1.0
+    assert sim.get("/health_generate").status_code == 503
+
+
+def test_rank_hang_green_health_is_an_older_releases_health(launch, lab_dirs):
+    sim = launch().wait_ready()
+    switch_fault(lab_dirs, "rank_hang_green_health")
     with pytest.raises(httpx.ReadTimeout):
         chat(sim, "hello", 4, timeout=1.0)
     assert sim.get("/health").status_code == 200

@@ -16,8 +16,9 @@ from operations.transport import (
     volume_problems,
 )
 
-# ps, then ss -tnpH state established, as a workstation in tp2 prints them: rank 0's
-# service (4242) runs a TP worker (4250), which holds NCCL's and the store's sockets.
+# ps, ss -tnpH state established and ip -o addr show, as a workstation in tp2
+# prints them: rank 0's service (4242) runs its scheduler (4250), which holds NCCL's
+# and the store's sockets.
 OUTPUT = """\
     1     0
  4242     1
@@ -29,9 +30,16 @@ OUTPUT = """\
 0 0 10.66.0.11:30000 10.66.0.1:51234 users:(("python",pid=4242,fd=12))
 0 0 127.0.0.1:35000 127.0.0.1:35001 users:(("python",pid=4250,fd=3))
 0 0 10.66.0.11:22 10.66.0.1:50000 users:(("sshd",pid=900,fd=4))
+@@
+1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever
+1: lo    inet6 ::1/128 scope host noprefixroute \\       valid_lft forever preferred_lft forever
+2: eth0    inet 10.66.0.11/24 brd 10.66.0.255 scope global eth0\\       valid_lft forever
+3: thunderbolt0    inet 169.254.77.1/16 scope link thunderbolt0\\       valid_lft forever
+3: thunderbolt0    inet6 fe80::1/64 scope link \\       valid_lft forever preferred_lft forever
 """.splitlines()
-RANK0 = {"address": "169.254.77.1", "peer_address": "169.254.77.2", "http_port": 30000,
-         "interface": "thunderbolt0"}
+ADDRESSES = ["127.0.0.1", "::1", "10.66.0.11", "169.254.77.1", "fe80::1"]
+RANK0 = {"addresses": ADDRESSES, "address": "169.254.77.1", "peer_address": "169.254.77.2",
+         "http_port": 30000, "interface": "thunderbolt0"}
 SHAPE = {"layers": 64, "hidden_size": 5120, "activation_bytes": 2}
 
 
@@ -47,6 +55,7 @@ def test_a_services_connections_are_those_of_its_whole_process_tree() -> None:
     assert [connection["local"] for connection in held] == [
         "169.254.77.1%thunderbolt0:5757", "[::ffff:169.254.77.1]:41000", "10.66.0.11:30000",
         "127.0.0.1:35000"]
+    assert reading["addresses"] == ADDRESSES
     assert Connections().process([]) == Connections().default()
 
 
@@ -57,7 +66,8 @@ def test_a_group_on_the_link_passes_http_clients_and_loopback_aside() -> None:
 
 def test_a_connection_off_the_link_names_the_transport_and_the_variables() -> None:
     wrong = [*OUTPUT[:5],
-             '0 0 10.66.0.11%eth0:41000 10.66.0.12:38000 users:(("python",pid=4250,fd=9))']
+             '0 0 10.66.0.11%eth0:41000 10.66.0.12:38000 users:(("python",pid=4250,fd=9))',
+             *OUTPUT[10:]]
     found = connection_problems(connections_of(Connections().process(wrong), 4242), **RANK0)
     assert len(found) == 2
     assert found[0].startswith("the TP group's transport is not thunderbolt0: its connections "
@@ -66,6 +76,96 @@ def test_a_connection_off_the_link_names_the_transport_and_the_variables() -> No
     assert "NCCL_SOCKET_IFNAME" in found[0] and "SGLANG_HOST_IP" in found[0]
     assert found[1] == ("the TP group has no connection between 169.254.77.1 and "
                         "169.254.77.2 on thunderbolt0")
+
+
+# A real group's sockets (torch 2.14.1's c10d store and gloo, NCCL's Socket
+# transport), store at --dist-init-addr 169.254.77.1:5000. Rank 0's scheduler
+# (4250, a child of the server's process 4242) hosts the store and is its client
+# too, so both ends of that connection are its own; NCCL's bootstrap ring and
+# its data sockets run to the peer; each rank reaches its own proxy thread from
+# its own address. An HTTP client asks rank 0 on the LAN.
+STORE_SELF = [
+    '0 0 169.254.77.1:5000 169.254.77.1:42848 users:(("python",pid=4250,fd=21))',
+    '0 0 169.254.77.1:42848 169.254.77.1:5000 users:(("python",pid=4250,fd=20))',
+]
+PROXY_RANK0 = [
+    '0 0 169.254.77.1:43311 169.254.77.1:39157 users:(("python",pid=4250,fd=40))',
+    '0 0 169.254.77.1:39157 169.254.77.1:43311 users:(("python",pid=4250,fd=41))',
+]
+CROSS_RANK0 = [
+    '0 0 169.254.77.1:5000 169.254.77.2:51022 users:(("python",pid=4250,fd=22))',
+    '0 0 169.254.77.1:45120 169.254.77.2:36801 users:(("python",pid=4250,fd=30))',
+    '0 0 169.254.77.1:36022 169.254.77.2:45233 users:(("python",pid=4250,fd=31))',
+    '0 0 169.254.77.1:47000 169.254.77.2:55310 users:(("python",pid=4250,fd=50))',
+    '0 0 169.254.77.1:47000 169.254.77.2:55312 users:(("python",pid=4250,fd=51))',
+]
+HTTP_CLIENT = ['0 0 10.66.0.11:30000 10.66.0.1:51234 users:(("python",pid=4242,fd=12))']
+STRAY = '0 0 10.66.0.11%eth0:41000 10.66.0.12:38000 users:(("python",pid=4250,fd=60))'
+RANK1_ADDRESSES = """\
+1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever
+2: eth0    inet 10.66.0.12/24 brd 10.66.0.255 scope global eth0\\       valid_lft forever
+3: thunderbolt0    inet 169.254.77.2/16 scope link thunderbolt0\\       valid_lft forever
+""".splitlines()
+# Rank 1 (5250, under 5242) joins the store across the link and has its own proxy.
+RANK1 = [
+    '0 0 169.254.77.2:51022 169.254.77.1:5000 users:(("python",pid=5250,fd=20))',
+    '0 0 169.254.77.2:36801 169.254.77.1:45120 users:(("python",pid=5250,fd=30))',
+    '0 0 169.254.77.2:45233 169.254.77.1:36022 users:(("python",pid=5250,fd=31))',
+    '0 0 169.254.77.2:55310 169.254.77.1:47000 users:(("python",pid=5250,fd=50))',
+    '0 0 169.254.77.2:55312 169.254.77.1:47000 users:(("python",pid=5250,fd=51))',
+    '0 0 169.254.77.2:40811 169.254.77.2:35533 users:(("python",pid=5250,fd=40))',
+    '0 0 169.254.77.2:35533 169.254.77.2:40811 users:(("python",pid=5250,fd=41))',
+]
+RANK1_ARGS = {"address": "169.254.77.2", "peer_address": "169.254.77.1", "http_port": 30000,
+              "interface": "thunderbolt0"}
+
+
+def rank0_reading(*sockets: str) -> dict:
+    return Connections().process([*OUTPUT[:5], *sockets, *OUTPUT[10:]])
+
+
+def rank0_problems(*sockets: str) -> list[str]:
+    reading = rank0_reading(*sockets)
+    return connection_problems(connections_of(reading, 4242),
+                               **{**RANK0, "addresses": reading["addresses"]})
+
+
+def test_a_real_groups_own_connections_are_neither_on_nor_off_the_link() -> None:
+    """The store's self-connection and the proxies' sockets pass; so does the group."""
+    assert rank0_problems(*STORE_SELF, *PROXY_RANK0, *CROSS_RANK0, *HTTP_CLIENT) == []
+    reading = Connections().process([" 5242 1", " 5250 5242", "@@", *RANK1, "@@",
+                                     *RANK1_ADDRESSES])
+    assert connection_problems(connections_of(reading, 5242), reading["addresses"],
+                               **RANK1_ARGS) == []
+
+
+def test_only_the_hosts_own_connections_prove_no_link() -> None:
+    """Self-connections on the link address are not the group's traffic across it."""
+    assert rank0_problems(*STORE_SELF, *PROXY_RANK0, *HTTP_CLIENT) == [
+        "the TP group has no connection between 169.254.77.1 and 169.254.77.2 on thunderbolt0"]
+
+
+def test_both_ends_the_hosts_own_is_the_host_whatever_the_interface() -> None:
+    """A proxy reached from the LAN address to the link address stays on the host."""
+    lan_to_link = '0 0 10.66.0.11:39157 169.254.77.1:43311 users:(("python",pid=4250,fd=41))'
+    assert rank0_problems(lan_to_link, *CROSS_RANK0) == []
+
+
+def test_a_stray_connection_over_eth0_is_named_alone() -> None:
+    found = rank0_problems(*STORE_SELF, *PROXY_RANK0, *CROSS_RANK0, *HTTP_CLIENT, STRAY)
+    assert len(found) == 1
+    assert ("its connections 10.66.0.11:41000 -> 10.66.0.12:38000 run outside "
+            "169.254.77.1 <-> 169.254.77.2 (") in found[0]
+
+
+def test_a_connection_from_the_link_address_must_reach_the_peers() -> None:
+    """The rule is link address to peer's link address, not anything from the link address."""
+    elsewhere = '0 0 169.254.77.1:41000 169.254.77.9:38000 users:(("python",pid=4250,fd=60))'
+    found = rank0_problems(*STORE_SELF, *CROSS_RANK0, elsewhere)
+    assert len(found) == 1
+    assert "169.254.77.1:41000 -> 169.254.77.9:38000 run outside" in found[0]
+    # The whole group from the link address to a stranger: nothing reaches the peer.
+    assert len(rank0_problems(elsewhere)) == 2
 
 
 def test_the_link_must_carry_what_the_tokens_all_reduces_need() -> None:

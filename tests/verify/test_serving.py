@@ -286,9 +286,10 @@ def test_tp_ranks_talk_over_the_thunderbolt_link_only(workstation, servers,
     pinned = {key: server["environment"].get(key) for key in pins}
     rank = f"{workstation.name}: rank {sglang.rank} (pid {server['pid']})"
     assert pinned == pins, f"{rank} has {pinned}"
-    connections = connections_of(fact(workstation, Connections), server["pid"])
-    assert connection_problems(connections, sglang.link_address, sglang.peer_link_address,
-                               sglang.port, sglang.interface) == [], rank
+    reading = fact(workstation, Connections)
+    connections = connections_of(reading, server["pid"])
+    assert connection_problems(connections, reading["addresses"], sglang.link_address,
+                               sglang.peer_link_address, sglang.port, sglang.interface) == [], rank
 
 
 def test_clients_servers_answer_real_completions(workstations, gateway, state: State) -> None:
