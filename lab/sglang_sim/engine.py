@@ -236,12 +236,15 @@ class Scheduler:
             seq.emit(count)
             if seq.log_metrics:
                 self._stats.record_decode(count)
-            tokens += count
+                tokens += count
             if first and seq.log_metrics:
                 self._stats.record_ttft(seq.first_token_at - seq.created)
             if not seq.remaining:
                 self._finish(seq)
-        self._decode_log.step(started, len(running), tokens)
+        # A batch of health checks alone is no decode batch of SGLang's: its
+        # one-token generation ends at prefill there, so it never reaches the log.
+        if any(seq.log_metrics for seq in running):
+            self._decode_log.step(started, len(running), tokens)
 
     def _forward(self, positions: int, context: int, layers: int, link: PeerLink | None) -> None:
         """
