@@ -47,7 +47,8 @@ LOG_LINES = 15
 ACCESS_LOG_LINE = re.compile(r'"(GET|POST|PUT|DELETE|HEAD|PRI) \S+ HTTP/[\d.]+" \d{3}\s*$')
 
 
-EnvironmentName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+ENVIRONMENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+EnvironmentName = Annotated[str, StringConstraints(pattern=rf"^{ENVIRONMENT_NAME.pattern}$")]
 
 
 class Service(BaseModel):
@@ -346,7 +347,12 @@ class AccountExists(EmptyMeansSomething):
 class ServiceProcess(EmptyMeansSomething):
     """
     The process an init system runs for a service, read from ``/proc``: its argv and
-    environment are what actually runs, whatever the rendered file now says.
+    the named ``variables`` of its environment are what actually runs, whatever the
+    rendered file now says.
+
+    Only the variables a check compares are read, never the whole environment:
+    the proxy's holds ``LITELLM_MASTER_KEY`` and the large backend's key, and a
+    fact's output is printed by ``pyinfra -vvv``.
 
     .. code:: python
 
@@ -355,7 +361,11 @@ class ServiceProcess(EmptyMeansSomething):
          "environment": {"NCCL_IB_DISABLE": "1", ...}}
     """
 
-    def command(self, service: str, init_system: InitSystem) -> StringCommand:
+    def command(self, service: str, init_system: InitSystem,
+                variables: tuple[str, ...] = ()) -> StringCommand:
+        for name in variables:
+            if not ENVIRONMENT_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an environment variable's name")
         script = SUPERVISORS[init_system].status_script() + (
             'echo "status $status"; '
             '[ -n "$pid" ] && [ "$pid" != 0 ] && [ -r "/proc/$pid/cmdline" ] || exit 0; '
@@ -364,9 +374,14 @@ class ServiceProcess(EmptyMeansSomething):
             "echo \"started $(sed 's/.*) //' /proc/$pid/stat | cut -d' ' -f20) "
             "$(getconf CLK_TCK) $(cut -d' ' -f1 /proc/uptime)\"; "
             "tr '\\0' '\\n' < \"/proc/$pid/cmdline\" | sed 's/^/arg /'; "
-            "tr '\\0' '\\n' < \"/proc/$pid/environ\" | sed 's/^/env /'"
+            # Each wanted name (an identifier: no regex syntax), as NUL-separated
+            # entries, so that a value holding a newline cannot fake another's.
+            'shift; for name in "$@"; do '
+            "grep -z -m 1 -e \"^$name=\" \"/proc/$pid/environ\" | tr '\\0' '\\n' "
+            "| head -n 1 | sed 's/^/env /'; done; true"
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(service))
+        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(service),
+                             *(QuoteString(name) for name in variables))
 
     def process(self, output: list[str]) -> dict:
         process: dict = {"running": False, "status": "", "pid": None, "seconds": None,

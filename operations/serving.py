@@ -399,7 +399,8 @@ def stuck(sglang: Sglang, service: Service, tokens: int = ACCEPTANCE_TOKENS) -> 
     not ask again.
     """
     process = host.get_fact(ServiceProcess, service=service.name,
-                            init_system=sglang.init_system)
+                            init_system=sglang.init_system,
+                            variables=tuple(service.environment))
     if (not process.get("running") or (process.get("seconds") or 0) < sglang.start_timeout
             or process_problems(process, service)):
         return []
@@ -437,7 +438,8 @@ def server_check(sglang: Sglang, service: Service, tp_size: int,
 
     def check(seconds_left: float = probes.REQUEST_TIMEOUT_SECONDS) -> tuple[list[str], bool]:
         process = host.get_fact(ServiceProcess, service=service.name,
-                                init_system=sglang.init_system)
+                                init_system=sglang.init_system,
+                                variables=tuple(service.environment))
         found = process_problems(process, service)
         if process.get("running") and not first_pid:
             first_pid.append(process["pid"])
@@ -785,7 +787,8 @@ def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative |
              for name in running if name != wanted.name]
     if serving == "tp2" and sglang.rank != 0:
         found += process_problems(
-            host.get_fact(ServiceProcess, service=wanted.name, init_system=sglang.init_system),
+            host.get_fact(ServiceProcess, service=wanted.name, init_system=sglang.init_system,
+                          variables=tuple(wanted.environment)),
             wanted,
         )
     else:

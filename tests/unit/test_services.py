@@ -168,6 +168,37 @@ def test_service_process_reads_argv_and_environment() -> None:
     assert stopped["running"] is False and stopped["pid"] is None
 
 
+@pytest.mark.parametrize("variables", [(), ("WANTED",), ("WANTED", "ABSENT")])
+def test_service_process_reads_only_the_variables_it_is_asked_for(
+        variables: tuple[str, ...], tmp_path: Path) -> None:
+    # The fact's real command, against a real process holding a secret: a runit
+    # host, its sv answering for that process (the proxy's environment holds the
+    # master key, and pyinfra -vvv prints a fact's output).
+    secret = "sk-this-must-never-be-printed"
+    server = subprocess.Popen(["sleep", "60"], env={"LITELLM_MASTER_KEY": secret,
+                                                     "NOTE": f"x\nWANTED=faked {secret}",
+                                                     "WANTED": "=thunderbolt0"})
+    try:
+        (tmp_path / "sv").write_text(f'#!/bin/sh\necho "run: $2: (pid {server.pid}) 5s"\n')
+        (tmp_path / "sv").chmod(0o755)
+        command = ServiceProcess().command("litellm", "runit", variables).get_raw_value()
+        result = subprocess.run(["sh", "-c", command], capture_output=True, text=True,
+                                env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    finally:
+        server.kill()
+        server.wait()
+    assert result.returncode == 0, result.stderr
+    assert secret not in result.stdout + result.stderr
+    process = ServiceProcess().process(result.stdout.splitlines())
+    assert process["pid"] == server.pid and process["argv"] == ["sleep", "60"]
+    assert process["environment"] == ({"WANTED": "=thunderbolt0"} if variables else {})
+
+
+def test_service_process_refuses_a_variable_name_that_is_not_one() -> None:
+    with pytest.raises(ValueError, match="environment variable"):
+        ServiceProcess().command("litellm", "runit", ("A=B|.*",))
+
+
 def test_running_services_and_log_facts() -> None:
     assert RunningServices().process(["sglang-tp2-rank0", "", "sglang-replica"]) == [
         "sglang-replica", "sglang-tp2-rank0"]
