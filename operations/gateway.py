@@ -43,6 +43,7 @@ from operations.attempt import failing
 from operations.facts import EmptyMeansSomething, FileDigest, digest
 from operations.phase import elsewhere
 from operations.services import GatewayService, Service, log_tails
+from operations.site import MASTER_KEY_ENV
 
 LAYER = "gateway"
 SERVICE = "litellm"
@@ -64,7 +65,6 @@ OFFLINE_ENVIRONMENT = {
     "LITELLM_LOCAL_POLICY_TEMPLATES": "True",
     "LITELLM_LOCAL_AUTOROUTER_PRESETS": "True",
 }
-MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 LARGE_KEY_ENV = "TWINBOLT_LARGE_API_KEY"
 # For backends that ask for no key: the OpenAI client refuses to send none.
 NO_KEY = "unused"

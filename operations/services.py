@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from pyinfra import host
 from pyinfra.api import FactBase, Host, QuoteString, StringCommand, operation
 from pyinfra.api.command import PyinfraCommand
@@ -32,6 +32,14 @@ from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.operations import files, runit, systemd
 
 from operations.facts import EmptyMeansSomething, FileDigest, digest, digest_script
+from operations.syntax import (
+    ENVIRONMENT_NAME,
+    AbsolutePath,
+    AccountName,
+    EnvironmentName,
+    control_characters,
+    no_control_characters,
+)
 
 InitSystem = Literal["systemd", "runit"]
 
@@ -47,8 +55,8 @@ LOG_LINES = 15
 ACCESS_LOG_LINE = re.compile(r'"(GET|POST|PUT|DELETE|HEAD|PRI) \S+ HTTP/[\d.]+" \d{3}\s*$')
 
 
-ENVIRONMENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-EnvironmentName = Annotated[str, StringConstraints(pattern=rf"^{ENVIRONMENT_NAME.pattern}$")]
+# One line each: a newline in a word would split ExecStart= or start a directive.
+Word = Annotated[str, AfterValidator(no_control_characters)]
 
 
 class Service(BaseModel):
@@ -70,11 +78,11 @@ class Service(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
-    description: Annotated[str, StringConstraints(pattern=r"^[^\n]+$")]
-    command: Annotated[list[str], Field(min_length=1)]
-    environment: dict[EnvironmentName, str] = Field(default_factory=dict)
-    user: str = "root"
-    working_directory: str = "/"
+    description: Annotated[Word, StringConstraints(min_length=1)]
+    command: Annotated[list[Word], Field(min_length=1)]
+    environment: dict[EnvironmentName, Word] = Field(default_factory=dict)
+    user: AccountName = "root"
+    working_directory: AbsolutePath = "/"
     at_boot: bool = True
 
 
@@ -286,17 +294,40 @@ def rendered_path(name: str, init_system: InitSystem) -> str:
     return SUPERVISORS[init_system].rendered_path(name)
 
 
+def refuse_control_characters(value: str, where: str) -> None:
+    """A control character has no quoting in a unit file: a newline starts a directive."""
+    if found := control_characters(value):
+        raise ValueError(f"{value!r} cannot be written into {where}: it holds the control "
+                         f"character(s) {', '.join(found)}")
+
+
 def unit_quote(word: str) -> str:
     """
     One word of a systemd ``ExecStart=``/``Environment=`` line.
 
     systemd expands ``%`` specifiers and ``$`` variables in these lines, so both
-    are escaped; words with blanks, quotes or backslashes are double-quoted.
+    are escaped; words with blanks, quotes or backslashes are double-quoted. A
+    control character is refused: no quoting keeps a newline on its line.
     """
+    refuse_control_characters(word, "a systemd unit")
     word = word.replace("%", "%%").replace("$", "$$")
     if word and not re.search(r"[\s\"'\\;]", word):
         return word
     return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def unit_value(value: str) -> str:
+    """
+    The value of a systemd directive that takes it raw, unquoted (``User=``,
+    ``WorkingDirectory=``, ``Description=``): its ``%`` specifiers escaped. A
+    control character, or a trailing backslash (which continues the line), is
+    refused; so is a leading ``-`` or ``+`` that some directives read as a flag.
+    """
+    refuse_control_characters(value, "a systemd unit")
+    if value.endswith("\\") or value[:1] in ("-", "+", "!", "@", ":", "~"):
+        raise ValueError(f"{value!r} cannot be written as a systemd directive's value: it "
+                         "starts with a prefix character or ends with a backslash")
+    return value.replace("%", "%%")
 
 
 def template_context(service: Service) -> dict[str, object]:
@@ -308,6 +339,7 @@ def template_context(service: Service) -> dict[str, object]:
         "sh": shlex.quote,
         "sh_join": shlex.join,
         "unit_quote": unit_quote,
+        "unit_value": unit_value,
         "unit_join": lambda words: " ".join(unit_quote(word) for word in words),
     }
 

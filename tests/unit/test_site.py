@@ -281,3 +281,98 @@ def test_a_gateway_key_names_the_gateway(write_site):
     site = write_site(edited('name = "gw0"\n', 'name = "gw0"\nssh_key = "/nonexistent/key"\n'))
     assert problems(site) == [
         "gateway.ssh_key (host gw0): no such file: /nonexistent/key (got '/nonexistent/key')"]
+
+
+# Values no unit, run script, ssh_config or command line can carry: refused at load
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), [
+    pytest.param('user = "sglang"', 'user = "sglang\\nAmbientCapabilities=CAP_SYS_ADMIN"',
+                 "serving.user: is not an account name", id="user newline"),
+    pytest.param('user = "sglang"', 'user = "sglang"\nworking_directory = '
+                 '"/srv\\nExecStartPre=+/usr/bin/id"',
+                 "serving.working_directory: holds the control character(s) '\\n'",
+                 id="working directory newline"),
+    pytest.param('user = "sglang"', 'user = "sglang"\nworking_directory = "srv"',
+                 "serving.working_directory: must be an absolute path", id="relative directory"),
+    pytest.param('model_path = "/srv/models/qwen"', 'model_path = "/srv/models\\nqwen"',
+                 "serving.model_path: holds the control character(s) '\\n'",
+                 id="model path newline"),
+    pytest.param('model_path = "/srv/models/qwen"', 'model_path = "--trust-remote-code"',
+                 "serving.model_path: starts with '-'", id="model path option"),
+    pytest.param('served_model_name = "qwen"', 'served_model_name = "qwen\\nExecStartPre=/bin/id"',
+                 "serving.served_model_name: holds the control character(s) '\\n'",
+                 id="served model name newline"),
+    pytest.param('served_model_name = "qwen"', 'served_model_name = "-h"',
+                 "serving.served_model_name: starts with '-'", id="served model name option"),
+    pytest.param('python = "/opt/sglang/bin/python"', 'python = "python3"',
+                 "serving.python: must be an absolute path", id="python on PATH"),
+    pytest.param('name = "gw0"', 'name = "-oProxyCommand=id"',
+                 "gateway.name: is not a host name", id="host name option"),
+    pytest.param('name = "gw0"\nssh_hostname = "127.0.0.1"',
+                 'name = "gw0"\nssh_hostname = "-oProxyCommand=touch /tmp/x"',
+                 "gateway.ssh_hostname: is not a host name", id="hostname option"),
+    pytest.param('name = "gw0"\nssh_hostname = "127.0.0.1"',
+                 'name = "gw0"\nssh_hostname = "fe80::1%eth0"',
+                 "gateway.ssh_hostname: is not a host name", id="hostname token"),
+    pytest.param('name = "gw0"\nssh_hostname = "127.0.0.1"',
+                 'name = "gw0"\nssh_hostname = "gw\\n  ProxyCommand id"',
+                 "gateway.ssh_hostname: is not a host name", id="hostname newline"),
+    pytest.param('name = "gw0"', 'name = "gw0"\nssh_user = "%r"\nsudo = true',
+                 "gateway.ssh_user: is not an account name", id="ssh user token"),
+    pytest.param("[gateway_roles.large]",
+                 '[gateway_roles]\nlitellm_user = "lite llm"\n\n[gateway_roles.large]',
+                 "gateway_roles.litellm_user: is not an account name",
+                 id="gateway user blank"),
+    pytest.param("[gateway_roles.large]",
+                 '[gateway_roles]\nmaster_key_file = "key"\n\n[gateway_roles.large]',
+                 "gateway_roles.master_key_file: must be an absolute path", id="relative key"),
+    pytest.param('served_model_name = "large"',
+                 'served_model_name = "large"\napi_key_env = "LITELLM_MASTER_KEY"',
+                 "gateway_roles.large: api_key_env must not be LITELLM_MASTER_KEY",
+                 id="master key to the backend"),
+    pytest.param('served_model_name = "large"',
+                 'served_model_name = "large"\napi_key_env = "KEY; id"',
+                 "gateway_roles.large.api_key_env: is not an environment variable",
+                 id="key variable not a name"),
+    pytest.param("[candidate]", '[link]\ninterface = "-v"\n\n[candidate]',
+                 "link.interface: is not a network interface", id="interface"),
+    pytest.param('served_model_name = "large"', 'served_model_name = "large\\tx"',
+                 "gateway_roles.large.served_model_name: holds the control character(s) '\\t'",
+                 id="tab in free text"),
+])
+def test_a_value_that_would_be_read_as_syntax_is_refused_at_load(write_site, old, new, expected):
+    (line,) = problems(write_site(edited(old, new)))
+    assert line.startswith(expected), line
+
+
+def test_a_local_path_with_a_newline_is_refused_at_load(write_site):
+    (line,) = problems(write_site(edited('path = "modules/thunderbolt_net.ko"',
+                                         'path = "modules/x\\nProxyCommand id"')))
+    assert line.startswith("candidate.path: ") and "control character" in line, line
+
+
+def test_every_accepted_hostile_value_renders_into_the_real_units_and_scripts(write_site):
+    # Blanks, %, $, quotes and backslashes are not refused: each format quotes them.
+    from operations import serving
+    from operations.services import render
+    from operations.states import STATES
+
+    site = load_site(write_site(MINIMAL_SITE.replace(
+        'model_path = "/srv/models/qwen"', 'model_path = "/srv/my models/100% $HOME \\"q\\""'
+    ).replace('served_model_name = "qwen"', 'served_model_name = "qwen 100% $x \\\\ y"'
+    ).replace('user = "sglang"', 'user = "sglang"\nworking_directory = "/srv/a b/%h"')))
+    name, data = site.workstation_hosts()[0]
+
+    class Data(dict):
+        def __getattr__(self, key):
+            return self.get(key)
+
+    sglang = serving.Sglang.from_host(type("H", (), {"name": name, "data": Data(data)})())
+    for service in (serving.replica_service(sglang),
+                    serving.tp_rank_service(sglang, STATES["tp2_e2e"].speculative)):
+        unit = render(service, "systemd")
+        assert "WorkingDirectory=/srv/a b/%%h\n" in unit
+        assert '"/srv/my models/100%% $$HOME \\"q\\""' in unit
+        assert render(service, "runit").count("\n") == render(
+            service.model_copy(update={"description": "x"}), "runit").count("\n")
