@@ -16,7 +16,8 @@ from operations import attempt, link, lock, phase
 from operations.link import RouteInterface
 from operations.lock import HostLock, RunOwner
 
-OWNER = RunOwner(socket.gethostname(), "root", 4242, "2026-11-29T13:00:00+0000", "tp2_e2e")
+OWNER = RunOwner(socket.gethostname(), "root", 4242, "2026-11-29T13:00:00+0000", "tp2_e2e",
+                 "0123456789abcdef01234567", lock.boot_here())
 
 
 def holding(owner: RunOwner | None):
@@ -27,8 +28,7 @@ def test_a_free_lock_is_taken_without_reporting_a_change() -> None:
     shell: list[str] = []
     assert run_operation(lock.held, holding(None), shell=shell, run_dir="/run/twinbolt",
                          owner=OWNER) == []
-    assert shell == ["mkdir -p -m 0700 /run/twinbolt && ( set -C ; echo "
-                     f"'{OWNER.line()}' > /run/twinbolt/lock )"]
+    assert shell == [lock.swapped("/run/twinbolt", "", OWNER.line()).get_raw_value()]
 
 
 def test_a_lock_held_by_a_live_run_is_refused_naming_the_holder() -> None:
@@ -42,10 +42,12 @@ def test_a_lock_held_by_a_live_run_is_refused_naming_the_holder() -> None:
 def test_a_stale_lock_is_taken_over() -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
-    stale = RunOwner(socket.gethostname(), "root", dead.pid, "earlier", "tp2_e2e")
+    stale = RunOwner(socket.gethostname(), "root", dead.pid, "earlier", "tp2_e2e", "feed",
+                     lock.boot_here())
     shell: list[str] = []
     run_operation(lock.held, holding(stale), shell=shell, run_dir="/run/twinbolt", owner=OWNER)
-    assert shell and "rm -f /run/twinbolt/lock" in shell[0]
+    assert shell == [lock.swapped("/run/twinbolt", f"present {stale.line()}",
+                                  OWNER.line()).get_raw_value()]
 
 
 def test_the_lock_is_only_taken_when_executing_and_released_only_if_ours() -> None:
@@ -55,11 +57,12 @@ def test_the_lock_is_only_taken_when_executing_and_released_only_if_ours() -> No
     assert shell == []
     run_operation(lock.released, holding(OWNER), shell=shell, run_dir="/run/twinbolt",
                   owner=OWNER)
-    assert shell == ["rm -f /run/twinbolt/lock"]
+    removal = lock.swapped("/run/twinbolt", f"present {OWNER.line()}", None).get_raw_value()
+    assert shell == [removal]
     other = RunOwner("elsewhere", "ana", 77, "earlier", "production")
     run_operation(lock.released, holding(other), shell=shell, run_dir="/run/twinbolt",
                   owner=OWNER)
-    assert shell == ["rm -f /run/twinbolt/lock"]
+    assert shell == [removal]
 
 
 def test_availability_is_read_only_and_refuses_a_live_holder() -> None:
@@ -73,8 +76,88 @@ def test_availability_is_read_only_and_refuses_a_live_holder() -> None:
 
 
 def test_lock_line_round_trips_through_the_fact() -> None:
-    assert HostLock().process([OWNER.line()]) == OWNER
+    assert HostLock().process([f"owner {OWNER.line()}"]) == OWNER
     assert HostLock().process([]) is None
+
+
+def test_an_owner_of_another_boot_or_machine_is_never_judged_gone() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    here = RunOwner("same-name", "root", dead.pid, "earlier", "tp2_e2e", "a1", lock.boot_here())
+    assert here.gone()
+    # Another operator machine with this host name, or this one before a reboot.
+    assert not RunOwner(socket.gethostname(), "root", dead.pid, "earlier", "tp2_e2e", "b2",
+                        "another-boot/4026531836").gone()
+    assert not RunOwner.parse(f"machine={socket.gethostname()} user=root pid={dead.pid}").gone()
+
+
+def test_two_runs_are_two_owners_even_with_one_machine_and_pid() -> None:
+    lock.this_run.cache_clear()
+    first = lock.this_run("tp2_e2e")
+    lock.this_run.cache_clear()
+    second = lock.this_run("tp2_e2e")
+    lock.this_run.cache_clear()
+    assert (first.machine, first.pid) == (second.machine, second.pid) and first != second
+    assert RunOwner.parse(first.line()) == first
+
+
+@pytest.mark.parametrize("content, why", [("", "empty"), ("\n", "empty")])
+def test_an_empty_lock_file_is_refused_naming_the_file_and_the_fix(content: str, why: str,
+                                                                   tmp_path) -> None:
+    (tmp_path / "lock").write_text(content)
+    command = HostLock().command(str(tmp_path)).get_raw_value()
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
+    found = HostLock().process(output.splitlines())
+    assert found == lock.UnreadableLock(why)
+    with pytest.raises(OperationError) as refused:
+        run_operation(lock.held, holding(found), run_dir=str(tmp_path), owner=OWNER)
+    assert (f"{tmp_path}/lock on wsa is {why} and names no run: if no run holds these hosts, "
+            f"remove {tmp_path}/lock on wsa") in str(refused.value)
+
+
+def test_the_lock_fact_reads_a_real_lock_file_and_none_without_one(tmp_path) -> None:
+    command = HostLock().command(str(tmp_path)).get_raw_value()
+    assert subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout == ""
+    (tmp_path / "lock").write_text(OWNER.line() + "\n")
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
+    assert HostLock().process(output.splitlines()) == OWNER
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["free lock", "stale lock"])
+def test_racing_takeovers_of_one_lock_have_exactly_one_winner(stale: bool, tmp_path) -> None:
+    # The very command lock.held runs, started many times at once, round after round.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    previous = RunOwner("ops", "root", dead.pid, "earlier", "tp2_e2e", "dead", lock.boot_here())
+    for round_ in range(12):
+        run_dir = tmp_path / f"round{round_}"
+        run_dir.mkdir()
+        if stale:
+            (run_dir / "lock").write_text(previous.line() + "\n")
+        owners = [RunOwner("ops", "root", 1000 + index, "now", "tp2_e2e", f"token{index}",
+                           "b") for index in range(8)]
+        seen = lock.seen_as(previous if stale else None)
+        racers = [subprocess.Popen(["sh", "-c", lock.swapped(str(run_dir), seen, owner.line())
+                                    .get_raw_value()], stderr=subprocess.PIPE, text=True)
+                  for owner in owners]
+        results = [racer.wait() for racer in racers]
+        for racer in racers:
+            racer.stderr.close()
+        winners = [owner for owner, code in zip(owners, results, strict=True) if code == 0]
+        assert len(winners) == 1, f"round {round_}: {len(winners)} runs won"
+        assert (run_dir / "lock").read_text() == winners[0].line() + "\n"
+        assert sorted(path.name for path in run_dir.iterdir()) == ["lock", "lock.guard"]
+
+
+def test_a_release_removes_only_this_runs_lock(tmp_path) -> None:
+    (tmp_path / "lock").write_text(OWNER.line() + "\n")
+    other = RunOwner("ops", "root", 1, "now", "tp2_e2e", "other", "b")
+    not_ours = lock.swapped(str(tmp_path), lock.seen_as(other), None).get_raw_value()
+    assert subprocess.run(["sh", "-c", not_ours], capture_output=True).returncode != 0
+    assert (tmp_path / "lock").exists()
+    ours = lock.swapped(str(tmp_path), lock.seen_as(OWNER), None).get_raw_value()
+    assert subprocess.run(["sh", "-c", ours], capture_output=True).returncode == 0
+    assert not (tmp_path / "lock").exists()
 
 
 def test_management_over_the_link_is_refused() -> None:
