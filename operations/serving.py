@@ -258,10 +258,16 @@ class SglangVersion(EmptyMeansSomething):
         "print('version', importlib.import_module(package).__version__)\n"
     )
 
-    def command(self, python: str, module: str, working_directory: str = "/") -> StringCommand:
+    def command(self, python: str, module: str, working_directory: str = "/",
+                user: str = "root") -> StringCommand:
+        # As the serving user, as the service will run it: importing runs the
+        # venv's and the working directory's code, which root must not run.
+        script = 'cd "$1" && exec "$2" -c "$3" "$4"'
+        as_user = [] if user == "root" else ["runuser", "-u", QuoteString(user), "--"]
         return StringCommand(
-            "cd", QuoteString(working_directory), "&&", QuoteString(python), "-c",
-            QuoteString(self.SCRIPT), QuoteString(module), "2>&1", "||", "true",
+            *as_user, "sh", "-c", QuoteString(script), "-", QuoteString(working_directory),
+            QuoteString(python), QuoteString(self.SCRIPT), QuoteString(module), "2>&1", "||",
+            "true",
         )
 
     def process(self, output: list[str]) -> dict:
@@ -559,7 +565,7 @@ def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative
             found.append(f"the draft weights {sglang.draft_model_path} are not on this host")
     if serving == "tp2" and speculative:
         version = host.get_fact(SglangVersion, python=sglang.python, module=sglang.module,
-                                working_directory=sglang.working_directory)
+                                working_directory=sglang.working_directory, user=sglang.user)
         found += version_problems(version, sglang.min_version)
     if serving == "tp2":
         running = host.get_fact(services.RunningServices, prefix=REPLICA,
