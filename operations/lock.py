@@ -120,6 +120,23 @@ class UnreadableLock:
         return f"a lock file that names no run ({self.why})"
 
 
+# The host data naming the run whose lock a rollback holds (attempt.rolled_back).
+INHERITED_KEY = "lock_inherited"
+
+
+def run_owner(state: str, inherited: str | None) -> RunOwner:
+    """
+    Who this run is: itself, or, for the rollback a failed run starts, that run
+    (``inherited``, its :meth:`RunOwner.line`), whose lock it holds on and leaves.
+    """
+    return RunOwner.parse(inherited) if inherited else this_run(state)
+
+
+def inheriting(owner: RunOwner) -> str:
+    """The ``key=value`` data item that has a rollback hold ``owner``'s lock."""
+    return f"{INHERITED_KEY}={owner.line()}"
+
+
 @cache
 def this_run(state: str) -> RunOwner:
     """This run, the same value on every host (``deploy.py`` runs once per host)."""
@@ -250,12 +267,16 @@ def held(run_dir: str, owner: RunOwner) -> Iterator[PyinfraCommand]:
 
 
 @operation(is_idempotent=True)
-def released(run_dir: str, owner: RunOwner) -> Iterator[PyinfraCommand]:
+def released(run_dir: str, owner: RunOwner, inherited: bool = False
+             ) -> Iterator[PyinfraCommand]:
     """
-    Release this host's lock if this run holds it.
+    Release this host's lock if this run holds it; a rollback (``inherited``)
+    leaves it to the run that started it, which releases it once the rollback
+    is done.
 
     + run_dir: the tmpfs directory holding the lock
     + owner: this run
+    + inherited: the lock is the failed run's, which this rollback holds on
 
     **Example:**
 
@@ -263,6 +284,9 @@ def released(run_dir: str, owner: RunOwner) -> Iterator[PyinfraCommand]:
 
         lock.released(name="Lock: released", run_dir="/run/twinbolt", owner=owner)
     """
+    if inherited:
+        host.noop("the lock stays with the run this rollback converges for")
+        return
     if executing() and host.get_fact(HostLock, run_dir=run_dir) == owner:
         run_now(swapped(run_dir, seen_as(owner), None))
     host.noop("the lock is released")

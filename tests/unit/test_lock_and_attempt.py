@@ -231,6 +231,49 @@ def test_the_rollback_runs_once_and_only_after_a_failure(fresh_attempt) -> None:
                          on_failure="rollback", runner="wsa") == []
 
 
+def test_a_data_secret_reaches_the_rollback_in_its_environment_not_its_command_line(
+        fresh_attempt, monkeypatch) -> None:
+    attempt.remember_command_line(parsed([
+        "inventory.py", "deploy.py", "--data", "state=tp2_e2e",
+        "--data", "_sudo_password=hunter2", "--data", "campaign_retries=3",
+    ]))
+    assert not any("hunter2" in word for word in fresh_attempt.rollback_command)
+    # (The inventory reads it back: test_inventory's rollback test; carried_data
+    # imports pyinfra's CLI, which monkey-patches whatever process imports it.)
+    environment = attempt.rollback_environment([lock.inheriting(OWNER)])
+    assert json.loads(environment[attempt.CARRIED_DATA_ENV]) == [
+        "_sudo_password=hunter2", "campaign_retries=3", lock.inheriting(OWNER)]
+    ran: list[tuple[list[str], dict]] = []
+    monkeypatch.setattr(attempt.subprocess, "run", lambda command, **options: (
+        ran.append((command, options["env"])) or SimpleNamespace(returncode=0)))
+    logged: list[str] = []
+    fake_host = SimpleNamespace(log_styled=lambda message, **_: logged.append(message))
+    assert attempt.run_rollback(None, fake_host, fresh_attempt.rollback_command,
+                                [lock.inheriting(OWNER)])
+    [(command, env)] = ran
+    assert "hunter2" not in " ".join(command) + logged[0]
+    assert logged[0].endswith("(carrying --data _sudo_password, campaign_retries, "
+                              "lock_inherited)")
+    assert "hunter2" in env[attempt.CARRIED_DATA_ENV]
+
+
+def test_the_rollback_holds_the_failed_runs_lock_and_leaves_it_to_that_run(fresh_attempt
+                                                                          ) -> None:
+    fresh_attempt.rollback_command = ["pyinfra", "-y", "inventory.py", "deploy.py"]
+    fresh_attempt.record("wsb", "op1", "wsb: link layer: no carrier")
+    assert run_operation(attempt.rolled_back, no_facts, on_failure="rollback", runner="wsa",
+                         carried=(lock.inheriting(OWNER),)) == ["call run_rollback"]
+    # The rollback is the owner it was given: the lock is its own, not another run's.
+    inherited = lock.run_owner("production", OWNER.line())
+    assert inherited == OWNER
+    assert run_operation(lock.held, holding(OWNER), run_dir="/run/twinbolt",
+                         owner=inherited) == []
+    shell: list[str] = []
+    run_operation(lock.released, holding(OWNER), shell=shell, run_dir="/run/twinbolt",
+                  owner=inherited, inherited=True)
+    assert shell == []
+
+
 def test_a_command_run_at_once_runs_as_the_operation_does_under_sudo(monkeypatch) -> None:
     """The lock and the address are written by direct commands: they need the site's _sudo."""
     ran: list[dict] = []
@@ -276,8 +319,8 @@ def test_the_rollback_reaches_the_hosts_as_the_run_did(fresh_attempt) -> None:
     assert (again["sudo"], again["sudo_user"], again["ssh_user"], again["ssh_port"],
             again["ssh_key"], again["limit"]) == (True, "root", "admin", 2222, "/keys/id",
                                                   ["workstations", "gateway"])
-    assert again["yes"] and again["data"] == ["ledger_path=/tmp/l.jsonl", "state=production",
-                                              "on_failure=stop"]
+    assert again["yes"] and again["data"] == ["state=production", "on_failure=stop"]
+    assert fresh_attempt.rollback_data == ["ledger_path=/tmp/l.jsonl"]
     assert (again["inventory"], again["operations"]) == ("inventory.py", ["deploy.py"])
 
 
