@@ -48,6 +48,7 @@ from operations.syntax import (
     HostName,
     InterfaceName,
     ModuleName,
+    ServiceAccount,
     no_control_characters,
 )
 
@@ -232,7 +233,8 @@ class Serving(_Section):
     sglang_module: ModuleName = "sglang.launch_server"
     # The release the SGLang facts in REFERENCE.md (NEXTN flags, /server_info) hold for.
     min_sglang_version: Version = "0.5.9"
-    user: AccountName
+    # Never root (operations/syntax.py says why).
+    user: ServiceAccount
     init_system: Literal["systemd", "runit"] = "systemd"
     # On each workstation; SGLang's caches follow the user's home, not this.
     working_directory: AbsolutePath = "/"
@@ -295,7 +297,7 @@ class GatewayRoles(_Section):
     litellm_venv: AbsolutePath = "/opt/twinbolt/litellm"
     # The proxy reads the master key, so it runs as an account of its own
     # (created if missing) that owns the key file.
-    litellm_user: AccountName = "litellm"
+    litellm_user: ServiceAccount = "litellm"
     init_system: Literal["systemd", "runit"] = "systemd"
     # twinbolt installs sglang-router into this virtualenv on the gateway.
     router_venv: AbsolutePath = "/opt/twinbolt/sglang-router"
@@ -304,7 +306,7 @@ class GatewayRoles(_Section):
     # ["--no-index", "--find-links", "/srv/wheelhouse"] for a gateway offline.
     pip_options: list[Text] = Field(default_factory=list)
     # The router keeps no state: an unprivileged user that exists everywhere.
-    router_user: AccountName = "nobody"
+    router_user: ServiceAccount = "nobody"
     large: LargeBackend
 
     @model_validator(mode="after")

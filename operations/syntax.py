@@ -60,6 +60,18 @@ def not_an_option(value: str) -> str:
     return value
 
 
+def not_root(value: str) -> str:
+    # A server that answers the network, runs a venv's code and loads the
+    # working directory's modules does not need root: a hole in it is then a
+    # hole in an account that owns nothing but its own files.
+    if value == "root":
+        raise ValueError("must not be root: the service needs no privilege (its ports are "
+                         "above 1024; a GPU server needs the GPU device files, readable by an "
+                         "account in the group that owns /dev/nvidia*, \"video\" or "
+                         "\"render\"); name an unprivileged account")
+    return value
+
+
 def absolute(value: str) -> str:
     if not value.startswith("/"):
         raise ValueError("must be an absolute path (starting with '/')")
@@ -97,6 +109,8 @@ FreeText = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)
 Argument = Annotated[FreeText, AfterValidator(not_an_option)]
 AbsolutePath = Annotated[FreeText, AfterValidator(absolute)]
 AccountName = Annotated[str, AfterValidator(_matching(ACCOUNT_NAME, "an account name"))]
+# The account a network service runs as.
+ServiceAccount = Annotated[AccountName, AfterValidator(not_root)]
 HostName = Annotated[str, AfterValidator(_matching(HOST_NAME, "a host name or address"))]
 InterfaceName = Annotated[str, AfterValidator(_matching(INTERFACE_NAME,
                                                         "a network interface's name"))]

@@ -376,3 +376,16 @@ def test_every_accepted_hostile_value_renders_into_the_real_units_and_scripts(wr
         assert '"/srv/my models/100%% $$HOME \\"q\\""' in unit
         assert render(service, "runit").count("\n") == render(
             service.model_copy(update={"description": "x"}), "runit").count("\n")
+
+
+@pytest.mark.parametrize(("old", "new", "key"), [
+    ('user = "sglang"', 'user = "root"', "serving.user"),
+    ("[gateway_roles.large]", '[gateway_roles]\nlitellm_user = "root"\n\n[gateway_roles.large]',
+     "gateway_roles.litellm_user"),
+    ("[gateway_roles.large]", '[gateway_roles]\nrouter_user = "root"\n\n[gateway_roles.large]',
+     "gateway_roles.router_user"),
+])
+def test_a_service_is_never_run_as_root(write_site, old, new, key):
+    (line,) = problems(write_site(edited(old, new)))
+    assert line.startswith(f"{key}: must not be root: the service needs no privilege"), line
+    assert "name an unprivileged account" in line
