@@ -451,7 +451,9 @@ def test_a_hostile_service_renders_as_exactly_its_directives() -> None:
                   if line and not line.startswith(("#", "["))]
     assert directives == ["Description", "Wants", "After", "Type", "User", "WorkingDirectory",
                           "Environment", "Environment", "Environment", "ExecStart", "Restart",
-                          "RestartSec", "TimeoutStopSec", "WantedBy"]
+                          "RestartSec", "TimeoutStopSec", "NoNewPrivileges", "ProtectSystem",
+                          "WantedBy"]
+    assert "NoNewPrivileges=yes\n" in unit and "ProtectSystem=full\n" in unit
     assert "User=svc.user-1\n" in unit
     assert "WorkingDirectory=/srv/my models/100%% $HOME\n" in unit
     assert "Description=Serves q%%h $USER \"quoted\" \\ at 100%%\n" in unit
