@@ -354,38 +354,42 @@ def test_a_local_path_with_a_newline_is_refused_at_load(write_site):
 
 def test_every_accepted_hostile_value_renders_into_the_real_units_and_scripts(write_site):
     # Blanks, %, $, quotes and backslashes are not refused: each format quotes them.
-    from operations import serving
+    # Every service a run builds is built here from the site's own host data, so a
+    # value the site accepts cannot fail a later step's pattern with the replicas down.
+    from operations import gateway, serving, serving_router
     from operations.services import render
     from operations.states import STATES
 
     site = load_site(write_site(MINIMAL_SITE.replace(
         'model_path = "/srv/models/qwen"', 'model_path = "/srv/my models/100% $HOME \\"q\\""'
     ).replace('served_model_name = "qwen"', 'served_model_name = "qwen 100% $x \\\\ y"'
-    ).replace('user = "sglang"', 'user = "sglang"\nworking_directory = "/srv/a b/%h"')))
-    name, data = site.workstation_hosts()[0]
+    ).replace('user = "sglang"', 'user = "sglang"\nworking_directory = "/srv/a b/%h"'
+    ).replace("[gateway_roles.large]", '[gateway_roles]\nlitellm_venv = "/opt/lite llm/%i"\n'
+              'master_key_file = "/etc/key $1"\n\n[gateway_roles.large]')))
 
     class Data(dict):
         def __getattr__(self, key):
             return self.get(key)
 
-    sglang = serving.Sglang.from_host(type("H", (), {"name": name, "data": Data(data)})())
-    for service in (serving.replica_service(sglang),
-                    serving.tp_rank_service(sglang, STATES["tp2_e2e"].speculative)):
-        unit = render(service, "systemd")
-        assert "WorkingDirectory=/srv/a b/%%h\n" in unit
-        assert '"/srv/my models/100%% $$HOME \\"q\\""' in unit
-        assert render(service, "runit").count("\n") == render(
-            service.model_copy(update={"description": "x"}), "runit").count("\n")
+    def host(name, data):
+        return type("Host", (), {"name": name, "data": Data(data)})()
 
-
-@pytest.mark.parametrize(("old", "new", "key"), [
-    ('user = "sglang"', 'user = "root"', "serving.user"),
-    ("[gateway_roles.large]", '[gateway_roles]\nlitellm_user = "root"\n\n[gateway_roles.large]',
-     "gateway_roles.litellm_user"),
-    ("[gateway_roles.large]", '[gateway_roles]\nrouter_user = "root"\n\n[gateway_roles.large]',
-     "gateway_roles.router_user"),
-])
-def test_a_service_is_never_run_as_root(write_site, old, new, key):
-    (line,) = problems(write_site(edited(old, new)))
-    assert line.startswith(f"{key}: must not be root: the service needs no privilege"), line
-    assert "name an unprivileged account" in line
+    workstations = [host(name, data) for name, data in site.workstation_hosts()]
+    the_gateway = host(*site.gateway_hosts()[0])
+    sglang = serving.Sglang.from_host(workstations[0])
+    router = serving_router.Router.from_hosts(the_gateway, workstations)
+    proxy = gateway.Proxy.from_host(the_gateway, router.served_model_name, router.url)
+    built = [serving.replica_service(sglang), serving_router.router_service(router),
+             gateway.proxy_service(proxy),
+             *(serving.tp_rank_service(sglang, state.speculative) for state in STATES.values())]
+    for service in built:
+        for init_system in ("systemd", "runit"):
+            rendered = render(service, init_system)
+            assert rendered.count("\n") == render(service.model_copy(update={
+                "description": "x", "command": ["/x"], "working_directory": "/"}),
+                init_system).count("\n"), (service.name, init_system)
+    unit = render(serving.replica_service(sglang), "systemd")
+    assert "WorkingDirectory=/srv/a b/%%h\n" in unit
+    assert '"/srv/my models/100%% $$HOME \\"q\\""' in unit
+    assert "qwen 100%% $x \\ y" in unit
+    assert '"LITELLM_MASTER_KEY=/etc/key $$1"' in render(gateway.proxy_service(proxy), "systemd")
