@@ -301,16 +301,21 @@ def refuse_control_characters(value: str, where: str) -> None:
                          f"character(s) {', '.join(found)}")
 
 
-def unit_quote(word: str) -> str:
+def unit_quote(word: str, variables: bool = True) -> str:
     """
-    One word of a systemd ``ExecStart=``/``Environment=`` line.
+    One word of a systemd ``ExecStart=`` line, or with ``variables=False`` of an
+    ``Environment=`` line.
 
-    systemd expands ``%`` specifiers and ``$`` variables in these lines, so both
-    are escaped; words with blanks, quotes or backslashes are double-quoted. A
-    control character is refused: no quoting keeps a newline on its line.
+    systemd expands ``%`` specifiers in both, and ``$`` variables in
+    ``ExecStart=`` only (in ``Environment=`` "``$`` has no special meaning",
+    systemd.exec(5)), so those are escaped; words with blanks, quotes or
+    backslashes are double-quoted. A control character is refused: no quoting
+    keeps a newline on its line.
     """
     refuse_control_characters(word, "a systemd unit")
-    word = word.replace("%", "%%").replace("$", "$$")
+    word = word.replace("%", "%%")
+    if variables:
+        word = word.replace("$", "$$")
     if word and not re.search(r"[\s\"'\\;]", word):
         return word
     return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'

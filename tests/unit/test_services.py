@@ -457,7 +457,9 @@ def test_a_hostile_service_renders_as_exactly_its_directives() -> None:
     assert "User=svc.user-1\n" in unit
     assert "WorkingDirectory=/srv/my models/100%% $HOME\n" in unit
     assert "Description=Serves q%%h $USER \"quoted\" \\ at 100%%\n" in unit
-    assert "Environment=WITH_PERCENT=%%n\n" in unit and "Environment=WITH_DOLLAR=$$PATH\n" in unit
+    # systemd.exec(5): in Environment= "$ has no special meaning"; in ExecStart= it does.
+    assert "Environment=WITH_PERCENT=%%n\n" in unit and "Environment=WITH_DOLLAR=$PATH\n" in unit
+    assert " $$HOME $${X} " in unit
 
 
 def test_a_hostile_service_passes_systemd_analyze_verify(tmp_path: Path) -> None:
