@@ -182,11 +182,14 @@ def swapped(run_dir: str, seen: str, new: str | None) -> StringCommand:
     """
     script = (
         'dir=$1 seen=$2 new=$3; mkdir -p -m 0700 "$dir" && cd "$dir" || exit 1; '
-        f'exec 9>>{GUARD_NAME}; '
-        f'flock -x -w {GUARD_SECONDS} 9 || {{ echo "$dir/{GUARD_NAME} stays locked" >&2; '
+        'command -v flock >/dev/null || { echo "flock (util-linux) is not installed" >&2; '
         "exit 1; }; "
+        f'exec 9>>{GUARD_NAME}; '
+        f'flock -x -w {GUARD_SECONDS} 9 || {{ echo "$dir/{GUARD_NAME} stayed locked for '
+        f'{GUARD_SECONDS}s" >&2; exit 1; }}; '
         f'now=; [ -e {LOCK_NAME} ] && now="present $(head -n 1 {LOCK_NAME})"; '
-        '[ "$now" = "$seen" ] || { echo "the lock now reads: ${now:-nothing}" >&2; exit 1; }; '
+        '[ "$now" = "$seen" ] || { echo "another run changed it first; it now reads: '
+        '${now:-nothing}" >&2; exit 1; }; '
         f'if [ "$4" = remove ]; then rm -f {LOCK_NAME}; exit; fi; '
         f'tmp={LOCK_NAME}.new.$$; printf "%s\\n" "$new" > "$tmp" && mv -f "$tmp" {LOCK_NAME}'
     )
@@ -261,7 +264,7 @@ def held(run_dir: str, owner: RunOwner) -> Iterator[PyinfraCommand]:
     # One winner: the lock is replaced only if it still reads what was judged above.
     taken, output = run_now(swapped(run_dir, seen_as(current), owner.line()))
     if not taken:
-        refuse("lock", [f"another run took {path} at the same moment: {output.stderr}"])
+        refuse("lock", [f"{path} could not be taken: {output.stderr}"])
     host.noop("this run holds the lock")
     yield from ()
 

@@ -149,6 +149,18 @@ def test_racing_takeovers_of_one_lock_have_exactly_one_winner(stale: bool, tmp_p
         assert sorted(path.name for path in run_dir.iterdir()) == ["lock", "lock.guard"]
 
 
+def test_a_takeover_of_a_lock_another_run_changed_first_says_so(tmp_path) -> None:
+    (tmp_path / "lock").write_text(OWNER.line() + "\n")
+    dead = RunOwner("ops", "root", 1, "then", "tp2_e2e", "dead", "b")
+    command = lock.swapped(str(tmp_path), lock.seen_as(dead), "machine=x token=y")
+    result = subprocess.run(["sh", "-c", command.get_raw_value()], capture_output=True,
+                            text=True)
+    assert result.returncode != 0
+    assert result.stderr.strip() == f"another run changed it first; it now reads: present " \
+                                    f"{OWNER.line()}"
+    assert (tmp_path / "lock").read_text() == OWNER.line() + "\n"
+
+
 def test_a_release_removes_only_this_runs_lock(tmp_path) -> None:
     (tmp_path / "lock").write_text(OWNER.line() + "\n")
     other = RunOwner("ops", "root", 1, "now", "tp2_e2e", "other", "b")
