@@ -101,6 +101,8 @@ class Sglang:
     init_system: InitSystem
     working_directory: str
     start_timeout: float
+    # Where the server listens (site key workstations.listen_address).
+    listen_address: str = "0.0.0.0"
 
     @classmethod
     def from_host(cls, workstation: Host) -> Sglang:
@@ -128,6 +130,7 @@ class Sglang:
             init_system=data.serving_init_system,
             working_directory=data.serving_working_directory,
             start_timeout=data.serving_start_timeout_seconds,
+            listen_address=data.serving_listen_address,
         )
 
     @property
@@ -149,9 +152,10 @@ def server_command(sglang: Sglang) -> list[str]:
         sglang.python, "-m", sglang.module,
         "--model-path", sglang.model_path,
         "--served-model-name", sglang.served_model_name,
-        # Every address: the router, the acceptance probes and clients come from
-        # elsewhere, and a workstation's own name may resolve to loopback on it.
-        "--host", "0.0.0.0",
+        # Every address unless the site names one: the router, the acceptance
+        # probes and clients come from elsewhere, and a workstation's own name
+        # may resolve to loopback on it.
+        "--host", sglang.listen_address,
         "--port", str(sglang.port),
         "--enable-metrics",
         # Without it SGLang leaves cached_tokens out of usage.

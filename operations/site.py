@@ -178,6 +178,11 @@ class Workstation(Host):
     """A GPU workstation: one end of the Thunderbolt link."""
 
     thunderbolt_address: LinkLocalAddress
+    # Where SGLang listens: every address by default (the router, the probes and
+    # clients come from elsewhere). SGLang asks no key, so a site with other
+    # networks names the one the router reaches it on (ssh_hostname's address).
+    # Not the host's own name: Debian and Ubuntu map it to 127.0.1.1.
+    listen_address: IPvAnyAddress = IPv4Address("0.0.0.0")
 
 
 class Ssh(_Section):
@@ -359,6 +364,7 @@ class Site(_Section):
                     **self._ssh_data(workstation),
                     "rank": rank,
                     "thunderbolt_address": str(workstation.thunderbolt_address),
+                    "serving_listen_address": str(workstation.listen_address),
                     "peer_thunderbolt_address": str(
                         self.workstations[1 - rank].thunderbolt_address
                     ),

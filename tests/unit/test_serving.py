@@ -157,10 +157,11 @@ def test_settings_come_from_host_data_rank_1_meets_at_its_peers_address() -> Non
         "serving_port": 30000, "serving_dist_init_port": 5757,
         "serving_min_sglang_version": "0.5.9", "serving_user": "sglang",
         "serving_init_system": "runit", "serving_working_directory": "/",
-        "serving_start_timeout_seconds": 60,
+        "serving_start_timeout_seconds": 60, "serving_listen_address": "10.66.0.12",
     }
     host = SimpleNamespace(name="wsb", data=SimpleNamespace(**data, get=data.get))
     workstation = Sglang.from_host(host)
+    assert flags(serving.server_command(workstation))["--host"] == "10.66.0.12"
     assert workstation.rank0_link_address == "169.254.77.1"
     assert workstation.url == "http://10.66.0.12:30000"
     assert workstation.tp_rank_name == "sglang-tp2-rank1"

@@ -393,3 +393,16 @@ def test_every_accepted_hostile_value_renders_into_the_real_units_and_scripts(wr
     assert '"/srv/my models/100%% $$HOME \\"q\\""' in unit
     assert "qwen 100%% $x \\ y" in unit
     assert '"LITELLM_MASTER_KEY=/etc/key $$1"' in render(gateway.proxy_service(proxy), "systemd")
+
+
+def test_a_workstation_names_where_sglang_listens_every_address_by_default(write_site):
+    hosts = dict(load_site(write_site(edited(
+        'ssh_port = 1\nthunderbolt_address = "169.254.77.2"',
+        'ssh_port = 1\nthunderbolt_address = "169.254.77.2"\nlisten_address = "10.0.0.12"',
+    ))).workstation_hosts())
+    assert hosts["ws0"]["serving_listen_address"] == "0.0.0.0"
+    assert hosts["ws1"]["serving_listen_address"] == "10.0.0.12"
+    (line,) = problems(write_site(edited('thunderbolt_address = "169.254.77.2"',
+                                         'thunderbolt_address = "169.254.77.2"\n'
+                                         'listen_address = "ws1.lan"')))
+    assert line.startswith("workstations.1.listen_address: value is not a valid IPv4 or IPv6")
