@@ -49,7 +49,9 @@ state = resolve_state(host.data.get("state"))
 on_failure = host.data.get("on_failure") or "rollback"
 workstation = "workstations" in host.groups
 on_gateway = "gateway" in host.groups
-this_run = lock.this_run(state.name)
+# A rollback holds the lock of the failed run that started it.
+inherited_lock = host.data.get(lock.INHERITED_KEY)
+this_run = lock.run_owner(state.name, inherited_lock)
 run = attempt.begin()
 workstation_names = [member.name for member in inventory.get_group("workstations")]
 
@@ -213,12 +215,15 @@ if workstation:
     ledger.observed(name="Ledger: the controller, kernel and driver the attempt ran",
                     module=host.data.candidate_module_name)
 
-# A failed attempt ends in a verified production: a new run converges it.
-lock.released(name="Lock: released", run_dir=host.data.run_dir, owner=this_run)
 # One host speaks for the run: the rollback is one run, the conclusion one message.
 spokesman = workstation_names[0]
+# A failed attempt ends in a verified production: a new run converges it, holding
+# this run's lock, so that no other run moves the hosts in between.
 # A failed rollback is reported by the conclusion, not by pyinfra's abort.
 attempt.rolled_back(name="Rollback: production is converged and proven if the attempt failed",
-                    on_failure=on_failure, runner=spokesman, _ignore_errors=True)
+                    on_failure=on_failure, runner=spokesman, carried=(lock.inheriting(this_run),),
+                    _ignore_errors=True)
+lock.released(name="Lock: released", run_dir=host.data.run_dir, owner=this_run,
+              inherited=bool(inherited_lock))
 attempt.concluded(name="Conclusion: did the attempt succeed, and what was restored",
                   on_failure=on_failure, runner=spokesman)

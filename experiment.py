@@ -120,11 +120,9 @@ async def run_matrix(arguments: argparse.Namespace, topology: Topology) -> int:
 
 
 def show_matrix(path: Path) -> int:
-    try:
-        records = ledger.read(path)
-    except ValueError as error:
-        print(f"experiment: {error}", file=sys.stderr)
-        return 2
+    records, skipped = ledger.read_all(path)
+    for warning in skipped:
+        print(f"experiment: ledger: {warning}", file=sys.stderr)
     print(f"ledger: {path}, {len(records)} record(s)\n")
     print(matrix.render(records) if records else "(no runs recorded yet)")
     print("\nrecorded stalls (preflight refuses the candidate on these controllers):")

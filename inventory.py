@@ -14,6 +14,7 @@ between its hosts; the rest is ``group_data/``.
 import os
 from pathlib import Path
 
+from operations.attempt import carried_data
 from operations.connect import nodelay_data
 from operations.site import SITE_ENV, load_site, sudo_data
 
@@ -70,3 +71,9 @@ else:
     ]
     gateway = [("gw", _lab_ssh("10.66.0.13", _OPERATOR))]
     lab = ["wsa", "wsb", "gw"]
+
+# A rollback's --data, carried by the run that started it (operations/attempt.py):
+# host data, which wins over group data as --data does.
+_carried = carried_data()
+workstations = [(name, {**data, **_carried}) for name, data in workstations]
+gateway = [(name, {**data, **_carried}) for name, data in gateway]

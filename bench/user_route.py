@@ -16,6 +16,7 @@ It prints figures; it asserts nothing (timing belongs here, not in tests).
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import subprocess
 import sys
@@ -44,8 +45,8 @@ def gateway_client() -> OpenAI:
         config.flush()
         # Mode 600, the proxy's own: read as root, through sudo where the site needs it.
         key = subprocess.run(
-            ["ssh", "-F", config.name, gateway.name,
-             remote_command(f"cat {gateway.data['gateway_roles_master_key_file']}",
+            ["ssh", "-F", config.name, "--", gateway.name,
+             remote_command(f"cat {shlex.quote(gateway.data['gateway_roles_master_key_file'])}",
                             sudo=bool(gateway.data.get(SUDO)))],
             capture_output=True, text=True, check=True, timeout=30).stdout.strip()
     url = f"http://{gateway.data['ssh_hostname']}:{gateway.data['gateway_roles_litellm_port']}"

@@ -8,7 +8,7 @@ even when its default is ``None``, because pyinfra raises on a missing
 ``host.data`` key.
 """
 
-from operations.site import Candidate, Ledger, Link, Serving, site_default
+from operations.site import Candidate, Ledger, Link, Serving, Workstation, site_default
 
 link_interface = site_default(Link, "interface")
 link_expected_rate_gbps = site_default(Link, "expected_rate_gbps")
@@ -34,3 +34,5 @@ serving_foreign_gpu_memory_mib = site_default(Serving, "foreign_gpu_memory_mib")
 serving_gpu_memory_bandwidth_gb_s = site_default(Serving, "gpu_memory_bandwidth_gb_s")
 
 ledger_path = str(site_default(Ledger, "path"))
+# A workstation's own key in a site; every address, the default, in the lab.
+serving_listen_address = str(site_default(Workstation, "listen_address"))

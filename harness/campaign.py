@@ -258,8 +258,8 @@ class Campaign:
             "chart": chart.name if chart else None,
             "does_not_prove": caveats.does_not_prove(measured) if measured else [],
         }
-        (self.directory / "campaign.json").write_text(json.dumps(result, indent=1) + "\n")
-        (self.directory / "campaign.md").write_text(markdown(result))
+        report.write_text(self.directory / "campaign.json", json.dumps(result, indent=1) + "\n")
+        report.write_text(self.directory / "campaign.md", markdown(result))
         return result
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import server_stats
-from harness.report import accept_length_cell, headline, number, table
+from harness.report import accept_length_cell, headline, number, replaced, table
 from operations.states import STATES, layers_changed
 
 # (headline key, column title, digits, whether a ratio column follows)
@@ -169,7 +169,7 @@ def chart(reports: list[dict[str, Any]], path: Path) -> Path:
         axis.set_title(titles[key])
         axis.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
     figure.suptitle("twinbolt: measurements compared")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
+    with replaced(path) as temporary:
+        figure.savefig(temporary, dpi=100, format="png")
     plt.close(figure)
     return path

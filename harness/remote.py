@@ -80,7 +80,7 @@ async def read(host: str, queries: list[Query], ssh_config: Path,
     command, under sudo with ``sudo``.
     """
     process = await asyncio.create_subprocess_exec(
-        "ssh", "-F", str(ssh_config), host, remote_command(script(queries), sudo),
+        "ssh", "-F", str(ssh_config), "--", host, remote_command(script(queries), sudo),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

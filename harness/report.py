@@ -13,6 +13,10 @@ written.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -268,13 +272,41 @@ def roofline_lines(roofline: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+@contextmanager
+def replaced(path: Path) -> Iterator[Path]:
+    """
+    A temporary file beside ``path`` to write, renamed over ``path`` once the
+    writing is done (and fsynced): a reader, a comparison or a campaign resumed
+    after a crash sees the old file or the whole new one, never half of one.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
+                                        suffix=path.suffix)
+    os.close(descriptor)
+    temporary = Path(name)
+    try:
+        yield temporary
+        with temporary.open("rb") as written:
+            os.fsync(written.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def write_text(path: Path, text: str) -> Path:
+    """``path`` holds ``text``, written as :func:`replaced` writes."""
+    with replaced(path) as temporary:
+        temporary.write_text(text)
+    return path
+
+
 def write(report: dict[str, Any], directory: Path) -> Path:
     """Write ``<state>-<time>.json`` and its ``.md``; returns the JSON's path."""
-    directory.mkdir(parents=True, exist_ok=True)
     stamp = report["measured_at"].replace(":", "").replace("+0000", "Z")
     path = directory / f"{report['state']}-{stamp}.json"
-    path.write_text(json.dumps(report, indent=1) + "\n")
-    path.with_suffix(".md").write_text(markdown(report))
+    write_text(path, json.dumps(report, indent=1) + "\n")
+    write_text(path.with_suffix(".md"), markdown(report))
     return path
 
 

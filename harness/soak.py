@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from harness import campaign, counters
+from harness import campaign, counters, report
 from harness.progress import say
 from harness.topology import Endpoint, Topology
 from operations import probes
@@ -122,8 +122,7 @@ async def soak(topology: Topology, state: State, minutes: float, interval: float
     if why:
         say(f"soak: {why}: converging production")
         result["restored"] = await restore()
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "soak.json").write_text(json.dumps(result, indent=1) + "\n")
+    report.write_text(directory / "soak.json", json.dumps(result, indent=1) + "\n")
     result["chart"] = str(chart(samples, state.name, why, directory / "soak.png"))
     return result
 
@@ -158,6 +157,7 @@ def chart(samples: list[dict[str, Any]], state: str, why: str | None, path: Path
     axes[1].legend()
     axes[-1].set_xlabel("seconds into the soak")
     figure.suptitle(f"twinbolt soak: {state}" + (f" (stopped: {why})" if why else ""))
-    figure.savefig(path, dpi=100)
+    with report.replaced(path) as temporary:
+        figure.savefig(temporary, dpi=100, format="png")
     plt.close(figure)
     return path

@@ -129,7 +129,7 @@ def systemd_units(host: LabHost) -> dict[str, str]:
         units[f"{LARGE_BACKEND_SERVICE}.service"] = unit(
             Unit={"Description": "The alternate large backend"},
             Service={"WorkingDirectory": str(REPO).replace("%", "%%"),
-                     "Environment": unit_quote(f"PYTHONPATH={REPO}"),
+                     "Environment": unit_quote(f"PYTHONPATH={REPO}", variables=False),
                      "ExecStart": unit_command(large_backend_command(host)),
                      "StandardOutput": "append:/var/log/lab-large.log",
                      "StandardError": "inherit", "Restart": "on-failure"},

@@ -28,6 +28,8 @@ told once to whoever listens: the compatibility ledger does.
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -63,6 +65,8 @@ class Attempt:
     failures: dict[tuple[str, str | None], str] = field(default_factory=dict)
     layers: list[str] = field(default_factory=list)
     rollback_command: list[str] = field(default_factory=list)
+    # The run's other --data items, which the rollback gets in its environment.
+    rollback_data: list[str] = field(default_factory=list)
     rollback_exit: int | None = None
     dry: bool = False
     # Said again when the run concludes, however it ends (a forced refusal, say).
@@ -186,38 +190,68 @@ def carried_options(params: dict[str, Any]) -> list[str]:
     return options
 
 
+# The --data items a rollback carries, as a JSON list of "key=value" strings:
+# in its environment, which only its user can read, not on its command line,
+# which every user's `ps` shows and the rollback's log line repeats.
+CARRIED_DATA_ENV = "TWINBOLT_CARRIED_DATA"
+
+
 def remember_command_line(params: dict[str, Any], target: str = "production") -> None:
     """
     Keep this very command line, aimed at ``target`` and unable to roll back in
     turn, for the rollback: the same inventory, data and way of reaching the
     hosts (``--sudo``, ``--ssh-user``, ...). ``config.py`` calls this: only there
-    is pyinfra's parsed command line at hand.
+    is pyinfra's parsed command line at hand. The ``--data`` items (a secret may
+    be among them) go into the rollback's environment (:data:`CARRIED_DATA_ENV`).
     """
-    data = [item for item in params["data"] if not item.startswith(("state=", "on_failure="))]
+    ATTEMPT.rollback_data = [item for item in params["data"]
+                             if not item.startswith(("state=", "on_failure="))]
     ATTEMPT.dry = bool(params.get("dry"))
     ATTEMPT.rollback_command = [
         sys.argv[0], "-y", *carried_options(params), params["inventory"], *params["operations"],
-        *(argument for item in data for argument in ("--data", item)),
         "--data", f"state={target}", "--data", "on_failure=stop",
     ]
 
 
-def run_rollback(state: Any, host: Any, command: list[str]) -> bool:
+def rollback_environment(extra: list[str]) -> dict[str, str]:
+    """The rollback's environment: this one, with the carried ``--data`` and ``extra`` items."""
+    return {**os.environ, CARRIED_DATA_ENV: json.dumps([*ATTEMPT.rollback_data, *extra])}
+
+
+def carried_data() -> dict[str, Any]:
+    """
+    The host data a rollback was given by the run that started it, each value
+    read as pyinfra reads a ``--data`` value; ``inventory.py`` sets it on every
+    host, where it wins over group data, as ``--data`` does.
+    """
+    from pyinfra_cli.util import parse_cli_arg
+
+    items = json.loads(os.environ.get(CARRIED_DATA_ENV) or "[]")
+    return {key: parse_cli_arg(value)
+            for key, _, value in (item.partition("=") for item in items)}
+
+
+def run_rollback(state: Any, host: Any, command: list[str], carried: list[str]) -> bool:
     if not command:
         return fail(state, host, "rollback", ["no pyinfra command line to run again"])
-    host.log_styled(f"rollback: converging production: {' '.join(command)}", fg="yellow",
+    keys = [item.partition("=")[0] for item in [*ATTEMPT.rollback_data, *carried]]
+    host.log_styled(f"rollback: converging production: {' '.join(command)}"
+                    + (f" (carrying --data {', '.join(keys)})" if keys else ""), fg="yellow",
                     log_func=logger.warning)
-    ATTEMPT.rollback_exit = subprocess.run(command, stdin=subprocess.DEVNULL).returncode
+    ATTEMPT.rollback_exit = subprocess.run(command, stdin=subprocess.DEVNULL,
+                                           env=rollback_environment(carried)).returncode
     return ATTEMPT.rollback_exit == 0
 
 
 @operation()
-def rolled_back(on_failure: str, runner: str) -> Iterator[PyinfraCommand]:
+def rolled_back(on_failure: str, runner: str,
+                carried: tuple[str, ...] = ()) -> Iterator[PyinfraCommand]:
     """
     If the attempt failed, converge production with a new run, once for all hosts.
 
     + on_failure: ``rollback`` or ``stop`` (leave the hosts as they are)
     + runner: the host whose step starts the run (the others only wait for it)
+    + carried: more ``key=value`` data for the new run (the host lock it inherits)
 
     **Example:**
 
@@ -231,7 +265,7 @@ def rolled_back(on_failure: str, runner: str) -> Iterator[PyinfraCommand]:
     elif host.name != runner:
         host.noop(f"the rollback runs in {runner}'s step")
     else:
-        yield FunctionCommand(run_rollback, (ATTEMPT.rollback_command,), {})
+        yield FunctionCommand(run_rollback, (ATTEMPT.rollback_command, list(carried)), {})
 
 
 @operation(is_idempotent=True)

@@ -43,6 +43,7 @@ from operations.attempt import failing
 from operations.facts import EmptyMeansSomething, FileDigest, digest
 from operations.phase import elsewhere
 from operations.services import GatewayService, Service, log_tails
+from operations.site import MASTER_KEY_ENV
 
 LAYER = "gateway"
 SERVICE = "litellm"
@@ -64,7 +65,6 @@ OFFLINE_ENVIRONMENT = {
     "LITELLM_LOCAL_POLICY_TEMPLATES": "True",
     "LITELLM_LOCAL_AUTOROUTER_PRESETS": "True",
 }
-MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 LARGE_KEY_ENV = "TWINBOLT_LARGE_API_KEY"
 # For backends that ask for no key: the OpenAI client refuses to send none.
 NO_KEY = "unused"
@@ -241,6 +241,26 @@ def authorized_curl(script: str) -> str:
     )
 
 
+class HoldsKey(EmptyMeansSomething):
+    """
+    Whether the file at ``path`` holds a key: anything but blanks. A file that
+    holds only a newline is no key, and the proxy would start with an empty
+    master key. Only ``yes`` is printed, never the content.
+
+    .. code:: python
+
+        True
+    """
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand("sh", "-c",
+                             QuoteString('grep -q "[^[:space:]]" "$1" 2>/dev/null && echo yes'),
+                             "-", QuoteString(path))
+
+    def process(self, output: list[str]) -> bool:
+        return bool(output) and output[0].strip() == "yes"
+
+
 class LiveRouting(FactBase):
     """
     What the running proxy routes where, asked of its own API (``/v1/model/info``
@@ -386,7 +406,8 @@ def proxy(proxy: Proxy | None, fallback: bool,
     if not host.get_fact(services.AccountExists, user=proxy.user):
         yield from server.user._inner(user=proxy.user, system=True)
     key = host.get_fact(File, path=proxy.master_key_file)
-    if not key or not key["size"]:
+    # Blank (whitespace only) is replaced as missing is.
+    if not key or not key["size"] or not host.get_fact(HoldsKey, path=proxy.master_key_file):
         yield master_key_command(proxy.master_key_file)
     if not key or key["user"] != proxy.user or key["mode"] != 600:
         yield from files.file._inner(path=proxy.master_key_file, user=proxy.user, mode="600")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from operations.site import SUDO
+from operations.syntax import ssh_config_word  # the lab's ssh configs import it from here
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,30 +57,15 @@ def in_group(entries: list[InventoryEntry], group: str) -> list[InventoryEntry]:
     return [entry for entry in entries if group in entry.groups]
 
 
-def ssh_config_word(value: str, tokens: bool = True) -> str:
-    """
-    One argument of an OpenSSH config line (``ssh_config``, ``sshd_config``):
-    double-quoted when it has blanks, its ``%`` doubled where the keyword
-    expands tokens. A double quote or a control character has no quoting in
-    that format, so it is refused.
-    """
-    if '"' in value or any(ord(char) < 32 or ord(char) == 127 for char in value):
-        raise ValueError(f"{value!r} cannot be written into an OpenSSH config: it holds a "
-                         "double quote or a control character")
-    if tokens:
-        value = value.replace("%", "%%")
-    return f'"{value}"' if not value or any(char.isspace() for char in value) else value
-
-
 def ssh_config(entries: list[InventoryEntry]) -> str:
     """An OpenSSH client config with one block per host, from the inventory's SSH data."""
     blocks = []
     for entry in entries:
         data = entry.data
         lines = [
-            f"Host {entry.name}",
-            f"    HostName {data['ssh_hostname']}",
-            f"    User {data.get('ssh_user') or 'root'}",
+            f"Host {ssh_config_word(entry.name, tokens=False)}",
+            f"    HostName {ssh_config_word(str(data['ssh_hostname']))}",
+            f"    User {ssh_config_word(str(data.get('ssh_user') or 'root'))}",
             f"    Port {data.get('ssh_port') or 22}",
             "    BatchMode yes",
             "    ConnectTimeout 5",

@@ -29,7 +29,9 @@ written once, when the attempt tells how the run ended (:func:`keep`).
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -163,26 +165,81 @@ SEEDED = [{
 }]
 
 
-def read(path: Path) -> list[dict[str, Any]]:
-    """The ledger's records, oldest first; none when there is no ledger yet."""
+# What makes a JSON line a record: what the stall refusal and the matrix read.
+RECORD_KEYS = {"time": str, "state": str, "driver": str, "outcome": str, "stall": bool,
+               "hosts": list}
+
+
+def record_problem(value: Any) -> str | None:
+    """Why a JSON value is not a ledger record; ``None`` when it is one."""
+    if not isinstance(value, dict):
+        return f"a JSON {type(value).__name__}, not a record"
+    for key, kind in RECORD_KEYS.items():
+        if not isinstance(value.get(key), kind):
+            return f"no {key!r} ({kind.__name__})"
+    if not all(isinstance(part, dict) for part in value["hosts"]):
+        return "a host entry that is not an object"
+    return None
+
+
+def read_all(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """
+    The ledger's records, oldest first, and a warning for each line that is not
+    one (torn by a crash mid-write, or foreign), naming its line number. Such a
+    line is skipped, never a reason to refuse the rest: the stall history that
+    gates the candidate is in the other lines.
+    """
     path = path.expanduser()
     if not path.exists():
-        return []
-    records = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+        return [], []
+    records, skipped = [], []
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
         try:
-            records.append(json.loads(line))
+            value = json.loads(line)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not a JSON line ({error.msg})") from None
+            problem: str | None = f"not a JSON line ({error.msg})"
+        else:
+            problem = record_problem(value)
+        if problem:
+            skipped.append(f"{path}:{number}: skipped, {problem}")
+        else:
+            records.append(value)
+    return records, skipped
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    """The ledger's records, oldest first (none without a ledger); a skipped line is warned of."""
+    records, skipped = read_all(path)
+    for warning in skipped:
+        logger.warning(f"ledger: {warning}")
     return records
 
 
 def append(path: Path, entry: dict[str, Any]) -> None:
-    """Add one record; the ledger and its directory are created on first use."""
+    """
+    Add one record as one atomic append: the whole line in one ``write`` under
+    ``flock``, then ``fsync``, so that two runs ending at once never interleave
+    and a record is on disk when the run says it is. A last line torn by a crash
+    gets its newline first, in the same write, so the record is not glued to it.
+    The ledger and its directory are created on first use.
+    """
     path = path.expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as ledger:
-        ledger.write(json.dumps(entry, sort_keys=True) + "\n")
+    line = (json.dumps(entry, sort_keys=True) + "\n").encode()
+    descriptor = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        size = os.fstat(descriptor).st_size
+        if size and os.pread(descriptor, 1, size - 1) != b"\n":
+            line = b"\n" + line
+        if os.write(descriptor, line) != len(line):
+            raise OSError(f"{path}: a short write appending a ledger record")
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def controllers(entry: dict[str, Any]) -> list[str]:
@@ -303,11 +360,10 @@ def no_recorded_stall(path: str, workstations: list[str], force: bool = False
         host.log_styled("no Thunderbolt controller could be read (/sys/bus/thunderbolt/devices/"
                         "domainN/../vendor): recorded stalls cannot be matched to it",
                         fg="yellow", log_func=logger.warning)
-    try:
-        stalls = stall_reports(read(Path(path)), controllers_now)
-    except ValueError as error:
-        attempt.refuse("ledger", [f"the ledger cannot be read: {error}; "
-                                  "move it aside to start a new one"])
+    records, skipped = read_all(Path(path))
+    for warning in skipped:
+        host.log_styled(f"ledger: {warning}", fg="yellow", log_func=logger.warning)
+    stalls = stall_reports(records, controllers_now)
     pair = " + ".join(controllers_now)
     if stalls and not force:
         attempt.refuse("driver", [

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from pyinfra import host
 from pyinfra.api import FactBase, Host, QuoteString, StringCommand, operation
 from pyinfra.api.command import PyinfraCommand
@@ -32,6 +32,14 @@ from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.operations import files, runit, systemd
 
 from operations.facts import EmptyMeansSomething, FileDigest, digest, digest_script
+from operations.syntax import (
+    ENVIRONMENT_NAME,
+    AbsolutePath,
+    AccountName,
+    EnvironmentName,
+    control_characters,
+    no_control_characters,
+)
 
 InitSystem = Literal["systemd", "runit"]
 
@@ -47,7 +55,8 @@ LOG_LINES = 15
 ACCESS_LOG_LINE = re.compile(r'"(GET|POST|PUT|DELETE|HEAD|PRI) \S+ HTTP/[\d.]+" \d{3}\s*$')
 
 
-EnvironmentName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+# One line each: a newline in a word would split ExecStart= or start a directive.
+Word = Annotated[str, AfterValidator(no_control_characters)]
 
 
 class Service(BaseModel):
@@ -69,11 +78,11 @@ class Service(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
-    description: Annotated[str, StringConstraints(pattern=r"^[^\n]+$")]
-    command: Annotated[list[str], Field(min_length=1)]
-    environment: dict[EnvironmentName, str] = Field(default_factory=dict)
-    user: str = "root"
-    working_directory: str = "/"
+    description: Annotated[Word, StringConstraints(min_length=1)]
+    command: Annotated[list[Word], Field(min_length=1)]
+    environment: dict[EnvironmentName, Word] = Field(default_factory=dict)
+    user: AccountName = "root"
+    working_directory: AbsolutePath = "/"
     at_boot: bool = True
 
 
@@ -285,17 +294,45 @@ def rendered_path(name: str, init_system: InitSystem) -> str:
     return SUPERVISORS[init_system].rendered_path(name)
 
 
-def unit_quote(word: str) -> str:
-    """
-    One word of a systemd ``ExecStart=``/``Environment=`` line.
+def refuse_control_characters(value: str, where: str) -> None:
+    """A control character has no quoting in a unit file: a newline starts a directive."""
+    if found := control_characters(value):
+        raise ValueError(f"{value!r} cannot be written into {where}: it holds the control "
+                         f"character(s) {', '.join(found)}")
 
-    systemd expands ``%`` specifiers and ``$`` variables in these lines, so both
-    are escaped; words with blanks, quotes or backslashes are double-quoted.
+
+def unit_quote(word: str, variables: bool = True) -> str:
     """
-    word = word.replace("%", "%%").replace("$", "$$")
+    One word of a systemd ``ExecStart=`` line, or with ``variables=False`` of an
+    ``Environment=`` line.
+
+    systemd expands ``%`` specifiers in both, and ``$`` variables in
+    ``ExecStart=`` only (in ``Environment=`` "``$`` has no special meaning",
+    systemd.exec(5)), so those are escaped; words with blanks, quotes or
+    backslashes are double-quoted. A control character is refused: no quoting
+    keeps a newline on its line.
+    """
+    refuse_control_characters(word, "a systemd unit")
+    word = word.replace("%", "%%")
+    if variables:
+        word = word.replace("$", "$$")
     if word and not re.search(r"[\s\"'\\;]", word):
         return word
     return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def unit_value(value: str) -> str:
+    """
+    The value of a systemd directive that takes it raw, unquoted (``User=``,
+    ``WorkingDirectory=``, ``Description=``): its ``%`` specifiers escaped. A
+    control character, or a trailing backslash (which continues the line), is
+    refused; so is a leading ``-`` or ``+`` that some directives read as a flag.
+    """
+    refuse_control_characters(value, "a systemd unit")
+    if value.endswith("\\") or value[:1] in ("-", "+", "!", "@", ":", "~"):
+        raise ValueError(f"{value!r} cannot be written as a systemd directive's value: it "
+                         "starts with a prefix character or ends with a backslash")
+    return value.replace("%", "%%")
 
 
 def template_context(service: Service) -> dict[str, object]:
@@ -307,6 +344,7 @@ def template_context(service: Service) -> dict[str, object]:
         "sh": shlex.quote,
         "sh_join": shlex.join,
         "unit_quote": unit_quote,
+        "unit_value": unit_value,
         "unit_join": lambda words: " ".join(unit_quote(word) for word in words),
     }
 
@@ -346,7 +384,12 @@ class AccountExists(EmptyMeansSomething):
 class ServiceProcess(EmptyMeansSomething):
     """
     The process an init system runs for a service, read from ``/proc``: its argv and
-    environment are what actually runs, whatever the rendered file now says.
+    the named ``variables`` of its environment are what actually runs, whatever the
+    rendered file now says.
+
+    Only the variables a check compares are read, never the whole environment:
+    the proxy's holds ``LITELLM_MASTER_KEY`` and the large backend's key, and a
+    fact's output is printed by ``pyinfra -vvv``.
 
     .. code:: python
 
@@ -355,7 +398,11 @@ class ServiceProcess(EmptyMeansSomething):
          "environment": {"NCCL_IB_DISABLE": "1", ...}}
     """
 
-    def command(self, service: str, init_system: InitSystem) -> StringCommand:
+    def command(self, service: str, init_system: InitSystem,
+                variables: tuple[str, ...] = ()) -> StringCommand:
+        for name in variables:
+            if not ENVIRONMENT_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an environment variable's name")
         script = SUPERVISORS[init_system].status_script() + (
             'echo "status $status"; '
             '[ -n "$pid" ] && [ "$pid" != 0 ] && [ -r "/proc/$pid/cmdline" ] || exit 0; '
@@ -364,9 +411,14 @@ class ServiceProcess(EmptyMeansSomething):
             "echo \"started $(sed 's/.*) //' /proc/$pid/stat | cut -d' ' -f20) "
             "$(getconf CLK_TCK) $(cut -d' ' -f1 /proc/uptime)\"; "
             "tr '\\0' '\\n' < \"/proc/$pid/cmdline\" | sed 's/^/arg /'; "
-            "tr '\\0' '\\n' < \"/proc/$pid/environ\" | sed 's/^/env /'"
+            # Each wanted name (an identifier: no regex syntax), as NUL-separated
+            # entries, so that a value holding a newline cannot fake another's.
+            'shift; for name in "$@"; do '
+            "grep -z -m 1 -e \"^$name=\" \"/proc/$pid/environ\" | tr '\\0' '\\n' "
+            "| head -n 1 | sed 's/^/env /'; done; true"
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(service))
+        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(service),
+                             *(QuoteString(name) for name in variables))
 
     def process(self, output: list[str]) -> dict:
         process: dict = {"running": False, "status": "", "pid": None, "seconds": None,

@@ -101,6 +101,8 @@ class Sglang:
     init_system: InitSystem
     working_directory: str
     start_timeout: float
+    # Where the server listens (site key workstations.listen_address).
+    listen_address: str = "0.0.0.0"
 
     @classmethod
     def from_host(cls, workstation: Host) -> Sglang:
@@ -128,6 +130,7 @@ class Sglang:
             init_system=data.serving_init_system,
             working_directory=data.serving_working_directory,
             start_timeout=data.serving_start_timeout_seconds,
+            listen_address=data.serving_listen_address,
         )
 
     @property
@@ -149,9 +152,10 @@ def server_command(sglang: Sglang) -> list[str]:
         sglang.python, "-m", sglang.module,
         "--model-path", sglang.model_path,
         "--served-model-name", sglang.served_model_name,
-        # Every address: the router, the acceptance probes and clients come from
-        # elsewhere, and a workstation's own name may resolve to loopback on it.
-        "--host", "0.0.0.0",
+        # Every address unless the site names one: the router, the acceptance
+        # probes and clients come from elsewhere, and a workstation's own name
+        # may resolve to loopback on it.
+        "--host", sglang.listen_address,
         "--port", str(sglang.port),
         "--enable-metrics",
         # Without it SGLang leaves cached_tokens out of usage.
@@ -258,10 +262,16 @@ class SglangVersion(EmptyMeansSomething):
         "print('version', importlib.import_module(package).__version__)\n"
     )
 
-    def command(self, python: str, module: str, working_directory: str = "/") -> StringCommand:
+    def command(self, python: str, module: str, working_directory: str = "/",
+                user: str = "root") -> StringCommand:
+        # As the serving user, as the service will run it: importing runs the
+        # venv's and the working directory's code, which root must not run.
+        script = 'cd "$1" && exec "$2" -c "$3" "$4"'
+        as_user = [] if user == "root" else ["runuser", "-u", QuoteString(user), "--"]
         return StringCommand(
-            "cd", QuoteString(working_directory), "&&", QuoteString(python), "-c",
-            QuoteString(self.SCRIPT), QuoteString(module), "2>&1", "||", "true",
+            *as_user, "sh", "-c", QuoteString(script), "-", QuoteString(working_directory),
+            QuoteString(python), QuoteString(self.SCRIPT), QuoteString(module), "2>&1", "||",
+            "true",
         )
 
     def process(self, output: list[str]) -> dict:
@@ -399,7 +409,8 @@ def stuck(sglang: Sglang, service: Service, tokens: int = ACCEPTANCE_TOKENS) -> 
     not ask again.
     """
     process = host.get_fact(ServiceProcess, service=service.name,
-                            init_system=sglang.init_system)
+                            init_system=sglang.init_system,
+                            variables=tuple(service.environment))
     if (not process.get("running") or (process.get("seconds") or 0) < sglang.start_timeout
             or process_problems(process, service)):
         return []
@@ -437,7 +448,8 @@ def server_check(sglang: Sglang, service: Service, tp_size: int,
 
     def check(seconds_left: float = probes.REQUEST_TIMEOUT_SECONDS) -> tuple[list[str], bool]:
         process = host.get_fact(ServiceProcess, service=service.name,
-                                init_system=sglang.init_system)
+                                init_system=sglang.init_system,
+                                variables=tuple(service.environment))
         found = process_problems(process, service)
         if process.get("running") and not first_pid:
             first_pid.append(process["pid"])
@@ -557,7 +569,7 @@ def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative
             found.append(f"the draft weights {sglang.draft_model_path} are not on this host")
     if serving == "tp2" and speculative:
         version = host.get_fact(SglangVersion, python=sglang.python, module=sglang.module,
-                                working_directory=sglang.working_directory)
+                                working_directory=sglang.working_directory, user=sglang.user)
         found += version_problems(version, sglang.min_version)
     if serving == "tp2":
         running = host.get_fact(services.RunningServices, prefix=REPLICA,
@@ -785,7 +797,8 @@ def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative |
              for name in running if name != wanted.name]
     if serving == "tp2" and sglang.rank != 0:
         found += process_problems(
-            host.get_fact(ServiceProcess, service=wanted.name, init_system=sglang.init_system),
+            host.get_fact(ServiceProcess, service=wanted.name, init_system=sglang.init_system,
+                          variables=tuple(wanted.environment)),
             wanted,
         )
     else:

@@ -77,8 +77,10 @@ def router_check(router: Router, tokens: int) -> Check:
     """The router's acceptance: running, ready with a healthy worker, and serving."""
 
     def check(seconds_left: float = probes.REQUEST_TIMEOUT_SECONDS) -> tuple[list[str], bool]:
-        process = host.get_fact(ServiceProcess, service=ROUTER, init_system=router.init_system)
-        found = process_problems(process, router_service(router), argv=False)
+        wanted = router_service(router)
+        process = host.get_fact(ServiceProcess, service=ROUTER, init_system=router.init_system,
+                                variables=tuple(wanted.environment))
+        found = process_problems(process, wanted, argv=False)
         if found:
             return found, False
         # Its /health always says OK; /readiness needs a healthy worker.

@@ -39,8 +39,22 @@ from pydantic import (
 from pyinfra.api.exceptions import InventoryError
 
 from operations.connect import nodelay_data
+from operations.syntax import (
+    AbsolutePath,
+    AccountName,
+    Argument,
+    EnvironmentName,
+    FreeText,
+    HostName,
+    InterfaceName,
+    ModuleName,
+    ServiceAccount,
+    no_control_characters,
+)
 
 SITE_ENV = "TWINBOLT_SITE"
+# LiteLLM's own master key variable (operations/gateway.py sets it for the proxy).
+MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 
 # The host data key twinbolt's own SSH readers (the harness, testinfra) consult;
 # pyinfra's is its global argument ``_sudo``. Both come from :func:`sudo_data`.
@@ -54,6 +68,11 @@ class SiteError(InventoryError):
     An ``InventoryError`` because the inventory is where it is raised: pyinfra's
     CLI then prints the message and exits non-zero, without a traceback.
     """
+
+
+def _one_line(path: Path) -> Path:
+    no_control_characters(str(path))
+    return path
 
 
 def _from_site_dir(path: Path, info: ValidationInfo) -> Path:
@@ -88,11 +107,14 @@ def _link_local(address: IPv4Address) -> IPv4Address:
     return address
 
 
-Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+# Free text: one line (operations/syntax.py says why); narrower types where a
+# value lands in a unit, an ssh_config or a command line as syntax.
+Text = FreeText
 Port = Annotated[int, Field(ge=1, le=65535)]
-LocalPath = Annotated[Path, AfterValidator(_from_site_dir)]
+LocalPath = Annotated[Path, AfterValidator(_one_line), AfterValidator(_from_site_dir)]
 # A file on the machine running twinbolt that a run reads: it must be there at load.
-LocalFile = Annotated[Path, AfterValidator(_from_site_dir), AfterValidator(_existing_file)]
+LocalFile = Annotated[Path, AfterValidator(_one_line), AfterValidator(_from_site_dir),
+                     AfterValidator(_existing_file)]
 Sha256 = Annotated[str, AfterValidator(_lowercase_sha256)]
 LinkLocalAddress = Annotated[IPv4Address, AfterValidator(_link_local)]
 Version = Annotated[str, StringConstraints(pattern=r"^\d+(\.\d+)*$")]
@@ -131,9 +153,9 @@ class Host(_Section):
     ``sudo`` runs every command of a non-root ``ssh_user`` through passwordless sudo.
     """
 
-    name: Text
-    ssh_hostname: Text
-    ssh_user: Text = "root"
+    name: HostName
+    ssh_hostname: HostName
+    ssh_user: AccountName = "root"
     ssh_port: Port = 22
     ssh_key: LocalFile | None = None
     sudo: bool = False
@@ -156,6 +178,11 @@ class Workstation(Host):
     """A GPU workstation: one end of the Thunderbolt link."""
 
     thunderbolt_address: LinkLocalAddress
+    # Where SGLang listens: every address by default (the router, the probes and
+    # clients come from elsewhere). SGLang asks no key, so a site with other
+    # networks names the one the router reaches it on (ssh_hostname's address).
+    # Not the host's own name: Debian and Ubuntu map it to 127.0.1.1.
+    listen_address: IPvAnyAddress = IPv4Address("0.0.0.0")
 
 
 class Ssh(_Section):
@@ -170,7 +197,7 @@ class Ssh(_Section):
 class Link(_Section):
     """What a healthy Thunderbolt link looks like after it (re)trains."""
 
-    interface: Text = "thunderbolt0"
+    interface: InterfaceName = "thunderbolt0"
     # speed x lanes, as the XDomain reports them (rx_speed "20.0 Gb/s", rx_lanes 1).
     expected_rate_gbps: PositiveFloat = 20.0
     expected_lanes: Literal[1, 2] = 1
@@ -189,30 +216,33 @@ class Candidate(_Section):
 
     path: LocalFile
     sha256: Sha256
-    module_name: Text = "thunderbolt_net"
+    module_name: ModuleName = "thunderbolt_net"
 
 
 class Serving(_Section):
     """How SGLang runs on the workstations, as replicas or as TP ranks."""
 
-    model_path: Text
-    served_model_name: Text
+    # Arguments of SGLang's command line, and served_model_name also the
+    # description of its unit: never an option, one line.
+    model_path: Argument
+    served_model_name: Argument
     quantization: Quantization = "modelopt_fp4"
     # None: leave SGLang's own default (the model's context, the memory heuristic).
     context_length: PositiveInt | None = None
     mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = None
     # None: NEXTN drafts with the model's own MTP head.
-    draft_model_path: Text | None = None
+    draft_model_path: Argument | None = None
     port: Port = 30000
     dist_init_port: Port = 5757
-    python: Text
-    sglang_module: Text = "sglang.launch_server"
+    python: AbsolutePath
+    sglang_module: ModuleName = "sglang.launch_server"
     # The release the SGLang facts in REFERENCE.md (NEXTN flags, /server_info) hold for.
     min_sglang_version: Version = "0.5.9"
-    user: Text
+    # Never root (operations/syntax.py says why).
+    user: ServiceAccount
     init_system: Literal["systemd", "runit"] = "systemd"
     # On each workstation; SGLang's caches follow the user's home, not this.
-    working_directory: Text = "/"
+    working_directory: AbsolutePath = "/"
     # Loading a 27B model, capturing CUDA graphs and autotuning take minutes;
     # past this bound a start that has not served a real completion has failed.
     start_timeout_seconds: PositiveInt = 900
@@ -235,14 +265,21 @@ class LargeBackend(_Section):
 
     api_base: HttpUrl
     served_model_name: Text
-    api_key_env: Text | None = None
+    # A variable of the proxy's own environment; never its master key, which the
+    # proxy would then send to the large backend with every request.
+    api_key_env: EnvironmentName | None = None
     # A path on the gateway.
-    api_key_file: Text | None = None
+    api_key_file: AbsolutePath | None = None
 
     @model_validator(mode="after")
     def _one_key_source(self) -> "LargeBackend":
         if self.api_key_env and self.api_key_file:
             raise ValueError("set api_key_env or api_key_file, not both")
+        if self.api_key_env == MASTER_KEY_ENV:
+            raise ValueError(
+                f"api_key_env must not be {MASTER_KEY_ENV}: that is the proxy's own master "
+                "key, which it would send to the large backend; name the variable that "
+                "holds the backend's key, or use api_key_file")
         return self
 
 
@@ -257,24 +294,24 @@ class GatewayRoles(_Section):
     # and Ubuntu map it to 127.0.1.1, where no client elsewhere can connect.
     listen_address: IPvAnyAddress = IPv4Address("0.0.0.0")
     # A path on the gateway; LiteLLM refuses to start without a master key.
-    master_key_file: Text = "/etc/twinbolt/litellm_master_key"
+    master_key_file: AbsolutePath = "/etc/twinbolt/litellm_master_key"
     # A path on the gateway; the config holds no secret.
-    litellm_config_file: Text = "/etc/twinbolt/litellm.yaml"
+    litellm_config_file: AbsolutePath = "/etc/twinbolt/litellm.yaml"
     # twinbolt installs litellm[proxy] into this virtualenv on the gateway,
     # from requirements-litellm.lock (hash-pinned).
-    litellm_venv: Text = "/opt/twinbolt/litellm"
+    litellm_venv: AbsolutePath = "/opt/twinbolt/litellm"
     # The proxy reads the master key, so it runs as an account of its own
     # (created if missing) that owns the key file.
-    litellm_user: Text = "litellm"
+    litellm_user: ServiceAccount = "litellm"
     init_system: Literal["systemd", "runit"] = "systemd"
     # twinbolt installs sglang-router into this virtualenv on the gateway.
-    router_venv: Text = "/opt/twinbolt/sglang-router"
+    router_venv: AbsolutePath = "/opt/twinbolt/sglang-router"
     # Where pip on the gateway finds the locked distributions: its own
     # configuration when empty; say ["--index-url", "https://mirror/simple"], or
     # ["--no-index", "--find-links", "/srv/wheelhouse"] for a gateway offline.
     pip_options: list[Text] = Field(default_factory=list)
     # The router keeps no state: an unprivileged user that exists everywhere.
-    router_user: Text = "nobody"
+    router_user: ServiceAccount = "nobody"
     large: LargeBackend
 
     @model_validator(mode="after")
@@ -327,6 +364,7 @@ class Site(_Section):
                     **self._ssh_data(workstation),
                     "rank": rank,
                     "thunderbolt_address": str(workstation.thunderbolt_address),
+                    "serving_listen_address": str(workstation.listen_address),
                     "peer_thunderbolt_address": str(
                         self.workstations[1 - rank].thunderbolt_address
                     ),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 import subprocess
 import time
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from e2e_helpers import (
 
 from lab.topology import STATE, host_named
 from operations import ledger, serving
+from operations.lock import RunOwner, boot_here
 
 LOCK = "/run/twinbolt/lock"
 
@@ -101,8 +103,9 @@ def test_a_stale_lock_is_taken_over_with_a_warning() -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()
     machine = subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
-    ssh("wsa", f"mkdir -p /run/twinbolt && echo 'machine={machine} user=root pid={gone.pid} "
-               f"started=earlier state=tp2_e2e' > {LOCK}")
+    # Judged gone only on its own boot and pid namespace: this machine's, the deploy's.
+    stale = RunOwner(machine, "root", gone.pid, "earlier", "tp2_e2e", "stale", boot_here())
+    ssh("wsa", f"mkdir -p /run/twinbolt && echo {shlex.quote(stale.line())} > {LOCK}")
     run = deploy("production")
     assert run.returncode == 0, run.output[-3000:]
     assert "taking over the stale lock" in run.output

@@ -346,6 +346,7 @@ def converged_gateway(fallback: bool, live: dict | None):
     values = {
         InstalledVersions: lock_pins(LITELLM_LOCK),
         services.AccountExists: True,
+        gateway.HoldsKey: True,
         Directory: {"mode": 755},
         Link: {"link_target": "/etc/sv/litellm"},
         RunitManaged: {"litellm"},
@@ -546,3 +547,25 @@ def test_preflight_refuses_at_once_when_no_proxy_runs() -> None:
         return {"large": down}
     with pytest.raises(OperationError, match="role large: no completion"):
         run_operation(gateway_route.admissible, facts, proxy=PROXY, fallback=True)
+
+
+@pytest.mark.parametrize("content, holds", [("\n", False), (" \t\n\n", False), ("", False),
+                                            (None, False), ("sk-0123\n", True)])
+def test_the_key_fact_tells_a_blank_key_file_from_a_key_and_never_prints_it(
+        content: str | None, holds: bool, tmp_path) -> None:
+    path = tmp_path / "litellm_master_key"
+    if content is not None:
+        path.write_text(content)
+    command = gateway.HoldsKey().command(str(path)).get_raw_value()
+    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    assert "sk-" not in result.stdout + result.stderr
+    assert gateway.HoldsKey().process(result.stdout.splitlines()) is holds
+
+
+def test_a_blank_master_key_file_is_replaced_like_a_missing_one() -> None:
+    facts = converged_gateway(True, wanted_routing(PROXY, True))
+
+    def blank(cls: type, kwargs: dict) -> object:
+        return False if cls is gateway.HoldsKey else facts(cls, kwargs)
+    commands = run_operation(gateway.proxy, blank, proxy=PROXY, fallback=True)
+    assert commands[0] == gateway.master_key_command(KEY_FILE).get_raw_value()

@@ -199,3 +199,11 @@ def test_a_first_dry_run_with_a_missing_key_is_one_line_per_host(run_pyinfra, wr
         assert (f"{site}: {where}.ssh_key (host {name}): no such file: {tmp_path / 'id_nope'}"
                 in result.stderr)
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_a_rollback_gets_its_carried_data_on_every_host_over_group_data(inventory, write_site):
+    carried = json.dumps(["serving_port=31000", "lock_inherited=machine=m user=u pid=1"])
+    hosts = inventory(TWINBOLT_SITE=str(write_site()), TWINBOLT_CARRIED_DATA=carried)
+    for name in ("ws0", "ws1", "gw0"):
+        assert hosts[name]["data"]["serving_port"] == 31000
+        assert hosts[name]["data"]["lock_inherited"] == "machine=m user=u pid=1"

@@ -16,7 +16,8 @@ from operations import attempt, link, lock, phase
 from operations.link import RouteInterface
 from operations.lock import HostLock, RunOwner
 
-OWNER = RunOwner(socket.gethostname(), "root", 4242, "2026-11-29T13:00:00+0000", "tp2_e2e")
+OWNER = RunOwner(socket.gethostname(), "root", 4242, "2026-11-29T13:00:00+0000", "tp2_e2e",
+                 "0123456789abcdef01234567", lock.boot_here())
 
 
 def holding(owner: RunOwner | None):
@@ -27,8 +28,7 @@ def test_a_free_lock_is_taken_without_reporting_a_change() -> None:
     shell: list[str] = []
     assert run_operation(lock.held, holding(None), shell=shell, run_dir="/run/twinbolt",
                          owner=OWNER) == []
-    assert shell == ["mkdir -p -m 0700 /run/twinbolt && ( set -C ; echo "
-                     f"'{OWNER.line()}' > /run/twinbolt/lock )"]
+    assert shell == [lock.swapped("/run/twinbolt", "", OWNER.line()).get_raw_value()]
 
 
 def test_a_lock_held_by_a_live_run_is_refused_naming_the_holder() -> None:
@@ -42,10 +42,12 @@ def test_a_lock_held_by_a_live_run_is_refused_naming_the_holder() -> None:
 def test_a_stale_lock_is_taken_over() -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
-    stale = RunOwner(socket.gethostname(), "root", dead.pid, "earlier", "tp2_e2e")
+    stale = RunOwner(socket.gethostname(), "root", dead.pid, "earlier", "tp2_e2e", "feed",
+                     lock.boot_here())
     shell: list[str] = []
     run_operation(lock.held, holding(stale), shell=shell, run_dir="/run/twinbolt", owner=OWNER)
-    assert shell and "rm -f /run/twinbolt/lock" in shell[0]
+    assert shell == [lock.swapped("/run/twinbolt", f"present {stale.line()}",
+                                  OWNER.line()).get_raw_value()]
 
 
 def test_the_lock_is_only_taken_when_executing_and_released_only_if_ours() -> None:
@@ -55,11 +57,12 @@ def test_the_lock_is_only_taken_when_executing_and_released_only_if_ours() -> No
     assert shell == []
     run_operation(lock.released, holding(OWNER), shell=shell, run_dir="/run/twinbolt",
                   owner=OWNER)
-    assert shell == ["rm -f /run/twinbolt/lock"]
+    removal = lock.swapped("/run/twinbolt", f"present {OWNER.line()}", None).get_raw_value()
+    assert shell == [removal]
     other = RunOwner("elsewhere", "ana", 77, "earlier", "production")
     run_operation(lock.released, holding(other), shell=shell, run_dir="/run/twinbolt",
                   owner=OWNER)
-    assert shell == ["rm -f /run/twinbolt/lock"]
+    assert shell == [removal]
 
 
 def test_availability_is_read_only_and_refuses_a_live_holder() -> None:
@@ -73,8 +76,100 @@ def test_availability_is_read_only_and_refuses_a_live_holder() -> None:
 
 
 def test_lock_line_round_trips_through_the_fact() -> None:
-    assert HostLock().process([OWNER.line()]) == OWNER
+    assert HostLock().process([f"owner {OWNER.line()}"]) == OWNER
     assert HostLock().process([]) is None
+
+
+def test_an_owner_of_another_boot_or_machine_is_never_judged_gone() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    here = RunOwner("same-name", "root", dead.pid, "earlier", "tp2_e2e", "a1", lock.boot_here())
+    assert here.gone()
+    # Another operator machine with this host name, or this one before a reboot.
+    assert not RunOwner(socket.gethostname(), "root", dead.pid, "earlier", "tp2_e2e", "b2",
+                        "another-boot/4026531836").gone()
+    assert not RunOwner.parse(f"machine={socket.gethostname()} user=root pid={dead.pid}").gone()
+
+
+def test_two_runs_are_two_owners_even_with_one_machine_and_pid() -> None:
+    lock.this_run.cache_clear()
+    first = lock.this_run("tp2_e2e")
+    lock.this_run.cache_clear()
+    second = lock.this_run("tp2_e2e")
+    lock.this_run.cache_clear()
+    assert (first.machine, first.pid) == (second.machine, second.pid) and first != second
+    assert RunOwner.parse(first.line()) == first
+
+
+@pytest.mark.parametrize("content, why", [("", "empty"), ("\n", "empty")])
+def test_an_empty_lock_file_is_refused_naming_the_file_and_the_fix(content: str, why: str,
+                                                                   tmp_path) -> None:
+    (tmp_path / "lock").write_text(content)
+    command = HostLock().command(str(tmp_path)).get_raw_value()
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
+    found = HostLock().process(output.splitlines())
+    assert found == lock.UnreadableLock(why)
+    with pytest.raises(OperationError) as refused:
+        run_operation(lock.held, holding(found), run_dir=str(tmp_path), owner=OWNER)
+    assert (f"{tmp_path}/lock on wsa is {why} and names no run: if no run holds these hosts, "
+            f"remove {tmp_path}/lock on wsa") in str(refused.value)
+
+
+def test_the_lock_fact_reads_a_real_lock_file_and_none_without_one(tmp_path) -> None:
+    command = HostLock().command(str(tmp_path)).get_raw_value()
+    assert subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout == ""
+    (tmp_path / "lock").write_text(OWNER.line() + "\n")
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
+    assert HostLock().process(output.splitlines()) == OWNER
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["free lock", "stale lock"])
+def test_racing_takeovers_of_one_lock_have_exactly_one_winner(stale: bool, tmp_path) -> None:
+    # The very command lock.held runs, started many times at once, round after round.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    previous = RunOwner("ops", "root", dead.pid, "earlier", "tp2_e2e", "dead", lock.boot_here())
+    for round_ in range(12):
+        run_dir = tmp_path / f"round{round_}"
+        run_dir.mkdir()
+        if stale:
+            (run_dir / "lock").write_text(previous.line() + "\n")
+        owners = [RunOwner("ops", "root", 1000 + index, "now", "tp2_e2e", f"token{index}",
+                           "b") for index in range(8)]
+        seen = lock.seen_as(previous if stale else None)
+        racers = [subprocess.Popen(["sh", "-c", lock.swapped(str(run_dir), seen, owner.line())
+                                    .get_raw_value()], stderr=subprocess.PIPE, text=True)
+                  for owner in owners]
+        results = [racer.wait() for racer in racers]
+        for racer in racers:
+            racer.stderr.close()
+        winners = [owner for owner, code in zip(owners, results, strict=True) if code == 0]
+        assert len(winners) == 1, f"round {round_}: {len(winners)} runs won"
+        assert (run_dir / "lock").read_text() == winners[0].line() + "\n"
+        assert sorted(path.name for path in run_dir.iterdir()) == ["lock", "lock.guard"]
+
+
+def test_a_takeover_of_a_lock_another_run_changed_first_says_so(tmp_path) -> None:
+    (tmp_path / "lock").write_text(OWNER.line() + "\n")
+    dead = RunOwner("ops", "root", 1, "then", "tp2_e2e", "dead", "b")
+    command = lock.swapped(str(tmp_path), lock.seen_as(dead), "machine=x token=y")
+    result = subprocess.run(["sh", "-c", command.get_raw_value()], capture_output=True,
+                            text=True)
+    assert result.returncode != 0
+    assert result.stderr.strip() == f"another run changed it first; it now reads: present " \
+                                    f"{OWNER.line()}"
+    assert (tmp_path / "lock").read_text() == OWNER.line() + "\n"
+
+
+def test_a_release_removes_only_this_runs_lock(tmp_path) -> None:
+    (tmp_path / "lock").write_text(OWNER.line() + "\n")
+    other = RunOwner("ops", "root", 1, "now", "tp2_e2e", "other", "b")
+    not_ours = lock.swapped(str(tmp_path), lock.seen_as(other), None).get_raw_value()
+    assert subprocess.run(["sh", "-c", not_ours], capture_output=True).returncode != 0
+    assert (tmp_path / "lock").exists()
+    ours = lock.swapped(str(tmp_path), lock.seen_as(OWNER), None).get_raw_value()
+    assert subprocess.run(["sh", "-c", ours], capture_output=True).returncode == 0
+    assert not (tmp_path / "lock").exists()
 
 
 def test_management_over_the_link_is_refused() -> None:
@@ -148,6 +243,49 @@ def test_the_rollback_runs_once_and_only_after_a_failure(fresh_attempt) -> None:
                          on_failure="rollback", runner="wsa") == []
 
 
+def test_a_data_secret_reaches_the_rollback_in_its_environment_not_its_command_line(
+        fresh_attempt, monkeypatch) -> None:
+    attempt.remember_command_line(parsed([
+        "inventory.py", "deploy.py", "--data", "state=tp2_e2e",
+        "--data", "_sudo_password=hunter2", "--data", "campaign_retries=3",
+    ]))
+    assert not any("hunter2" in word for word in fresh_attempt.rollback_command)
+    # (The inventory reads it back: test_inventory's rollback test; carried_data
+    # imports pyinfra's CLI, which monkey-patches whatever process imports it.)
+    environment = attempt.rollback_environment([lock.inheriting(OWNER)])
+    assert json.loads(environment[attempt.CARRIED_DATA_ENV]) == [
+        "_sudo_password=hunter2", "campaign_retries=3", lock.inheriting(OWNER)]
+    ran: list[tuple[list[str], dict]] = []
+    monkeypatch.setattr(attempt.subprocess, "run", lambda command, **options: (
+        ran.append((command, options["env"])) or SimpleNamespace(returncode=0)))
+    logged: list[str] = []
+    fake_host = SimpleNamespace(log_styled=lambda message, **_: logged.append(message))
+    assert attempt.run_rollback(None, fake_host, fresh_attempt.rollback_command,
+                                [lock.inheriting(OWNER)])
+    [(command, env)] = ran
+    assert "hunter2" not in " ".join(command) + logged[0]
+    assert logged[0].endswith("(carrying --data _sudo_password, campaign_retries, "
+                              "lock_inherited)")
+    assert "hunter2" in env[attempt.CARRIED_DATA_ENV]
+
+
+def test_the_rollback_holds_the_failed_runs_lock_and_leaves_it_to_that_run(fresh_attempt
+                                                                          ) -> None:
+    fresh_attempt.rollback_command = ["pyinfra", "-y", "inventory.py", "deploy.py"]
+    fresh_attempt.record("wsb", "op1", "wsb: link layer: no carrier")
+    assert run_operation(attempt.rolled_back, no_facts, on_failure="rollback", runner="wsa",
+                         carried=(lock.inheriting(OWNER),)) == ["call run_rollback"]
+    # The rollback is the owner it was given: the lock is its own, not another run's.
+    inherited = lock.run_owner("production", OWNER.line())
+    assert inherited == OWNER
+    assert run_operation(lock.held, holding(OWNER), run_dir="/run/twinbolt",
+                         owner=inherited) == []
+    shell: list[str] = []
+    run_operation(lock.released, holding(OWNER), shell=shell, run_dir="/run/twinbolt",
+                  owner=inherited, inherited=True)
+    assert shell == []
+
+
 def test_a_command_run_at_once_runs_as_the_operation_does_under_sudo(monkeypatch) -> None:
     """The lock and the address are written by direct commands: they need the site's _sudo."""
     ran: list[dict] = []
@@ -193,8 +331,8 @@ def test_the_rollback_reaches_the_hosts_as_the_run_did(fresh_attempt) -> None:
     assert (again["sudo"], again["sudo_user"], again["ssh_user"], again["ssh_port"],
             again["ssh_key"], again["limit"]) == (True, "root", "admin", 2222, "/keys/id",
                                                   ["workstations", "gateway"])
-    assert again["yes"] and again["data"] == ["ledger_path=/tmp/l.jsonl", "state=production",
-                                              "on_failure=stop"]
+    assert again["yes"] and again["data"] == ["state=production", "on_failure=stop"]
+    assert fresh_attempt.rollback_data == ["ledger_path=/tmp/l.jsonl"]
     assert (again["inventory"], again["operations"]) == ("inventory.py", ["deploy.py"])
 
 

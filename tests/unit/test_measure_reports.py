@@ -416,3 +416,16 @@ def test_the_campaign_report_sets_the_field_report_beside_it_and_says_what_it_do
     empty = campaign.Campaign(None, run.plan, ["single"], WindowSettings(), tmp_path / "empty")
     empty.finish("t", restored=None)
     assert "What this does not prove" not in (tmp_path / "empty" / "campaign.md").read_text()
+
+
+def test_a_report_is_written_whole_or_not_at_all(tmp_path) -> None:
+    path = tmp_path / "reports" / "tp2_e2e.json"
+    report.write_text(path, "old\n")
+    with pytest.raises(RuntimeError), report.replaced(path) as temporary:
+        temporary.write_text("half of the ne")
+        raise RuntimeError("the writer dies mid-way")
+    assert path.read_text() == "old\n"
+    assert sorted(item.name for item in path.parent.iterdir()) == ["tp2_e2e.json"]
+    report.write_text(path, "new\n")
+    assert path.read_text() == "new\n" and oct(path.stat().st_mode & 0o777) == "0o644"
+    assert sorted(item.name for item in path.parent.iterdir()) == ["tp2_e2e.json"]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
 from pyinfra.api import FactBase
 
 from harness import remote
-from operations.hosts import InventoryEntry
+from operations.hosts import InventoryEntry, ssh_config
 from operations.link import RouteInterface
 
 
@@ -50,14 +51,17 @@ def test_under_sudo_the_remote_shell_hands_sudo_the_script_whole() -> None:
 @pytest.fixture
 def fake_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """
-    ``ssh`` and ``sudo`` first on ``PATH``: ``ssh -F CONFIG HOST COMMAND`` has this
+    ``ssh`` and ``sudo`` first on ``PATH``: ``ssh -F CONFIG -- HOST COMMAND`` has this
     machine's shell run COMMAND, as sshd has the login shell run it; ``sudo``
     requires ``-n`` (it must never wait for a password) and marks what it runs.
     """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     scripts = {
-        "ssh": 'shift 3; exec sh -c "$*"',
+        # Refuses a host not behind "--": a name starting with "-" would be an option.
+        "ssh": ('while [ $# -gt 0 ] && [ "$1" != -- ]; do shift; done\n'
+                '[ "$1" = -- ] || { echo "no -- before the host" >&2; exit 255; }\n'
+                'shift 2; exec sh -c "$*"'),
         "sudo": ('case " $* " in *" -n "*) ;; *) echo "sudo would prompt" >&2; exit 1;; esac\n'
                  'while [ "${1#-}" != "$1" ]; do shift; done\n'
                  'TWINBOLT_TEST_SUDO=yes exec "$@"'),
@@ -85,3 +89,33 @@ def test_a_pyinfra_fact_reads_the_same_under_sudo(fake_hosts: Path) -> None:
     plain = asyncio.run(remote.read("wsb", queries, fake_hosts))
     under_sudo = asyncio.run(remote.read("wsa", queries, fake_hosts, sudo=True))
     assert plain.values == under_sudo.values == {"route": "lo"}
+
+
+def test_the_harness_ssh_config_is_read_by_openssh_as_written(tmp_path: Path) -> None:
+    # ssh -G parses the config the harness writes, as a connection would, without connecting.
+    # (ssh -G shows IdentityFile before token expansion: no % here.)
+    key = tmp_path / "my keys" / "id_ed25519"
+    entry = InventoryEntry("ws0", ("workstations",), {
+        "ssh_hostname": "10.66.0.11", "ssh_user": "ops.user", "ssh_port": 2222,
+        "ssh_key": str(key), "ssh_known_hosts_file": str(tmp_path / "known hosts"),
+    })
+    config = tmp_path / "ssh_config"
+    config.write_text(ssh_config([entry]))
+    result = subprocess.run(["ssh", "-G", "-F", str(config), "--", "ws0"], capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    options = {}
+    for line in result.stdout.splitlines():
+        keyword, _, value = line.partition(" ")
+        options.setdefault(keyword, value)
+    assert options["hostname"] == "10.66.0.11" and options["user"] == "ops.user"
+    assert options["port"] == "2222" and options["identityfile"] == str(key)
+    assert options["userknownhostsfile"] == str(tmp_path / "known hosts")
+
+
+@pytest.mark.parametrize("data", [{"ssh_hostname": "gw\n    ProxyCommand id"},
+                                  {"ssh_hostname": "gw", "ssh_user": "root\nProxyCommand id"},
+                                  {"ssh_hostname": "gw", "ssh_key": '/keys/"id'}])
+def test_an_ssh_config_value_it_cannot_carry_is_refused(data: dict) -> None:
+    with pytest.raises(ValueError, match="OpenSSH config"):
+        ssh_config([InventoryEntry("gw0", ("gateway",), data)])

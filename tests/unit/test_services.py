@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shlex
 import shutil
 import subprocess
@@ -166,6 +167,37 @@ def test_service_process_reads_argv_and_environment() -> None:
     }
     stopped = ServiceProcess().process(["status down: sglang-replica: 3s, normally up"])
     assert stopped["running"] is False and stopped["pid"] is None
+
+
+@pytest.mark.parametrize("variables", [(), ("WANTED",), ("WANTED", "ABSENT")])
+def test_service_process_reads_only_the_variables_it_is_asked_for(
+        variables: tuple[str, ...], tmp_path: Path) -> None:
+    # The fact's real command, against a real process holding a secret: a runit
+    # host, its sv answering for that process (the proxy's environment holds the
+    # master key, and pyinfra -vvv prints a fact's output).
+    secret = "sk-this-must-never-be-printed"
+    server = subprocess.Popen(["sleep", "60"], env={"LITELLM_MASTER_KEY": secret,
+                                                     "NOTE": f"x\nWANTED=faked {secret}",
+                                                     "WANTED": "=thunderbolt0"})
+    try:
+        (tmp_path / "sv").write_text(f'#!/bin/sh\necho "run: $2: (pid {server.pid}) 5s"\n')
+        (tmp_path / "sv").chmod(0o755)
+        command = ServiceProcess().command("litellm", "runit", variables).get_raw_value()
+        result = subprocess.run(["sh", "-c", command], capture_output=True, text=True,
+                                env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    finally:
+        server.kill()
+        server.wait()
+    assert result.returncode == 0, result.stderr
+    assert secret not in result.stdout + result.stderr
+    process = ServiceProcess().process(result.stdout.splitlines())
+    assert process["pid"] == server.pid and process["argv"] == ["sleep", "60"]
+    assert process["environment"] == ({"WANTED": "=thunderbolt0"} if variables else {})
+
+
+def test_service_process_refuses_a_variable_name_that_is_not_one() -> None:
+    with pytest.raises(ValueError, match="environment variable"):
+        ServiceProcess().command("litellm", "runit", ("A=B|.*",))
 
 
 def test_running_services_and_log_facts() -> None:
@@ -373,3 +405,99 @@ def test_a_file_digest_is_its_mode_and_sha1_read_in_one_command(tmp_path: Path) 
         return fact.process(output.splitlines()) if output else fact.default()
     assert read(path) == digest("#!/bin/sh\nexec true\n", "750")
     assert read(tmp_path / "absent") is None
+
+
+# Hostile values: what a unit or a run script cannot carry is refused, the rest is quoted
+
+
+@pytest.mark.parametrize("field, value", [
+    ("user", "sglang\nAmbientCapabilities=CAP_SYS_ADMIN"),
+    ("user", "-oProxyCommand=id"),
+    ("user", "%u"),
+    ("user", "two words"),
+    ("working_directory", "/srv\nExecStartPre=+/usr/bin/id"),
+    ("working_directory", "srv"),
+    ("working_directory", "-/srv"),
+    ("description", "a\nExecStartPre=/bin/id"),
+    ("description", "a\rb"),
+    ("command", ["/usr/bin/python", "/srv/models\nExecStartPost=/bin/id"]),
+    ("environment", {"A": "1\nExecStartPre=/bin/id"}),
+])
+def test_a_value_no_unit_or_run_script_can_carry_is_refused(field: str, value: object) -> None:
+    with pytest.raises(ValidationError, match=field):
+        Service(**{"name": "x", "description": "x", "command": ["/bin/true"], field: value})
+
+
+@pytest.mark.parametrize("word", ["a\nb", "a\rb", "\x00", "tab\there", "\x7f"])
+def test_unit_quote_never_lets_a_control_character_through(word: str) -> None:
+    with pytest.raises(ValueError, match="control character"):
+        unit_quote(word)
+
+
+HOSTILE = Service(
+    name="hostile",
+    description="Serves q%h $USER \"quoted\" \\ at 100%",
+    command=[sys.executable, "-c", "import sys; print(sys.argv)", "%h", "$HOME", "${X}",
+             "a;b", "it's", 'say "hi"', "back\\slash", "-not-an-option-of-systemd", ""],
+    environment={"WITH_PERCENT": "%n", "WITH_DOLLAR": "$PATH", "SPACED": "a b ; c"},
+    user="svc.user-1",
+    working_directory="/srv/my models/100% $HOME",
+)
+
+
+def test_a_hostile_service_renders_as_exactly_its_directives() -> None:
+    unit = render(HOSTILE, "systemd")
+    directives = [line.split("=", 1)[0] for line in unit.splitlines()
+                  if line and not line.startswith(("#", "["))]
+    assert directives == ["Description", "Wants", "After", "Type", "User", "WorkingDirectory",
+                          "Environment", "Environment", "Environment", "ExecStart", "Restart",
+                          "RestartSec", "TimeoutStopSec", "NoNewPrivileges", "ProtectSystem",
+                          "WantedBy"]
+    assert "NoNewPrivileges=yes\n" in unit and "ProtectSystem=full\n" in unit
+    assert "User=svc.user-1\n" in unit
+    assert "WorkingDirectory=/srv/my models/100%% $HOME\n" in unit
+    assert "Description=Serves q%%h $USER \"quoted\" \\ at 100%%\n" in unit
+    # systemd.exec(5): in Environment= "$ has no special meaning"; in ExecStart= it does.
+    assert "Environment=WITH_PERCENT=%%n\n" in unit and "Environment=WITH_DOLLAR=$PATH\n" in unit
+    assert " $$HOME $${X} " in unit
+
+
+def test_a_hostile_service_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed here: the rendered unit was not verified")
+    unit = tmp_path / "hostile.service"
+    unit.write_text(render(HOSTILE.model_copy(update={"user": "root"}), "systemd"))
+    result = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
+    complaints = [line for line in result.stderr.splitlines() if unit.name in line]
+    assert result.returncode == 0 and complaints == [], result.stderr
+
+
+def test_a_hostile_run_script_runs_exactly_its_argv_in_its_directory(tmp_path: Path) -> None:
+    # The run script itself, with chpst, getent and the log directory stubbed:
+    # what sh executes is the service's argv, environment and directory, byte for byte.
+    directory = tmp_path / "my models" / "100% $HOME"
+    directory.mkdir(parents=True)
+    service = HOSTILE.model_copy(update={
+        "working_directory": str(directory),
+        "command": [sys.executable, "-c",
+                    "import json, os, sys; print(json.dumps([sys.argv[1:], os.getcwd(), "
+                    "{k: os.environ.get(k) for k in ('WITH_PERCENT', 'WITH_DOLLAR', 'SPACED')}]))",
+                    *HOSTILE.command[3:]],
+    })
+    log = tmp_path / "service.log"
+    script = (render(service, "runit")
+              .replace(f"mkdir -p {services.LOG_DIR}", "true")
+              .replace(shlex.quote(services.log_path(service.name)), shlex.quote(str(log))))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stubs = {"chpst": 'shift 2; exec "$@"', "getent": "echo x:x:0:0::/nonexistent:"}
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    result = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                            env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    argv, cwd, environment = json.loads(log.read_text())
+    assert argv == list(HOSTILE.command[3:]) and cwd == str(directory)
+    assert environment == dict(HOSTILE.environment)

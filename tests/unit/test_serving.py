@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import pwd
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import replace
 from importlib.metadata import version
 from pathlib import Path
@@ -153,10 +157,11 @@ def test_settings_come_from_host_data_rank_1_meets_at_its_peers_address() -> Non
         "serving_port": 30000, "serving_dist_init_port": 5757,
         "serving_min_sglang_version": "0.5.9", "serving_user": "sglang",
         "serving_init_system": "runit", "serving_working_directory": "/",
-        "serving_start_timeout_seconds": 60,
+        "serving_start_timeout_seconds": 60, "serving_listen_address": "10.66.0.12",
     }
     host = SimpleNamespace(name="wsb", data=SimpleNamespace(**data, get=data.get))
     workstation = Sglang.from_host(host)
+    assert flags(serving.server_command(workstation))["--host"] == "10.66.0.12"
     assert workstation.rank0_link_address == "169.254.77.1"
     assert workstation.url == "http://10.66.0.12:30000"
     assert workstation.tp_rank_name == "sglang-tp2-rank1"
@@ -416,3 +421,31 @@ def test_verify_names_a_service_the_state_does_not_run_and_proves_the_replica_on
     assert run_operation(serving.verified, serving_facts(["sglang-replica"], pid=8),
                          **replicas) == []
     assert len(asked) == 2
+
+
+def test_the_sglang_version_is_read_as_the_serving_user_not_root(tmp_path: Path) -> None:
+    # Importing the module runs the venv's and the working directory's code.
+    fact = SglangVersion()
+    as_root = fact.command(sys.executable, "httpx", str(REPO), user="root").get_raw_value()
+    assert not as_root.startswith("runuser")
+    run = subprocess.run(["sh", "-c", as_root], capture_output=True, text=True)
+    assert "version" in fact.process(run.stdout.splitlines())
+    as_sglang = fact.command("/opt/sglang/bin/python", "sglang.launch_server", "/srv/my dir",
+                             user="sglang").get_raw_value()
+    assert as_sglang.startswith("runuser -u sglang -- sh -c ")
+    if os.geteuid() != 0 or not Path("/usr/bin/python3").exists():
+        pytest.skip("runuser needs root: only the command's shape was checked")
+    # A package in the working directory whose "version" is the uid importing it.
+    directory = Path(tempfile.mkdtemp(prefix="twinbolt-version-"))
+    try:
+        directory.chmod(0o755)
+        (directory / "whoami_package").mkdir(mode=0o755)
+        (directory / "whoami_package" / "__init__.py").write_text(
+            "import os\n__version__ = str(os.geteuid())\n")
+        (directory / "whoami_package" / "__init__.py").chmod(0o644)
+        shell = fact.command("/usr/bin/python3", "whoami_package", str(directory),
+                             user="nobody").get_raw_value()
+        run = subprocess.run(["sh", "-c", shell], capture_output=True, text=True)
+    finally:
+        shutil.rmtree(directory)
+    assert fact.process(run.stdout.splitlines()) == {"version": str(pwd.getpwnam("nobody").pw_uid)}

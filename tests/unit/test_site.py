@@ -281,3 +281,128 @@ def test_a_gateway_key_names_the_gateway(write_site):
     site = write_site(edited('name = "gw0"\n', 'name = "gw0"\nssh_key = "/nonexistent/key"\n'))
     assert problems(site) == [
         "gateway.ssh_key (host gw0): no such file: /nonexistent/key (got '/nonexistent/key')"]
+
+
+# Values no unit, run script, ssh_config or command line can carry: refused at load
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), [
+    pytest.param('user = "sglang"', 'user = "sglang\\nAmbientCapabilities=CAP_SYS_ADMIN"',
+                 "serving.user: is not an account name", id="user newline"),
+    pytest.param('user = "sglang"', 'user = "sglang"\nworking_directory = '
+                 '"/srv\\nExecStartPre=+/usr/bin/id"',
+                 "serving.working_directory: holds the control character(s) '\\n'",
+                 id="working directory newline"),
+    pytest.param('user = "sglang"', 'user = "sglang"\nworking_directory = "srv"',
+                 "serving.working_directory: must be an absolute path", id="relative directory"),
+    pytest.param('model_path = "/srv/models/qwen"', 'model_path = "/srv/models\\nqwen"',
+                 "serving.model_path: holds the control character(s) '\\n'",
+                 id="model path newline"),
+    pytest.param('model_path = "/srv/models/qwen"', 'model_path = "--trust-remote-code"',
+                 "serving.model_path: starts with '-'", id="model path option"),
+    pytest.param('served_model_name = "qwen"', 'served_model_name = "qwen\\nExecStartPre=/bin/id"',
+                 "serving.served_model_name: holds the control character(s) '\\n'",
+                 id="served model name newline"),
+    pytest.param('served_model_name = "qwen"', 'served_model_name = "-h"',
+                 "serving.served_model_name: starts with '-'", id="served model name option"),
+    pytest.param('python = "/opt/sglang/bin/python"', 'python = "python3"',
+                 "serving.python: must be an absolute path", id="python on PATH"),
+    pytest.param('name = "gw0"', 'name = "-oProxyCommand=id"',
+                 "gateway.name: is not a host name", id="host name option"),
+    pytest.param('name = "gw0"\nssh_hostname = "127.0.0.1"',
+                 'name = "gw0"\nssh_hostname = "-oProxyCommand=touch /tmp/x"',
+                 "gateway.ssh_hostname: is not a host name", id="hostname option"),
+    pytest.param('name = "gw0"\nssh_hostname = "127.0.0.1"',
+                 'name = "gw0"\nssh_hostname = "fe80::1%eth0"',
+                 "gateway.ssh_hostname: is not a host name", id="hostname token"),
+    pytest.param('name = "gw0"\nssh_hostname = "127.0.0.1"',
+                 'name = "gw0"\nssh_hostname = "gw\\n  ProxyCommand id"',
+                 "gateway.ssh_hostname: is not a host name", id="hostname newline"),
+    pytest.param('name = "gw0"', 'name = "gw0"\nssh_user = "%r"\nsudo = true',
+                 "gateway.ssh_user: is not an account name", id="ssh user token"),
+    pytest.param("[gateway_roles.large]",
+                 '[gateway_roles]\nlitellm_user = "lite llm"\n\n[gateway_roles.large]',
+                 "gateway_roles.litellm_user: is not an account name",
+                 id="gateway user blank"),
+    pytest.param("[gateway_roles.large]",
+                 '[gateway_roles]\nmaster_key_file = "key"\n\n[gateway_roles.large]',
+                 "gateway_roles.master_key_file: must be an absolute path", id="relative key"),
+    pytest.param('served_model_name = "large"',
+                 'served_model_name = "large"\napi_key_env = "LITELLM_MASTER_KEY"',
+                 "gateway_roles.large: api_key_env must not be LITELLM_MASTER_KEY",
+                 id="master key to the backend"),
+    pytest.param('served_model_name = "large"',
+                 'served_model_name = "large"\napi_key_env = "KEY; id"',
+                 "gateway_roles.large.api_key_env: is not an environment variable",
+                 id="key variable not a name"),
+    pytest.param("[candidate]", '[link]\ninterface = "-v"\n\n[candidate]',
+                 "link.interface: is not a network interface", id="interface"),
+    pytest.param('served_model_name = "large"', 'served_model_name = "large\\tx"',
+                 "gateway_roles.large.served_model_name: holds the control character(s) '\\t'",
+                 id="tab in free text"),
+])
+def test_a_value_that_would_be_read_as_syntax_is_refused_at_load(write_site, old, new, expected):
+    (line,) = problems(write_site(edited(old, new)))
+    assert line.startswith(expected), line
+
+
+def test_a_local_path_with_a_newline_is_refused_at_load(write_site):
+    (line,) = problems(write_site(edited('path = "modules/thunderbolt_net.ko"',
+                                         'path = "modules/x\\nProxyCommand id"')))
+    assert line.startswith("candidate.path: ") and "control character" in line, line
+
+
+def test_every_accepted_hostile_value_renders_into_the_real_units_and_scripts(write_site):
+    # Blanks, %, $, quotes and backslashes are not refused: each format quotes them.
+    # Every service a run builds is built here from the site's own host data, so a
+    # value the site accepts cannot fail a later step's pattern with the replicas down.
+    from operations import gateway, serving, serving_router
+    from operations.services import render
+    from operations.states import STATES
+
+    site = load_site(write_site(MINIMAL_SITE.replace(
+        'model_path = "/srv/models/qwen"', 'model_path = "/srv/my models/100% $HOME \\"q\\""'
+    ).replace('served_model_name = "qwen"', 'served_model_name = "qwen 100% $x \\\\ y"'
+    ).replace('user = "sglang"', 'user = "sglang"\nworking_directory = "/srv/a b/%h"'
+    ).replace("[gateway_roles.large]", '[gateway_roles]\nlitellm_venv = "/opt/lite llm/%i"\n'
+              'master_key_file = "/etc/key $1"\n\n[gateway_roles.large]')))
+
+    class Data(dict):
+        def __getattr__(self, key):
+            return self.get(key)
+
+    def host(name, data):
+        return type("Host", (), {"name": name, "data": Data(data)})()
+
+    workstations = [host(name, data) for name, data in site.workstation_hosts()]
+    the_gateway = host(*site.gateway_hosts()[0])
+    sglang = serving.Sglang.from_host(workstations[0])
+    router = serving_router.Router.from_hosts(the_gateway, workstations)
+    proxy = gateway.Proxy.from_host(the_gateway, router.served_model_name, router.url)
+    built = [serving.replica_service(sglang), serving_router.router_service(router),
+             gateway.proxy_service(proxy),
+             *(serving.tp_rank_service(sglang, state.speculative) for state in STATES.values())]
+    for service in built:
+        for init_system in ("systemd", "runit"):
+            rendered = render(service, init_system)
+            assert rendered.count("\n") == render(service.model_copy(update={
+                "description": "x", "command": ["/x"], "working_directory": "/"}),
+                init_system).count("\n"), (service.name, init_system)
+    unit = render(serving.replica_service(sglang), "systemd")
+    assert "WorkingDirectory=/srv/a b/%%h\n" in unit
+    assert '"/srv/my models/100%% $$HOME \\"q\\""' in unit
+    assert "qwen 100%% $x \\ y" in unit
+    assert '"LITELLM_MASTER_KEY=/etc/key $$1"' in render(gateway.proxy_service(proxy), "systemd")
+
+
+def test_a_workstation_names_where_sglang_listens_every_address_by_default(write_site):
+    hosts = dict(load_site(write_site(edited(
+        'ssh_port = 1\nthunderbolt_address = "169.254.77.2"',
+        'ssh_port = 1\nthunderbolt_address = "169.254.77.2"\nlisten_address = "10.0.0.12"',
+    ))).workstation_hosts())
+    assert hosts["ws0"]["serving_listen_address"] == "0.0.0.0"
+    assert hosts["ws1"]["serving_listen_address"] == "10.0.0.12"
+    (line,) = problems(write_site(edited('thunderbolt_address = "169.254.77.2"',
+                                         'thunderbolt_address = "169.254.77.2"\n'
+                                         'listen_address = "ws1.lan"')))
+    assert line.startswith("workstations.1.listen_address: value is not a valid IPv4 or IPv6")

@@ -82,7 +82,7 @@ def ssh_config_file(inventory: list[InventoryEntry],
         master = path.with_name(f"{entry.name}.sock")
         if master.exists():
             subprocess.run(["ssh", "-F", str(path), "-o", f"ControlPath={master}", "-O", "exit",
-                            entry.name], capture_output=True, timeout=30)
+                            "--", entry.name], capture_output=True, timeout=30)
 
 
 def inventory_host(entry: InventoryEntry, ssh_config_file: Path) -> InventoryHost:

@@ -25,7 +25,7 @@ from operations.serving import (
     tp_environment,
     tp_rank_service,
 )
-from operations.states import State
+from operations.states import STATES, State
 from operations.transport import Connections, connection_problems, connections_of
 
 TOKENS = 24
@@ -34,11 +34,12 @@ REPORTED = {"NEXTN": "EAGLE"}
 
 
 # Reads, in one SSH round trip per host, each named service's main process from
-# /proc: what really runs (argv, environment, effective user, working directory),
-# whatever the rendered files now say.
+# /proc: what really runs (argv, the named environment variables, effective user,
+# working directory), whatever the rendered files now say. Only the variables the
+# checks compare: a service's environment may hold a key, and pytest prints.
 SERVICES_SCRIPT = r"""
 import json, os, pwd, subprocess, sys
-init, names = sys.argv[1], sys.argv[2:]
+init, wanted, names = sys.argv[1], set(sys.argv[2].split(",")), sys.argv[3:]
 found = {}
 for name in names:
     if init == "runit":
@@ -61,8 +62,9 @@ for name in names:
     except KeyError:
         user = f"uid {uid}"
     found[name] = {"pid": int(pid), "argv": read("cmdline"),
-                   "environment": dict(entry.split("=", 1) for entry in read("environ")
-                                       if "=" in entry),
+                   "environment": {key: value for key, _, value in
+                                   (entry.partition("=") for entry in read("environ"))
+                                   if key in wanted},
                    "user": user, "cwd": os.readlink(f"/proc/{pid}/cwd")}
 print(json.dumps(found))
 """
@@ -111,11 +113,14 @@ OPTIONAL_FLAGS = (("--quantization", "serving_quantization"),
                   ("--mem-fraction-static", "serving_mem_fraction_static"))
 
 
-def processes(inventory_host, init_system: str, *names: str) -> dict[str, dict | None]:
-    """Each named service's running process (pid, argv, environment), or None."""
+def processes(inventory_host, init_system: str, variables: set[str],
+              *names: str) -> dict[str, dict | None]:
+    """Each named service's running process (pid, argv, the ``variables`` of its
+    environment), or None."""
     result = inventory_host.host.run(
         " ".join(shlex.quote(word) for word in
-                 ("python3", "-c", SERVICES_SCRIPT, init_system, *names)))
+                 ("python3", "-c", SERVICES_SCRIPT, init_system, ",".join(sorted(variables)),
+                  *names)))
     assert result.rc == 0, f"{inventory_host.name}: cannot read services: {result.stderr}"
     return json.loads(result.stdout)
 
@@ -123,7 +128,13 @@ def processes(inventory_host, init_system: str, *names: str) -> dict[str, dict |
 @pytest.fixture(scope="module")
 def servers(workstation) -> dict[str, dict | None]:
     """This workstation's SGLang services, read once for the module's checks."""
-    return processes(workstation, workstation.data["serving_init_system"], *GPU_SERVICES)
+    sglang = Sglang.from_host(InventoryView(workstation))
+    variables = {*replica_service(sglang).environment,
+                 *tp_environment(sglang.interface, sglang.link_address),
+                 *(name for state in STATES.values()
+                   for name in tp_rank_service(sglang, state.speculative).environment)}
+    return processes(workstation, workstation.data["serving_init_system"], variables,
+                     *GPU_SERVICES)
 
 
 @pytest.fixture(scope="module")
@@ -307,7 +318,8 @@ def test_clients_servers_answer_real_completions(workstations, gateway, state: S
 
 
 def test_the_router_is_ready_only_in_front_of_replicas(gateway, state: State) -> None:
-    router = processes(gateway, gateway.data["gateway_roles_init_system"], ROUTER)[ROUTER]
+    router = processes(gateway, gateway.data["gateway_roles_init_system"], set(),
+                       ROUTER)[ROUTER]
     if state.serving != "replicas":
         assert router is None, (
             f"{gateway.name}: sglang-router (pid {router['pid']}) runs while the replicas are "
