@@ -28,6 +28,7 @@ seen stall (``--data force_candidate=yes`` overrides).
 
 from functools import partial
 
+import pyinfra
 from pyinfra import host, inventory
 
 from operations import (
@@ -39,6 +40,7 @@ from operations import (
     ledger,
     link,
     lock,
+    scope,
     serving,
     serving_router,
 )
@@ -46,6 +48,8 @@ from operations.driver import CandidateModule
 from operations.states import resolve_state
 
 state = resolve_state(host.data.get("state"))
+# The pair is one unit: a run that leaves a host out is refused before anything.
+scope.whole_pair(inventory, pyinfra.state.is_host_in_limit, state.name)
 on_failure = host.data.get("on_failure") or "rollback"
 workstation = "workstations" in host.groups
 on_gateway = "gateway" in host.groups

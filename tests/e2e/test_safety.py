@@ -129,6 +129,9 @@ def test_bad_input_is_refused_with_the_reason_and_changes_nothing() -> None:
          "candidate module file /nonexistent/thunderbolt_net.ko does not exist"),
         (("--data", "serving_model_path=/var/lib/models/missing"), "/var/lib/models/missing"),
         (("--data", "on_failure=shrug"), "on_failure"),
+        # The pair is one unit: a subset would load the candidate on one side alone.
+        (("--limit", "wsb"), "refused: --limit/--exclude leaves wsa, gw out of this run"),
+        (("--exclude", "gw"), "refused: --limit/--exclude leaves gw out of this run"),
     ]
     before = snapshot()
     for extra, reason in cases:
