@@ -410,3 +410,22 @@ def fault(name: str) -> Iterator[None]:
         yield
     finally:
         lab("fault", name, "off")
+
+
+def master_key() -> str:
+    """The gateway's LiteLLM master key, read where the inventory says it lives."""
+    gateway = next(entry for entry in inventory() if "gateway" in entry.groups)
+    key = ssh(gateway.name, f"cat {shlex.quote(gateway.data['gateway_roles_master_key_file'])}")
+    assert key.strip(), "the gateway holds no master key"
+    return key.strip()
+
+
+def places_holding(secret: str, texts: dict[str, str]) -> list[str]:
+    """The names of the texts (outputs, reports, ledgers) in which ``secret`` appears."""
+    return [name for name, text in texts.items() if secret in text]
+
+
+def files_under(directory: Path) -> dict[str, str]:
+    """Every file below ``directory``, by path, as text (binary files read leniently)."""
+    return {str(path): path.read_bytes().decode(errors="replace")
+            for path in sorted(directory.rglob("*")) if path.is_file()}

@@ -9,7 +9,15 @@ import json
 import subprocess
 from pathlib import Path
 
-from e2e_helpers import PYTHON, REPO, deploy, inventory
+from e2e_helpers import (
+    PYTHON,
+    REPO,
+    deploy,
+    files_under,
+    inventory,
+    master_key,
+    places_holding,
+)
 
 from harness import matrix
 from harness.topology import Topology
@@ -17,6 +25,9 @@ from operations import ledger
 
 # One short window keeps the whole file within a few minutes.
 SHORT = ("--window", "single", "--single-tokens", "64")
+# pyinfra at its most verbose prints every command and every fact's output: the
+# experiment and the way back run so, and nothing of them may hold the master key.
+VERBOSE = "-vvv"
 
 
 def experiment(*arguments: str) -> subprocess.CompletedProcess[str]:
@@ -39,7 +50,7 @@ def test_tp2_e2e_is_observed_and_measured_with_the_link_counters_in_its_window(
     active, see tests/lab/test_physics.py): it checks the wiring from the loaded
     candidate to the window's counters, not that the candidate cleans a real link.
     """
-    run = deploy("tp2_e2e")
+    run = deploy("tp2_e2e", VERBOSE)
     assert run.returncode == 0, run.output[-3000:]
     status = experiment("status")
     assert status.returncode == 0, status.stdout + status.stderr
@@ -83,11 +94,15 @@ def test_tp2_e2e_is_observed_and_measured_with_the_link_counters_in_its_window(
     assert entry["tok_s"] == single["summary"]["output_tok_s"]
     assert [part["nhi"] for part in entry["hosts"]] == ["8086:1137", "8086:1137"]
     assert {part["parameters"].get("tx_e2e") for part in entry["hosts"]} == {"Y"}
+    assert places_holding(master_key(), {"the run at -vvv": run.output,
+                                         "status": status.stdout + status.stderr,
+                                         "measure": result.stdout + result.stderr,
+                                         **files_under(tmp_path)}) == []
 
 
 def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
         tmp_path: Path) -> None:
-    run = deploy("production")
+    run = deploy("production", VERBOSE)
     assert run.returncode == 0, run.output[-3000:]
     refused = experiment("measure", "--state", "tp2_stock", *SHORT, "--out", str(tmp_path))
     assert refused.returncode == 1
@@ -108,4 +123,7 @@ def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
     # A replica holds the whole model on one GPU and all-reduces nothing.
     bound = report["roofline"]["bound"]
     assert (bound["inputs"]["tp_size"], bound["link_ms"], bound["draft_ms"]) == (1, 0.0, 0.0)
+    assert places_holding(master_key(), {"the way back at -vvv": run.output,
+                                         "measure": result.stdout + result.stderr,
+                                         **files_under(tmp_path)}) == []
     assert 0 < report["roofline"]["fraction"] < 1

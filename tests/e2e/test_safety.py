@@ -21,7 +21,10 @@ from e2e_helpers import (
     SHORT_LINK_WAIT,
     deploy,
     fault,
+    files_under,
     lab,
+    master_key,
+    places_holding,
     refused_for_a_recorded_stall,
     service_process,
     snapshot,
@@ -47,7 +50,8 @@ def test_a_candidate_that_stalls_the_link_is_rolled_back_and_its_controllers_rem
     own_ledger = ("--data", f"ledger_path={tmp_path / 'ledger.jsonl'}")
     started = time.monotonic()
     with fault("tx_credit_stall"):
-        run = deploy("tp2_e2e", *SHORT_LINK_WAIT, *own_ledger)
+        # At -vvv: the attempt's output and its rollback's, which it prints, hold no key.
+        run = deploy("tp2_e2e", *SHORT_LINK_WAIT, *own_ledger, "-vvv")
     print(f"failure to verified production: {time.monotonic() - started:.1f}s")
     assert run.returncode != 0
     assert "link layer" in run.output and "no traffic moves" in run.output
@@ -64,6 +68,9 @@ def test_a_candidate_that_stalls_the_link_is_rolled_back_and_its_controllers_rem
     # Recorded as it ran: the candidate loaded with tx_e2e, before the rollback.
     assert {part["parameters"].get("tx_e2e") for part in attempt["hosts"]} == {"Y"}
     assert ledger.controllers(attempt) == ["8086:1137", "8086:1137"]
+
+    assert places_holding(master_key(), {"the attempt and its rollback at -vvv": run.output,
+                                         **files_under(tmp_path)}) == []
 
     refused_for_a_recorded_stall("8086:1137 + 8086:1137", *own_ledger)
     assert ledger.read(tmp_path / "ledger.jsonl")[-1]["outcome"] == "refused"
