@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+from pyinfra.operations import server
 from pyinfra_fakes import FakeHost, commands, describe, on
 
 from operations import services, serving, serving_router
@@ -179,6 +180,18 @@ def test_running_services_and_log_facts() -> None:
 
 
 RUN = "/etc/sv/echo/run"
+
+
+def test_a_services_account_is_created_only_when_missing(monkeypatch) -> None:
+    monkeypatch.setattr(server.user, "_inner",
+                        lambda user, system: iter([f"create {user} (system {system})"]))
+
+    def created(exists: bool) -> list[str]:
+        with on(host_with({services.AccountExists: exists})):
+            return list(services.account_present("sglang-router"))
+
+    assert created(True) == []
+    assert created(False) == ["create sglang-router (system True)"]
 
 
 def test_a_new_runit_service_is_rendered_linked_and_started() -> None:
