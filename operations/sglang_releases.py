@@ -5,10 +5,10 @@ twinbolt renders one command line for every SGLang from ``serving.min_sglang_ver
 (0.5.9) to the newest release the conformance tests pin (``requirements-sglang-*.lock``).
 Every flag it renders parses in all of them (``tests/conformance``); some values do
 not: SGLang 0.5.23's parser refuses ``--quantization marlin``, which 0.5.9's accepts,
-and a server refused its argv exits 2 ("invalid choice") at its start, production
-already stopped. So the site accepts any value some supported release accepts
-(:data:`QUANTIZATIONS`), and the serving layer's preflight refuses, before any change,
-a value the SGLang installed on the workstation refuses.
+and a server whose parser refuses its argv exits 2 ("invalid choice") at its start,
+production already stopped. So the site accepts any value some supported release
+accepts (:data:`QUANTIZATIONS`), and the serving layer's preflight refuses, before
+any change, a value the SGLang installed on the workstation refuses.
 
 Each value's releases were read from the ``QUANTIZATION_CHOICES`` of the releases
 themselves, 0.5.9 to 0.5.23, each boundary between two consecutive releases. The
