@@ -15,6 +15,14 @@ LAB_PY := $(LAB_VENV)/bin/python
 # python3-venv: the lab's gateway makes its own venvs, as a real gateway does.
 APT_PACKAGES := openssh-server openssh-client systemd runit kmod iptables iproute2 iputils-ping \
 	binutils gcc procps util-linux zstd xz-utils sudo python3-venv
+# The conformance tests' venvs (tests/conformance), one per SGLang release a
+# requirements-sglang-VERSION.lock pins (serving.min_sglang_version and the newest
+# supported): sglang without its dependencies (no torch, no CUDA), beside the few
+# its argument parser imports (requirements-conformance.lock). uv installs them,
+# not byte-compiled (the tests import a fraction of sglang): seconds, where pip
+# took a minute.
+SGLANG_VENVS := $(patsubst requirements-sglang-%.lock,.venv-sglang-%/.installed,\
+	$(wildcard requirements-sglang-*.lock))
 # The gateway's locks; the lab's gateway installs them from this wheelhouse,
 # built once, so that a converge sends nothing to a package registry.
 GATEWAY_LOCKS := requirements-litellm.lock requirements-router.lock
@@ -40,7 +48,14 @@ $(LAB_VENV)/.installed: requirements-lab.lock
 	$(LAB_VENV)/bin/python -m pip install -q --require-hashes -r requirements-lab.lock
 	touch $@
 
-setup: root packages venv $(LAB_VENV)/.installed $(WHEELHOUSE)/.built  ## the lab's Debian packages (root), both venvs, the gateway's wheelhouse
+.venv-sglang-%/.installed: requirements-sglang-%.lock requirements-conformance.lock \
+		$(LAB_VENV)/.installed
+	test -x $(@D)/bin/python || $(LAB_VENV)/bin/uv venv -q --python $(PYTHON) $(@D)
+	$(LAB_VENV)/bin/uv pip install -q --python $(@D)/bin/python --no-deps --require-hashes \
+		-r requirements-sglang-$*.lock -r requirements-conformance.lock
+	touch $@
+
+setup: root packages venv $(LAB_VENV)/.installed $(SGLANG_VENVS) $(WHEELHOUSE)/.built  ## the lab's Debian packages (root), the venvs, the gateway's wheelhouse
 
 # First of everything that needs the lab, so that an unprivileged run stops
 # before it installs anything.
@@ -86,7 +101,8 @@ lint: root setup  ## ruff
 # Every test, with a short interruption sweep (`make soak SOAK_POINTS=N` for a longer one).
 # The lab's own tests go last: they take the lab down and rebuild it, and a
 # rebuilt gateway has no venvs, which the end-to-end tests would then reinstall.
-test: root setup lint  ## every test: unit, end-to-end, a short interruption sweep, the lab's own, runit
+test: root setup lint  ## every test: conformance, unit, end-to-end, a short interruption sweep, the lab's own, runit
+	$(LAB_PY) -m pytest --durations=5 tests/conformance
 	$(PY) -m lab up
 	$(LAB_PY) -m pytest --durations=20 tests/unit tests/e2e
 	$(MAKE) soak
@@ -110,8 +126,13 @@ soak: root lab  ## the interruption sweep (SOAK_POINTS per leg)
 	$(PY) tests/soak/interrupt.py --points $(SOAK_POINTS)
 
 lock: $(LAB_VENV)/.installed  ## re-pin every requirement set, with hashes
-	for set in requirements requirements-lab; do \
+	for set in requirements requirements-lab requirements-conformance; do \
 		$(LAB_VENV)/bin/uv pip compile -q --generate-hashes --python-version 3.11 \
+			--custom-compile-command "make lock" $$set.txt -o $$set.lock; \
+	done
+	# SGLang alone: the conformance tests stub what its parser imports but never calls.
+	for set in $(basename $(wildcard requirements-sglang-*.txt)); do \
+		$(LAB_VENV)/bin/uv pip compile -q --generate-hashes --no-deps --python-version 3.11 \
 			--custom-compile-command "make lock" $$set.txt -o $$set.lock; \
 	done
 	# The gateway's, at the versions the lab's venv runs the tests with.

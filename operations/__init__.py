@@ -5,7 +5,8 @@ The layers, in the runbook's order: ``gpu``, ``driver``, ``link``, ``serving``
 (with ``serving_router``, its part on the gateway) and ``gateway`` (with
 ``gateway_route``, the proofs of the user's route through it), each with
 its facts, its judgements and its operations. What they share: ``states`` (the
-declared states), ``site`` and ``hosts`` (the inventory's data), ``services``
+declared states), ``site`` and ``hosts`` (the inventory's data), ``sglang_releases``
+(what the supported SGLang releases accept differently), ``services``
 (long-running services on runit or systemd, and their logs), ``venvs`` (pinned
 Python packages), ``probes`` (real requests and bounded waits), ``transport``
 (where the TP group's bytes go), ``phase`` (executing or only planning, and

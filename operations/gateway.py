@@ -36,7 +36,7 @@ from pyinfra.api import FactBase, FunctionCommand, Host, QuoteString, StringComm
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.util import get_template
 from pyinfra.facts.files import File
-from pyinfra.operations import files, server
+from pyinfra.operations import files
 
 from operations import probes, services, venvs
 from operations.attempt import failing
@@ -403,8 +403,7 @@ def proxy(proxy: Proxy | None, fallback: bool,
     live = host.get_fact(LiveRouting, url=proxy.url, master_key_file=proxy.master_key_file)
     yield from venvs.locked._inner(venv=proxy.venv, lock=LITELLM_LOCK,
                                    pip_options=proxy.pip_options)
-    if not host.get_fact(services.AccountExists, user=proxy.user):
-        yield from server.user._inner(user=proxy.user, system=True)
+    yield from services.account_present(proxy.user)
     key = host.get_fact(File, path=proxy.master_key_file)
     # Blank (whitespace only) is replaced as missing is.
     if not key or not key["size"] or not host.get_fact(HoldsKey, path=proxy.master_key_file):

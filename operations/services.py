@@ -29,7 +29,7 @@ from pyinfra.api import FactBase, Host, QuoteString, StringCommand, operation
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.util import get_template
 from pyinfra.facts.runit import RunitManaged, RunitStatus
-from pyinfra.operations import files, runit, systemd
+from pyinfra.operations import files, runit, server, systemd
 
 from operations.facts import EmptyMeansSomething, FileDigest, digest, digest_script
 from operations.syntax import (
@@ -579,6 +579,12 @@ def present(
         changed = True
         yield command
     yield from supervisor.start(service, changed, restarted)
+
+
+def account_present(user: str) -> Iterator[PyinfraCommand]:
+    """The system account a service runs as, created if missing."""
+    if not host.get_fact(AccountExists, user=user):
+        yield from server.user._inner(user=user, system=True)
 
 
 def started_once(name: str, restarted: bool) -> Iterator[PyinfraCommand]:

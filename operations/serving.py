@@ -40,7 +40,7 @@ from pyinfra.api import (
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.facts.files import Directory
 
-from operations import probes, services, transport
+from operations import probes, services, sglang_releases, transport
 from operations.attempt import failing, refuse
 from operations.facts import EmptyMeansSomething
 from operations.phase import elsewhere, executing
@@ -301,6 +301,32 @@ def version_problems(found: dict, minimum: str) -> list[str]:
     return []
 
 
+def quantization_problems(found: dict, quantization: str | None, python: str) -> list[str]:
+    """
+    Why the SGLang found refuses the site's ``--quantization``, with the fix; empty
+    when it accepts it, when the site sets none, or when it has no readable version
+    (:func:`version_problems` says so where a state needs one).
+    """
+    if not quantization or "version" not in found:
+        return []
+    installed = found["version"]
+    releases = sglang_releases.CHOICES[sglang_releases.QUANTIZATION][quantization]
+    try:
+        if releases.accept(installed):
+            return []
+        too_new = releases.until is not None and Version(installed) >= Version(releases.until)
+    except InvalidVersion:
+        return []
+    instead = ", ".join(sglang_releases.accepted(sglang_releases.QUANTIZATION, installed))
+    other_release = (f"install an SGLang before {releases.until}" if too_new
+                     else f"upgrade SGLang to {releases.since} or later")
+    return [
+        f"SGLang {installed} refuses --quantization {quantization} (serving.quantization): "
+        f"only {releases} accepts it. Set serving.quantization to a value {installed} "
+        f"accepts ({instead}), or {other_release} for {python}"
+    ]
+
+
 def process_problems(process: dict, service: Service, argv: bool = True) -> list[str]:
     """
     Whether the running process is the rendered service, by argv and environment.
@@ -540,8 +566,10 @@ def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative
     Refuse, before anything changes, a serving target this workstation cannot reach.
 
     The weights must be on the host. A NEXTN TP state needs SGLang at least
-    ``sglang.min_version``. Leaving production needs production working: a
-    running replica must serve a real completion before its GPU is borrowed.
+    ``sglang.min_version``. The installed SGLang must accept the site's
+    ``--quantization`` (:mod:`operations.sglang_releases`), in every state, or the
+    server would exit 2 at its start. Leaving production needs production working:
+    a running replica must serve a real completion before its GPU is borrowed.
 
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
     + serving: what the target state serves: ``replicas`` or ``tp2``
@@ -567,10 +595,13 @@ def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative
     if speculative and sglang.draft_model_path:
         if not host.get_fact(Directory, path=sglang.draft_model_path):
             found.append(f"the draft weights {sglang.draft_model_path} are not on this host")
-    if serving == "tp2" and speculative:
+    needs_minimum = serving == "tp2" and speculative is not None
+    if needs_minimum or sglang.quantization:
         version = host.get_fact(SglangVersion, python=sglang.python, module=sglang.module,
                                 working_directory=sglang.working_directory, user=sglang.user)
-        found += version_problems(version, sglang.min_version)
+        if needs_minimum:
+            found += version_problems(version, sglang.min_version)
+        found += quantization_problems(version, sglang.quantization, sglang.python)
     if serving == "tp2":
         running = host.get_fact(services.RunningServices, prefix=REPLICA,
                                 init_system=sglang.init_system)

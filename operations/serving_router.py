@@ -120,6 +120,7 @@ def router(router: Router | None, present: bool = True) -> Iterator[PyinfraComma
         return
     yield from venvs.locked._inner(venv=router.venv, lock=ROUTER_LOCK,
                                    pip_options=router.pip_options)
+    yield from services.account_present(router.user)
     yield from services.present._inner(service=router_service(router),
                                        init_system=router.init_system)
 

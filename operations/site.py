@@ -39,6 +39,7 @@ from pydantic import (
 from pyinfra.api.exceptions import InventoryError
 
 from operations.connect import nodelay_data
+from operations.sglang_releases import QUANTIZATIONS
 from operations.syntax import (
     AbsolutePath,
     AccountName,
@@ -119,27 +120,11 @@ Sha256 = Annotated[str, AfterValidator(_lowercase_sha256)]
 LinkLocalAddress = Annotated[IPv4Address, AfterValidator(_link_local)]
 Version = Annotated[str, StringConstraints(pattern=r"^\d+(\.\d+)*$")]
 
-# SGLang v0.5.9's --quantization choices (argparse exits 2 on anything else).
-# NVFP4 checkpoints are "modelopt_fp4"; there is no plain "nvfp4".
-Quantization = Literal[
-    "awq",
-    "fp8",
-    "gptq",
-    "marlin",
-    "gptq_marlin",
-    "awq_marlin",
-    "bitsandbytes",
-    "gguf",
-    "modelopt",
-    "modelopt_fp8",
-    "modelopt_fp4",
-    "petit_nvfp4",
-    "w8a8_int8",
-    "w8a8_fp8",
-    "moe_wna16",
-    "w4afp8",
-    "mxfp4",
-]
+# Any --quantization choice of some supported SGLang release (argparse exits 2 on
+# anything else); whether the release installed on a workstation accepts it is the
+# serving layer's preflight (operations/sglang_releases.py). NVFP4 checkpoints are
+# "modelopt_fp4"; there is no plain "nvfp4".
+Quantization = Literal[QUANTIZATIONS]
 
 
 class _Section(BaseModel):
@@ -310,8 +295,10 @@ class GatewayRoles(_Section):
     # configuration when empty; say ["--index-url", "https://mirror/simple"], or
     # ["--no-index", "--find-links", "/srv/wheelhouse"] for a gateway offline.
     pip_options: list[Text] = Field(default_factory=list)
-    # The router keeps no state: an unprivileged user that exists everywhere.
-    router_user: ServiceAccount = "nobody"
+    # The router keeps no state, but not nobody's account either, which owns what
+    # NFS and user namespaces cannot map (systemd: "Special user nobody configured,
+    # this is not safe!"): an unprivileged account of its own, created if missing.
+    router_user: ServiceAccount = "sglang-router"
     large: LargeBackend
 
     @model_validator(mode="after")

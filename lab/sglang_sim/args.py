@@ -6,12 +6,12 @@ a rendered service fails here the way it would on a real workstation.
 
 import argparse
 
+from lab.sglang_sim import __version__
+from operations.sglang_releases import QUANTIZATION, accepted
+
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
-QUANTIZATIONS = (
-    "awq", "fp8", "gptq", "marlin", "gptq_marlin", "awq_marlin", "bitsandbytes", "gguf",
-    "modelopt", "modelopt_fp8", "modelopt_fp4", "petit_nvfp4", "w8a8_int8", "w8a8_fp8",
-    "moe_wna16", "qoq", "w4afp8", "mxfp4", "compressed-tensors",
-)
+# The release the simulator is (its __version__): its choices, as twinbolt knows them.
+QUANTIZATIONS = tuple(accepted(QUANTIZATION, __version__))
 KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1")
 
 # What SGLang chooses when the flags are left out.

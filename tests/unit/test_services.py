@@ -15,9 +15,10 @@ from pydantic import ValidationError
 from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+from pyinfra.operations import server
 from pyinfra_fakes import FakeHost, commands, describe, on
 
-from operations import services, serving, serving_router
+from operations import services
 from operations.facts import FileDigest, digest
 from operations.services import (
     RunningServices,
@@ -28,7 +29,7 @@ from operations.services import (
     render,
     unit_quote,
 )
-from operations.states import STATES
+from tests.conformance.conformance_helpers import systemd_complaints
 
 TRICKY = Service(
     name="echo",
@@ -112,43 +113,10 @@ def test_unit_quote(word: str, quoted: str) -> None:
     assert unit_quote(word) == quoted
 
 
-def analyzable_services() -> list[Service]:
-    """The services twinbolt really renders, with an interpreter this machine has."""
-    workstation = serving.Sglang(
-        address="10.66.0.11", rank=0, link_address="169.254.77.1", peer_link_address="169.254.77.2",
-        interface="thunderbolt0", python=sys.executable, module="sglang.launch_server",
-        model_path="/srv/models/qwen", served_model_name="qwen", quantization="modelopt_fp4",
-        context_length=32768, mem_fraction_static=0.85, draft_model_path=None, port=30000,
-        dist_init_port=5757, min_version="0.5.9", user="root", init_system="systemd",
-        working_directory="/", start_timeout=900,
-    )
-    router = serving_router.Router(
-        address="10.66.0.13", listen_address="0.0.0.0", port=30080,
-        venv=str(Path(sys.executable).parents[1]),
-        user="root", init_system="systemd", pip_options=(),
-        workers=("http://10.66.0.11:30000",),
-        served_model_name="qwen", start_timeout=900,
-    )
-    return [
-        serving.replica_service(workstation),
-        serving.tp_rank_service(workstation, STATES["tp2_e2e"].speculative),
-        serving_router.router_service(router),
-        TRICKY.model_copy(update={"command": [sys.executable, *TRICKY.command[1:]],
-                                  "user": "root", "working_directory": "/"}),
-    ]
-
-
-@pytest.mark.parametrize("service", analyzable_services(), ids=lambda service: service.name)
-def test_a_rendered_systemd_unit_passes_systemd_analyze_verify(service: Service,
-                                                                 tmp_path: Path) -> None:
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed here: the rendered unit was not verified")
-    unit = tmp_path / f"{service.name}.service"
-    unit.write_text(render(service, "systemd"))
-    result = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
-    complaints = [line for line in result.stderr.splitlines() if unit.name in line]
-    assert result.returncode == 0 and complaints == [], result.stderr
+def test_a_unit_that_needs_quoting_is_read_by_systemd_as_written(tmp_path: Path) -> None:
+    # Every unit twinbolt renders is verified in tests/conformance; this one needs
+    # each of systemd's escapes.
+    assert systemd_complaints(TRICKY, tmp_path) == []
 
 
 # Facts
@@ -211,6 +179,18 @@ def test_running_services_and_log_facts() -> None:
 
 
 RUN = "/etc/sv/echo/run"
+
+
+def test_a_services_account_is_created_only_when_missing(monkeypatch) -> None:
+    monkeypatch.setattr(server.user, "_inner",
+                        lambda user, system: iter([f"create {user} (system {system})"]))
+
+    def created(exists: bool) -> list[str]:
+        with on(host_with({services.AccountExists: exists})):
+            return list(services.account_present("sglang-router"))
+
+    assert created(True) == []
+    assert created(False) == ["create sglang-router (system True)"]
 
 
 def test_a_new_runit_service_is_rendered_linked_and_started() -> None:
@@ -464,8 +444,7 @@ def test_a_hostile_service_renders_as_exactly_its_directives() -> None:
 
 def test_a_hostile_service_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed here: the rendered unit was not verified")
+    assert analyze, "systemd-analyze is missing: `make setup` installs Debian's systemd"
     unit = tmp_path / "hostile.service"
     unit.write_text(render(HOSTILE.model_copy(update={"user": "root"}), "systemd"))
     result = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)

@@ -16,6 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 from operation_harness import run_operation
+from pyinfra.api import OperationError
+from pyinfra.facts.files import Directory
 from pyinfra_fakes import FakeHost, commands, on
 from sglang_router.launch_router import parse_router_args
 
@@ -185,6 +187,79 @@ def test_version_problems_name_both_versions(found: dict, problem: str | None) -
         assert found_problems == []
     else:
         assert len(found_problems) == 1 and problem in found_problems[0]
+
+
+# The quantization the installed SGLang accepts
+
+
+@pytest.mark.parametrize("installed, quantization, refusal", [
+    ("0.5.9", "marlin", None),
+    ("0.5.19", "marlin", None),
+    ("0.5.20", "marlin", "only SGLang before 0.5.20 accepts it"),
+    ("0.5.23", "marlin", "only SGLang before 0.5.20 accepts it"),
+    ("0.5.15", "humming", "only SGLang 0.5.16 and later accepts it"),
+    ("0.5.16", "humming", None),
+    ("0.5.9", "qoq", None),
+    ("0.5.16.post1", "qoq", "only SGLang before 0.5.16 accepts it"),
+    ("0.5.23", "modelopt_fp4", None),
+    ("0.5.9", None, None),                  # SGLang's own default
+])
+def test_a_quantization_is_judged_by_the_installed_release(installed: str, quantization: str,
+                                                           refusal: str | None) -> None:
+    found = serving.quantization_problems({"version": installed}, quantization, "/opt/sglang/py")
+    assert found == [] if refusal is None else (len(found) == 1 and refusal in found[0])
+
+
+def test_a_refused_quantization_names_the_value_the_release_and_both_fixes() -> None:
+    [newer] = serving.quantization_problems({"version": "0.5.23"}, "marlin", "/opt/sglang/py")
+    assert newer.startswith("SGLang 0.5.23 refuses --quantization marlin (serving.quantization)")
+    assert "Set serving.quantization to a value 0.5.23 accepts (awq, fp8, mxfp8, gptq, " in newer
+    assert "gptq_marlin" in newer and " marlin," not in newer
+    assert newer.endswith("or install an SGLang before 0.5.20 for /opt/sglang/py")
+    [older] = serving.quantization_problems({"version": "0.5.9"}, "humming", "/opt/sglang/py")
+    assert older.endswith("or upgrade SGLang to 0.5.16 or later for /opt/sglang/py")
+
+
+@pytest.mark.parametrize("found", [{"error": "No module named 'sglang'"}, {"version": "banana"}])
+def test_without_a_readable_version_the_quantization_is_not_judged(found: dict) -> None:
+    # The minimum version's judge says so, in the states that need a version.
+    assert serving.quantization_problems(found, "marlin", "/opt/sglang/py") == []
+
+
+def preflight_facts(installed: str, read: list[dict] | None = None):
+    """Weights present, no replica running, SGLang ``installed``; each read kept in ``read``."""
+
+    def facts(cls: type, kwargs: dict) -> object:
+        if cls is SglangVersion:
+            (read if read is not None else []).append(kwargs)
+            return {"version": installed}
+        return {Directory: {"mode": 755}, services.RunningServices: []}[cls]
+
+    return facts
+
+
+@pytest.mark.parametrize("state", ["production", "tp2_stock_nospec", "tp2_e2e"])
+def test_preflight_refuses_a_quantization_the_installed_sglang_refuses(state: str) -> None:
+    target = STATES[state]
+    with pytest.raises(OperationError) as refused:
+        run_operation(serving.admissible, preflight_facts("0.5.23"),
+                      sglang=replace(RANK0, quantization="marlin"), serving=target.serving,
+                      speculative=target.speculative)
+    assert str(refused.value).startswith(
+        "wsa: serving layer: SGLang 0.5.23 refuses --quantization marlin (serving.quantization)")
+    assert "install an SGLang before 0.5.20 for /opt/sglang/bin/python" in str(refused.value)
+
+
+def test_preflight_reads_the_version_once_and_only_when_something_depends_on_it() -> None:
+    read: list[dict] = []
+    run_operation(serving.admissible, preflight_facts("0.5.23", read), sglang=RANK0,
+                  serving="tp2", speculative=NEXTN_3_1_4)
+    assert read == [{"python": "/opt/sglang/bin/python", "module": "sglang.launch_server",
+                     "working_directory": "/"}]
+    read.clear()
+    run_operation(serving.admissible, preflight_facts("0.5.23", read),
+                  sglang=replace(RANK0, quantization=None), serving="replicas", speculative=None)
+    assert read == []
 
 
 @pytest.mark.parametrize("module, package_version", [

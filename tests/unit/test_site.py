@@ -191,6 +191,15 @@ def test_nvfp4_is_refused_and_modelopt_fp4_offered(write_site):
     assert line.endswith("(got 'nvfp4')")
 
 
+@pytest.mark.parametrize("quantization", ["marlin", "humming"])
+def test_a_quantization_some_supported_release_accepts_is_a_valid_site(write_site, quantization):
+    # marlin only before SGLang 0.5.20, humming only from 0.5.16: the preflight
+    # judges it against the release installed (operations/sglang_releases.py).
+    site = load_site(write_site(edited('user = "sglang"',
+                                       f'user = "sglang"\nquantization = "{quantization}"')))
+    assert site.serving.quantization == quantization
+
+
 def test_every_problem_is_reported_at_once(write_site):
     text = edited('served_model_name = "qwen"', "served_model_name = 7")
     lines = problems(write_site(text.replace("[gateway]\n", "[gateway]\nport = 2\n")))

@@ -1,0 +1,138 @@
+"""
+What the conformance tests give upstream's own code to judge: the services and
+LiteLLM configs twinbolt renders for a site, reached by the runbook's own path
+(pyinfra's inventory of the site file, then the settings deploy.py builds from
+each host's data), and systemd's verdict on a rendered unit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from operations import gateway, services, serving, serving_router
+from operations.services import Service
+from operations.serving import Sglang
+from operations.states import STATES, State
+
+REPO = Path(__file__).resolve().parents[2]
+SITE = Path(__file__).with_name("site.toml")
+# Where systemd's own units are, for the targets a rendered unit names.
+SYSTEM_UNITS = Path("/usr/lib/systemd/system")
+
+
+class HostData(dict):
+    """A host's data as pyinfra's ``host.data`` reads: ``data.key`` and ``data.get(key)``."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+
+@dataclass(frozen=True)
+class InventoryHost:
+    name: str
+    groups: tuple[str, ...]
+    data: HostData
+
+
+def inventory(site: Path | None = None) -> dict[str, InventoryHost]:
+    """
+    The hosts pyinfra's CLI makes of ``inventory.py`` (group data included), by
+    name, rank 0 first: a site file's, or the embedded lab's.
+    """
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in ("TWINBOLT_SITE", "TWINBOLT_LAB_STATE")}
+    if site:
+        environment["TWINBOLT_SITE"] = str(site)
+    listed = subprocess.run(
+        [str(Path(sys.executable).with_name("pyinfra")), "inventory.py", "debug-inventory",
+         "--json"],
+        cwd=REPO, env=environment, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=120, check=True,
+    )
+    return {host["name"]: InventoryHost(host["name"], tuple(host["groups"]),
+                                        HostData(host["data"]))
+            for host in json.loads(listed.stdout)}
+
+
+def site_inventory(directory: Path) -> dict[str, InventoryHost]:
+    """The hosts of :data:`SITE`, written into ``directory`` beside its candidate module."""
+    (directory / "modules").mkdir(parents=True, exist_ok=True)
+    (directory / "modules" / "thunderbolt_net.ko").write_text("never loaded here")
+    return inventory(Path(shutil.copy(SITE, directory / SITE.name)))
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """What twinbolt renders for one site's hosts, built as ``deploy.py`` builds it."""
+
+    workstations: tuple[Sglang, ...]
+    router: serving_router.Router
+    proxy: gateway.Proxy
+
+    @classmethod
+    def of(cls, hosts: dict[str, InventoryHost]) -> Rendered:
+        workstations = [host for host in hosts.values() if "workstations" in host.groups]
+        gateway_host = next(host for host in hosts.values() if "gateway" in host.groups)
+        router = serving_router.Router.from_hosts(gateway_host, workstations)
+        return cls(
+            workstations=tuple(Sglang.from_host(host) for host in workstations),
+            router=router,
+            proxy=gateway.Proxy.from_host(gateway_host, router.served_model_name, router.url),
+        )
+
+    def services(self) -> list[Service]:
+        """Every service some state renders, once each (a TP rank once per speculative setting)."""
+        rendered = [gpu_service(sglang, state) for state in STATES.values()
+                    for sglang in self.workstations]
+        rendered += [serving_router.router_service(self.router),
+                     gateway.proxy_service(self.proxy)]
+        distinct = {services.render(service, "systemd"): service for service in rendered}
+        return list(distinct.values())
+
+
+def gpu_service(sglang: Sglang, state: State) -> Service:
+    """The SGLang service ``state`` runs on this workstation."""
+    if state.serving == "replicas":
+        return serving.replica_service(sglang)
+    return serving.tp_rank_service(sglang, state.speculative)
+
+
+def systemd_complaints(service: Service, root: Path) -> list[str]:
+    """
+    What ``systemd-analyze verify`` says of the unit twinbolt renders for
+    ``service``, installed at its path under ``root``: nothing when systemd
+    reads it as written.
+
+    ``root`` stands for the host the unit goes to. systemd's own units are copied
+    there (a unit names ``multi-user.target``); the program the unit starts is
+    an empty executable at its path, for it is on the workstation or gateway, not
+    here. systemd reports a mistyped key or value as a warning and exits 0, so
+    every line naming the unit counts, not only the exit code.
+    """
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze is missing: `make setup` installs Debian's systemd"
+    if not (root / SYSTEM_UNITS.relative_to("/")).exists():
+        shutil.copytree(SYSTEM_UNITS, root / SYSTEM_UNITS.relative_to("/"), symlinks=True)
+    program = root / service.command[0].lstrip("/")
+    program.parent.mkdir(parents=True, exist_ok=True)
+    program.touch(mode=0o755)
+    path = services.unit_path(service.name)
+    unit = root / path.lstrip("/")
+    unit.parent.mkdir(parents=True, exist_ok=True)
+    unit.write_text(services.render(service, "systemd"))
+    result = subprocess.run([analyze, f"--root={root}", "verify", path],
+                            capture_output=True, text=True, timeout=60)
+    complaints = [line for line in result.stderr.splitlines() if unit.name in line]
+    if result.returncode != 0 and not complaints:
+        complaints = result.stderr.splitlines() or [f"exit {result.returncode}"]
+    return complaints
