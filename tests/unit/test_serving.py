@@ -254,8 +254,9 @@ def test_preflight_reads_the_version_once_and_only_when_something_depends_on_it(
     read: list[dict] = []
     run_operation(serving.admissible, preflight_facts("0.5.23", read), sglang=RANK0,
                   serving="tp2", speculative=NEXTN_3_1_4)
+    # Read as the serving user, not as root (the venv and its directory are that user's).
     assert read == [{"python": "/opt/sglang/bin/python", "module": "sglang.launch_server",
-                     "working_directory": "/"}]
+                     "working_directory": "/", "user": "sglang"}]
     read.clear()
     run_operation(serving.admissible, preflight_facts("0.5.23", read),
                   sglang=replace(RANK0, quantization=None), serving="replicas", speculative=None)
