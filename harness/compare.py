@@ -12,6 +12,7 @@ and which it never made.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,23 +40,52 @@ DIGITS = {key: digits for key, _, digits, _ in COLUMNS}
 # The field report compares these two states: the stock driver, then the
 # candidate with tx_e2e=1, both with TP2 and NEXTN.
 CONTROL, CANDIDATE = "tp2_stock", "tp2_e2e"
-# The field report's own figures, (CONTROL, CANDIDATE), as DESIGN.md gives them:
-# "raised one-stream generation from 48.4 to 77.1 tok/s". It gives no other
-# figure, so every other measure is "not reported", never a number made up.
-FIELD_REPORT: dict[str, tuple[float, float]] = {"single_tok_s": (48.4, 77.1)}
-# (headline key, what the row measures), in the order the issue names them.
+
+
+@dataclass(frozen=True)
+class Reported:
+    """One figure of the field report: its value where a ratio can use it, and its words."""
+
+    value: float | None
+    text: str
+
+
+NOT_REPORTED = "not reported"
+# Every model-workload figure the field report gives for (CONTROL, CANDIDATE), as
+# shared/REFERENCE.md ("The field report's figures") lists them; None where it gives
+# none, so a comparison says "not reported" only there.
+FIELD_REPORT: dict[str, tuple[Reported | None, Reported | None]] = {
+    "single_tok_s": (Reported(48.4, "48.4"), Reported(77.1, "77.1")),
+    # Six concurrent requests: 1,536 tokens in 8.89 s; the candidate's "about 15%
+    # above stock" is the report's 199.6, which it warns is not a per-request rate.
+    "aggregate_tok_s": (Reported(172.9, "172.9"), Reported(199.6, "199.6")),
+    "accept_length": (Reported(None, "about 2 to 3"), Reported(None, "3.83 to 4.00")),
+    # One six-request sample: one receiver added 109 errors; under the candidate
+    # both receivers kept zero.
+    "receiver_errors": (Reported(109, "109 (one receiver)"), Reported(0, "0 (both)")),
+    # Per host, asymmetric; the sum is what this table's host-wide column adds up.
+    "retransmissions": (Reported(239 + 1787, "2,026 (239 + 1,787)"),
+                        Reported(529 + 318, "847 (529 + 318)")),
+    # 5.58 GiB each way for 1,536 output tokens; the candidate's window gives no token count.
+    "gib_per_1k_tokens": (Reported(3.6, "about 3.6"), None),
+}
+# (headline key, what the row measures), in the order the report gives them.
 SIDE_BY_SIDE = (
     ("single_tok_s", "single-stream tok/s"),
     ("aggregate_tok_s", "aggregate tok/s"),
-    ("max_socket_retransmissions", "max retransmissions of one TP socket"),
+    ("accept_length", "accept length"),
     ("receiver_errors", "receiver errors"),
+    ("retransmissions", "host-wide retransmissions"),
+    ("max_socket_retransmissions", "max retransmissions of one TP socket"),
+    ("gib_per_1k_tokens", "GiB / 1k output tokens"),
 )
-NOT_REPORTED = "not reported"
 SIDE_BY_SIDE_NOTE = (
-    f"× : {CANDIDATE} / {CONTROL}. *Field*: the field report's figures (DESIGN.md); it "
-    "reports one-stream generation only. *Max retransmissions of one TP socket*: the most "
-    "any one of the TP group's sockets retransmitted in one window. *Receiver errors*: "
-    "`rx_errors` of the link on both workstations, over every window."
+    f"× : {CANDIDATE} / {CONTROL}. *Field*: the field report's figures (shared/REFERENCE.md), "
+    "one hardware pair, controlled observations rather than a benchmark; 'not reported' only "
+    "where it gives none. *Receiver errors*: `rx_errors` of the link on both workstations, "
+    "over every window. *Host-wide retransmissions*: `RetransSegs` of both workstations. "
+    "*Max retransmissions of one TP socket*: the most any one of the TP group's sockets "
+    "retransmitted in one window."
 )
 
 
@@ -139,12 +169,13 @@ def side_by_side(reports: list[dict[str, Any]]) -> list[str]:
     body = []
     for key, title in SIDE_BY_SIDE:
         digits = DIGITS[key]
-        field = FIELD_REPORT.get(key)
-        reported = ([figure(field[0], digits), figure(field[1], digits),
-                     ratio(field[1], field[0], digits)] if field
-                    else [NOT_REPORTED, NOT_REPORTED, "—"])
+        field_stock, field_e2e = FIELD_REPORT.get(key, (None, None))
+        field_ratio = (ratio(field_e2e.value, field_stock.value, digits)
+                       if field_stock and field_e2e else "—")
         body.append([title, figure(stock[key], digits), figure(e2e[key], digits),
-                     ratio(e2e[key], stock[key], digits), *reported])
+                     ratio(e2e[key], stock[key], digits),
+                     *(field.text if field else NOT_REPORTED for field in (field_stock, field_e2e)),
+                     field_ratio])
     header = ["measure", CONTROL, CANDIDATE, "×", f"field {CONTROL}", f"field {CANDIDATE}",
               "field ×"]
     return [*lines, *table(header, body), "", SIDE_BY_SIDE_NOTE]

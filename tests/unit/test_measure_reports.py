@@ -333,14 +333,22 @@ def test_the_field_report_is_set_beside_this_campaigns_stock_and_candidate():
     rows = [line for line in lines if line.startswith("| ")]
     assert rows[0] == ("| measure | tp2_stock | tp2_e2e | × | field tp2_stock | field tp2_e2e "
                        "| field × |")
+    # Measured 40 -> 70 here; the field report's 48.4 -> 77.1 stays its own. Every
+    # figure the report gives is beside its lab figure; "not reported" only where it
+    # gives none (a TP socket's own count; GiB per 1k tokens under the candidate).
     assert rows[1:] == [
-        # Measured 40 -> 70 here; the field report's 48.4 -> 77.1 stays its own.
         "| single-stream tok/s | 40.0 | 70.0 | 1.75× | 48.4 | 77.1 | 1.59× |",
-        "| aggregate tok/s | 200.0 | 310.0 | 1.55× | not reported | not reported | — |",
+        "| aggregate tok/s | 200.0 | 310.0 | 1.55× | 172.9 | 199.6 | 1.15× |",
+        "| accept length | 3.80 | 3.80 | 1.00× | about 2 to 3 | 3.83 to 4.00 | — |",
+        "| receiver errors | 120 | 0 | 0.00× | 109 (one receiver) | 0 (both) | 0.00× |",
+        "| host-wide retransmissions | 300 | 20 | 0.07× | 2,026 (239 + 1,787) | 847 (529 + 318) "
+        "| 0.42× |",
         "| max retransmissions of one TP socket | 9 | 0 | 0.00× | not reported | not reported "
         "| — |",
-        "| receiver errors | 120 | 0 | 0.00× | not reported | not reported | — |",
+        rows[7],
     ]
+    assert rows[7].startswith("| GiB / 1k output tokens | ") and rows[7].endswith(
+        " | about 3.6 | not reported | — |")
     assert compare.SIDE_BY_SIDE_NOTE in lines
 
 
@@ -350,7 +358,7 @@ def test_the_field_table_takes_the_last_report_of_a_state_and_no_ratio_to_zero()
     rows = section(compare.comparison(reports), "### The field report side by side")
     assert "| single-stream tok/s | 50.0 | 70.0 | 1.40× | 48.4 | 77.1 | 1.59× |" in rows
     # Both ends counted nothing: a ratio to zero means nothing.
-    assert "| receiver errors | 0 | 0 | — | not reported | not reported | — |" in rows
+    assert "| receiver errors | 0 | 0 | — | 109 (one receiver) | 0 (both) | 0.00× |" in rows
 
 
 def test_without_a_stock_and_a_candidate_report_the_section_names_the_missing_state():
