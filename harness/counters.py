@@ -20,7 +20,12 @@ from harness import remote
 from harness.topology import Topology
 from operations.driver import LoadedModule
 from operations.link import XDomainLink
-from operations.transport import INTERFACE_COUNTERS, RETRANSMISSIONS, LinkCounters
+from operations.transport import (
+    INTERFACE_COUNTERS,
+    RETRANSMISSIONS,
+    LinkCounters,
+    ipv4_endpoint,
+)
 
 # rx_errors is the sum of the others (plus allocation failures): the one to total.
 RECEIVER_ERRORS = "rx_errors"
@@ -58,7 +63,8 @@ class PeerSockets(FactBase):
             if not line[:1].isspace():
                 # "Recv-Q Send-Q Local Peer": the connection; its counters follow.
                 *_, local, peer = line.split()
-                counters = sockets.setdefault(f"{local.replace('%', '@')}>{peer}",
+                key = f"{ipv4_endpoint(local).replace('%', '@')}>{ipv4_endpoint(peer)}"
+                counters = sockets.setdefault(key,
                                               dict.fromkeys(SOCKET_COUNTERS, 0))
                 continue
             for word in line.split():

@@ -198,6 +198,18 @@ class Connections(EmptyMeansSomething):
         return {"parents": parents, "connections": connections, "addresses": addresses}
 
 
+def ipv4_endpoint(text: str) -> str:
+    """
+    ``ss``'s endpoint with an IPv4-mapped address (``[::ffff:a.b.c.d]:port``) written
+    as the IPv4 endpoint it is (``a.b.c.d:port``): a dual-stack listener's
+    connections, torch's store among them, show so.
+    """
+    address, _, port = text.rpartition(":")
+    if address.startswith("[::ffff:") and address.endswith("]") and "." in address:
+        return f"{address[len('[::ffff:'):-1]}:{port}"
+    return text
+
+
 def endpoint(text: str) -> tuple[str, int]:
     """``ss``'s ``addr:port``, ``addr%dev:port`` or ``[v6]:port`` as an address and a port."""
     address, _, port = text.rpartition(":")

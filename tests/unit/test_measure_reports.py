@@ -89,6 +89,9 @@ SS_OUTPUT = [
     "bytes_retrans:426129 bytes_acked:39322410 segs_out:957 retrans:0/9 dsack_dups:1 lost:2",
     "0      0      169.254.77.1%thunderbolt0:5758 169.254.77.2:42310",
     "\t bbr wscale:10,10 rto:204 rtt:0.4/0.1 mss:65468 bytes_sent:100 bytes_acked:100",
+    # torch's store listens dual-stack: its connections show IPv4-mapped addresses.
+    "0      0      [::ffff:169.254.77.1]:5757 [::ffff:169.254.77.2]:47018",
+    "\t cubic wscale:10,10 rto:204 rtt:0.4/0.1 mss:65468 retrans:0/1",
 ]
 
 
@@ -100,6 +103,7 @@ def test_peer_sockets_are_read_one_by_one_from_ss():
         # ss leaves zero counters out.
         "169.254.77.1@thunderbolt0:5758>169.254.77.2:42310":
             {"retrans": 0, "bytes_retrans": 0, "lost": 0},
+        "169.254.77.1:5757>169.254.77.2:47018": {"retrans": 1, "bytes_retrans": 0, "lost": 0},
     }
 
 
