@@ -17,8 +17,7 @@ from lab import cgroups, network
 from lab.control import PROCESSES
 from lab.topology import HOSTS, REPO, STATE, alive, read_pid
 
-# What a clone holds that the copy needs: everything tracked. The venv is the
-# checkout's own (a link to it: the lab runs its interpreter from the copy's path).
+# What a clone holds that the copy needs: everything tracked, and the operator's venv.
 NOT_IN_A_CLONE = shutil.ignore_patterns(".git", ".venv*", ".lab", "wheelhouse", "reports",
                                         "__pycache__", ".ruff_cache", ".pytest_cache")
 
@@ -104,7 +103,9 @@ def checkout_under_tmp() -> Iterator[Path]:
     directory = Path(tempfile.mkdtemp(prefix="twinbolt try "))
     copy = directory / "checkout"
     shutil.copytree(REPO, copy, symlinks=True, ignore=NOT_IN_A_CLONE)
-    (copy / ".venv").symlink_to(REPO / ".venv")
+    # A venv of its own, as a clone has: a link to this checkout's would reach
+    # through a path the host's own /tmp hides when this checkout is under /tmp too.
+    shutil.copytree(REPO / ".venv", copy / ".venv", symlinks=True)
     link = Path(tempfile.mkdtemp(prefix="twinbolt-link-")) / "twinbolt"
     link.symlink_to(copy)
     try:
