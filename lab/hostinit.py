@@ -18,8 +18,8 @@ Those fresh tmpfs mounts would hide a checkout under ``/tmp``, ``/var/tmp`` or
 checkout is held open before the first mount and bound back at its own path
 after each one that covers it: the host sees the checkout wherever it was cloned.
 
-A step that fails ends the boot with one line, ``boot failed: <step>: <why>``,
-which ``lab up`` quotes with the end of the host's log.
+A step that fails ends the boot with one line, ``boot failed: step "<step>"
+failed: <why>``, which ``lab up`` quotes with the end of the host's log.
 """
 
 from __future__ import annotations
