@@ -6,6 +6,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import TmpDir
 
@@ -78,7 +80,10 @@ def test_the_projects_locks_pin_everything_with_hashes() -> None:
         lines = (REPO / name).read_text().splitlines()
         requirements = [number for number, line in enumerate(lines)
                         if line and line[0] not in " #"]
-        assert len(requirements) == len(venvs.lock_pins(REPO / name)) > 20
+        # An extra pinned on its own line (httpx[http2], for pip 23.2) is one distribution.
+        distributions = {canonicalize_name(Requirement(lines[number].rstrip(" \\")).name)
+                         for number in requirements}
+        assert len(distributions) == len(venvs.lock_pins(REPO / name)) > 20
         assert all(lines[number + 1].startswith("    --hash=sha256:") for number in requirements)
 
 
