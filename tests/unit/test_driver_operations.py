@@ -99,6 +99,16 @@ def test_the_judge_names_the_build_by_build_id_and_tx_e2e() -> None:
         f"loads ({STOCK_BUILD})", "parameters/tx_e2e exists: a candidate build is loaded"]
 
 
+@pytest.mark.parametrize("initstate", ["coming", "going"])
+def test_a_module_still_loading_or_unloading_is_no_build(initstate: str) -> None:
+    # The build-id and parameters are the stock driver's, but insmod has not
+    # finished (coming) or rmmod is under way (going): neither is loaded yet.
+    module = {"initstate": initstate, "build_id": STOCK_BUILD, "parameters": {"e2e": "Y"}}
+    assert build_problems(module, "stock", STOCK_BUILD, "c" * 40) == [
+        "thunderbolt_net is not loaded"]
+    assert loaded_driver(module, STOCK_BUILD, "c" * 40) is None
+
+
 def test_candidate_is_staged_in_run_and_inserted_with_tx_e2e(candidate) -> None:
     commands = run_operation(driver.module, facts(candidate), loaded="candidate",
                              candidate=candidate)

@@ -117,6 +117,17 @@ def test_a_link_at_the_wrong_rate_names_the_rate_seen_and_expected() -> None:
     assert "trained at 40 Gb/s over 2 lane" in failure
 
 
+def test_the_width_is_judged_apart_from_the_total_rate() -> None:
+    # Two lanes at 10 Gb/s make the 20 Gb/s expected, over the wrong width.
+    [failure] = run_operation(link.trained, facts(speed=10.0, lanes=2), **LINK)
+    assert "trained at 20 Gb/s over 2 lane(s), expected 20 Gb/s over 1" in failure
+
+
+def test_a_second_peer_fails_at_once_though_waiting_is_allowed() -> None:
+    [failure] = run_operation(link.trained, facts(others=("1-3",)), **LINK)
+    assert failure.startswith("fail: link layer: 2 XDomain peers are connected (0-3, 1-3)")
+
+
 def test_while_predicting_a_wrong_rate_is_expected_to_retrain() -> None:
     assert run_operation(link.trained, facts(speed=10.0), executing=False, **LINK) == [
         "call wait_until"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -48,6 +49,17 @@ def test_a_stale_lock_is_taken_over() -> None:
     run_operation(lock.held, holding(stale), shell=shell, run_dir="/run/twinbolt", owner=OWNER)
     assert shell == [lock.swapped("/run/twinbolt", f"present {stale.line()}",
                                   OWNER.line()).get_raw_value()]
+
+
+def test_a_lock_this_very_run_holds_is_kept_without_a_write() -> None:
+    # Live (this process), so only its being this run's own keeps it from a refusal.
+    this_run = RunOwner(socket.gethostname(), "root", os.getpid(), "2026-11-29T13:00:00+0000",
+                        "tp2_e2e", "fedcba9876543210fedcba98", lock.boot_here())
+    shell: list[str] = []
+    for operation in (lock.available, lock.held):
+        assert run_operation(operation, holding(this_run), shell=shell, run_dir="/run/twinbolt",
+                             owner=this_run) == []
+    assert shell == []
 
 
 def test_the_lock_is_only_taken_when_executing_and_released_only_if_ours() -> None:

@@ -214,6 +214,13 @@ def test_exactly_two_workstations(write_site):
     assert line == "workstations: List should have at most 2 items after validation, not 3"
 
 
+def test_two_workstations_with_one_link_address_are_refused(write_site):
+    # Otherwise the peer proof would be answered by the host itself.
+    text = edited('thunderbolt_address = "169.254.77.2"', 'thunderbolt_address = "169.254.77.1"')
+    (line,) = problems(write_site(text))
+    assert "the workstations' thunderbolt_address values must differ" in line
+
+
 def test_a_non_root_user_without_sudo_is_refused_naming_the_fix(write_site):
     text = edited('name = "gw0"\n', 'name = "gw0"\nssh_user = "ops"\n')
     (line,) = problems(write_site(text))
