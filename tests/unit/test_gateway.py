@@ -276,6 +276,17 @@ def test_during_the_outage_small_must_be_answered_by_large() -> None:
                       "'large-backend', not 'small-router' (x-litellm-attempted-fallbacks: 1)"]
 
 
+def test_an_answer_that_names_no_deployment_proves_no_route() -> None:
+    # A completion without x-litellm-model-id could have come from anywhere.
+    anonymous = completion("large-backend")
+    del anonymous.headers["x-litellm-model-id"]
+    failed = run_operation(gateway_route.roles_proven,
+                           answering({"small": completion("small-router"), "large": anonymous}),
+                           proxy=PROXY, fallback=False)
+    assert failed == ["fail: gateway layer: role large: it was served by deployment None, not "
+                      "'large-backend' (x-litellm-attempted-fallbacks: 0)"]
+
+
 def test_the_route_is_asked_once_per_run_while_the_same_proxy_serves() -> None:
     outage = {"small": completion("large-backend", "1"), "large": completion("large-backend")}
     asked: list[str] = []
@@ -448,6 +459,32 @@ def test_verify_reads_the_live_routing_again_only_of_another_proxy_process(
     pid[0] = pid_at_verify
     assert run_operation(gateway_route.verified, facts, proxy=PROXY, fallback=True) == []
     assert reads.count(LiveRouting) == routing_reads
+
+
+def test_verify_asks_each_role_for_real_and_again_of_a_restarted_proxy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With only the readiness check stubbed: the role requests are verify's own."""
+    monkeypatch.setattr(probes, "get", lambda url, timeout=5.0: probes.Answer(url, 200))
+    routing = wanted_routing(PROXY, False)
+    asked: list[str] = []
+    right = {"small": completion("small-router"), "large": completion("large-backend")}
+
+    def proxy_answering(by_role: dict[str, probes.Answer], pid: int):
+        roles = answering(by_role, proxy_pid=pid, asked=asked)
+        return lambda cls, kwargs: (routing if cls in (ProxyConfig, LiveRouting)
+                                    else roles(cls, kwargs))
+    assert run_operation(gateway_route.verified, proxy_answering(right, 51), proxy=PROXY,
+                         fallback=False) == []
+    assert asked == ["small", "large"]
+    # The same process is not asked again; a restarted one is, and its answer judged.
+    wrong = {**right, "large": completion("small-router")}
+    assert run_operation(gateway_route.verified, proxy_answering(wrong, 51), proxy=PROXY,
+                         fallback=False) == []
+    [failure] = run_operation(gateway_route.verified, proxy_answering(wrong, 52), proxy=PROXY,
+                              fallback=False)
+    assert asked == ["small", "large"] * 2
+    assert failure == ("fail: gateway layer: role large: it was served by deployment "
+                       "'small-router', not 'large-backend' (x-litellm-attempted-fallbacks: 0)")
 
 
 def test_the_live_routing_script_asks_everything_at_once_and_prints_in_order(

@@ -296,6 +296,10 @@ def test_server_info_must_report_tp2_and_nextn_as_eagle() -> None:
     assert server_info_problems(info, 2, None, "qwen") == [
         "/server_info reports speculative_algorithm='EAGLE', expected None"]
     assert server_info_problems("<html>", 2, None, "qwen")[0].startswith("/server_info is not")
+    # Another model answering on the replica's port is not the declared one.
+    assert server_info_problems({**info, "served_model_name": "llama"}, 2, NEXTN_3_1_4,
+                                "qwen") == [
+        "/server_info reports served_model_name='llama', expected 'qwen'"]
 
 
 def test_process_problems_compare_what_runs_with_what_is_rendered() -> None:

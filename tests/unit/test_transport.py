@@ -64,6 +64,18 @@ def test_a_group_on_the_link_passes_http_clients_and_loopback_aside() -> None:
     assert connection_problems(held, **RANK0) == []
 
 
+def test_a_connection_from_the_link_address_to_another_peer_address_is_off_the_link() -> None:
+    # From this host's link address, but to the peer's management address: it left
+    # by another route, so it counts against the group, not for it.
+    stray = [*OUTPUT[:7],
+             '0 0 169.254.77.1:41002 10.66.0.12:38000 users:(("python",pid=4250,fd=11))',
+             *OUTPUT[7:]]
+    found = connection_problems(connections_of(Connections().process(stray), 4242), **RANK0)
+    assert found == [found[0]] and found[0].startswith(
+        "the TP group's transport is not thunderbolt0: its connections "
+        "169.254.77.1:41002 -> 10.66.0.12:38000 run outside 169.254.77.1 <-> 169.254.77.2")
+
+
 def test_a_connection_off_the_link_names_the_transport_and_the_variables() -> None:
     wrong = [*OUTPUT[:5],
              '0 0 10.66.0.11%eth0:41000 10.66.0.12:38000 users:(("python",pid=4250,fd=9))',
