@@ -15,10 +15,10 @@ own parsed arguments from click's context.
 from pathlib import Path
 
 import click
-from pyinfra import config
+from pyinfra import config, state
 from pyinfra.api.exceptions import PyinfraError
 
-from operations.attempt import remember_command_line
+from operations.run import remember_command_line
 from operations.states import resolve_state
 
 # A host that fails (cannot be reached, or refuses in preflight) stops the whole
@@ -38,7 +38,7 @@ if _cli is not None:
     # given to any of them must still be a real one.
     if "state" in _data or any(Path(op).name == "deploy.py" for op in _cli.params["operations"]):
         resolve_state(_data.get("state"))
-    remember_command_line(_cli.params)
+    remember_command_line(state, _cli.params)
     if _data.get("on_failure", "rollback") not in ON_FAILURE:
         raise PyinfraError(
             f"unknown on_failure {_data['on_failure']!r}; it is one of: {', '.join(ON_FAILURE)}"

@@ -44,6 +44,7 @@ from operations import (
     serving,
     serving_router,
 )
+from operations import run as runs
 from operations.driver import CandidateModule
 from operations.states import resolve_state
 
@@ -55,8 +56,8 @@ workstation = "workstations" in host.groups
 on_gateway = "gateway" in host.groups
 # A rollback holds the lock of the failed run that started it.
 inherited_lock = host.data.get(lock.INHERITED_KEY)
-this_run = lock.run_owner(state.name, inherited_lock)
-run = attempt.begin()
+run = runs.begin(pyinfra.state, state.name, inherited_lock)
+this_run = run.owner
 workstation_names = [member.name for member in inventory.get_group("workstations")]
 
 if workstation:
@@ -87,7 +88,7 @@ if workstation:
     # However the run ends, the compatibility ledger on this machine gets one record.
     ledger.keep(run, host.data.ledger_path, state.name, state.driver)
     ledger.observed(name="Ledger: the controller, kernel and driver this run meets",
-                    module=host.data.candidate_module_name)
+                    run=run, module=host.data.candidate_module_name)
 
 lock.available(name="Lock: no other run holds these hosts", run_dir=host.data.run_dir,
                owner=this_run)
@@ -108,7 +109,7 @@ if workstation:
     if state.driver == "candidate":
         ledger.no_recorded_stall(
             name="Preflight: no stall of the candidate is recorded for these controllers",
-            path=host.data.ledger_path, workstations=workstation_names,
+            run=run, path=host.data.ledger_path, workstations=workstation_names,
             force=host.data.get(ledger.FORCE_KEY) == "yes",
         )
     if state.uses_link:
@@ -128,11 +129,11 @@ lock.held(name="Lock: held by this run", run_dir=host.data.run_dir, owner=this_r
 
 # Steps 2-8 are the attempt: after a failure the remaining steps are skipped on
 # every host, and the failure is recorded rather than ending the run at once.
-with host.arguments(_ignore_errors=True, _if=[run.healthy]):
+with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
     # 2. Gateway: the temporary fallback exists, and is proven, before the GPUs are borrowed.
     if state.gateway_fallback:
         gateway.proxy(name="Gateway: the temporary fallback small -> large is present",
-                      proxy=proxy, fallback=True)
+                      proxy=proxy, fallback=True, proofs=run.proofs)
         gateway_route.fallback_proven(
             name="Gateway: a forced fallback through small is served by large", proxy=proxy)
 
@@ -140,7 +141,8 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
     if state.serving == "tp2":
         serving_router.router(name="Serving: the router stops with the replicas", router=router,
                        present=False)
-        serving.replica(name="Serving: the replicas are stopped", sglang=sglang, present=False)
+        serving.replica(name="Serving: the replicas are stopped", sglang=sglang,
+                        proofs=run.proofs, present=False)
         # A running TP group that is to change, or whose link a driver swap will take
         # away, stops here as a whole; it starts again together in step 6.
         serving.tp_rank_stopped_for_change(name="Serving: the TP ranks stop if they are to change",
@@ -150,12 +152,12 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
             serving.tp_rank(
                 name="Serving: the TP ranks stop if the driver under them is to change",
                 sglang=sglang, present=False,
-                _if=[run.healthy, partial(driver.swap_planned, state.driver, candidate)],
+                _if=[run.attempt.healthy, partial(driver.swap_planned, state.driver, candidate)],
             )
         # The outage has begun: the user's route must survive it before the GPUs are borrowed.
         gateway_route.roles_proven(
             name="Gateway: small answers through the fallback while the replicas are down",
-            proxy=proxy, fallback=state.gateway_fallback)
+            proxy=proxy, fallback=state.gateway_fallback, proofs=run.proofs)
     else:
         serving.tp_rank(name="Serving: the TP ranks are stopped", sglang=sglang, present=False)
 
@@ -179,22 +181,22 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
         serving.tp_rank(name="Serving: the TP ranks run", sglang=sglang,
                         speculative=state.speculative)
         serving.tp_accepted(name="Serving: rank 0 serves a real completion as declared",
-                            sglang=sglang, speculative=state.speculative)
+                            sglang=sglang, proofs=run.proofs, speculative=state.speculative)
     else:
-        serving.replica(name="Serving: the replicas run", sglang=sglang)
+        serving.replica(name="Serving: the replicas run", sglang=sglang, proofs=run.proofs)
         serving.replica_accepted(name="Serving: each replica serves a real completion",
-                                 sglang=sglang)
+                                 sglang=sglang, proofs=run.proofs)
         serving_router.router(name="Serving: the router fronts the replicas", router=router)
         serving_router.router_accepted(name="Serving: the router serves a real completion",
-                                       router=router)
+                                       router=router, proofs=run.proofs)
 
     # 7. Gateway: the fallback goes only once production is proven, then both roles are proven.
     if not state.gateway_fallback:
         gateway.proxy(name="Gateway: the temporary fallback is removed", proxy=proxy,
-                      fallback=False)
+                      fallback=False, proofs=run.proofs)
         gateway_route.roles_proven(
             name="Gateway: small is served by the Qwen deployment, large by large", proxy=proxy,
-            fallback=False)
+            fallback=False, proofs=run.proofs)
 
     # 8. Verify: every layer holds.
     if workstation:
@@ -205,19 +207,21 @@ with host.arguments(_ignore_errors=True, _if=[run.healthy]):
             run_dir=host.data.run_dir,
         )
     serving.verified(name=f"Verify: the workstations serve as {state.name} declares",
-                     sglang=sglang, serving=state.serving, speculative=state.speculative)
+                     sglang=sglang, serving=state.serving, speculative=state.speculative,
+                     proofs=run.proofs)
     serving_router.router_verified(
         name="Verify: the router " + ("serves" if state.serving == "replicas" else "is stopped"),
         router=router,
+        proofs=run.proofs,
         present=state.serving == "replicas",
     )
     gateway_route.verified(name=f"Verify: the gateway routes as {state.name} declares",
-                           proxy=proxy, fallback=state.gateway_fallback)
+                           proxy=proxy, fallback=state.gateway_fallback, proofs=run.proofs)
 
 if workstation:
     # Before any rollback: a failed attempt is recorded with what it ran.
     ledger.observed(name="Ledger: the controller, kernel and driver the attempt ran",
-                    module=host.data.candidate_module_name)
+                    run=run, module=host.data.candidate_module_name)
 
 # One host speaks for the run: the rollback is one run, the conclusion one message.
 spokesman = workstation_names[0]
@@ -225,9 +229,10 @@ spokesman = workstation_names[0]
 # this run's lock, so that no other run moves the hosts in between.
 # A failed rollback is reported by the conclusion, not by pyinfra's abort.
 attempt.rolled_back(name="Rollback: production is converged and proven if the attempt failed",
-                    on_failure=on_failure, runner=spokesman, carried=(lock.inheriting(this_run),),
+                    attempt=run.attempt, on_failure=on_failure, runner=spokesman,
+                    carried=(lock.inheriting(this_run),),
                     _ignore_errors=True)
 lock.released(name="Lock: released", run_dir=host.data.run_dir, owner=this_run,
               inherited=bool(inherited_lock))
 attempt.concluded(name="Conclusion: did the attempt succeed, and what was restored",
-                  on_failure=on_failure, runner=spokesman)
+                  attempt=run.attempt, on_failure=on_failure, runner=spokesman)

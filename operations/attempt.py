@@ -18,9 +18,14 @@ the path the interruption sweep proves converges from any point, and a
 ``--dry`` of the attempt predicts only the attempt.
 
 pyinfra runs each operation on every host before the next, and runs
-``deploy.py`` once per host in one process, so this module-level record is
-shared by both workstations and the gateway: a failure on one host stops the
-others at the same step.
+``deploy.py`` once per host in one process, so the attempt, part of the run
+(:mod:`operations.run`) that pyinfra's state holds, is shared by both
+workstations and the gateway: a failure on one host stops the others at the
+same step.
+
+A failure is recorded under its layer, as data: each operation declares the
+layer it belongs to (:func:`operation`), and a plain command of it that fails
+is recorded under that layer, whatever the step's title says.
 
 How the run ended (:class:`Ending`: accepted, refused, rolled back, ...) is
 told once to whoever listens: the compatibility ledger does.
@@ -28,21 +33,36 @@ told once to whoever listens: the compatibility ledger does.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-import gevent
 from pyinfra import host, logger, state
-from pyinfra.api import FunctionCommand, OperationError, operation
+from pyinfra.api import FunctionCommand, OperationError
+from pyinfra.api import operation as pyinfra_operation
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.state import BaseStateCallback
 
 from operations.phase import executing
+
+
+class Layer(StrEnum):
+    """The layer a step, and so a refusal or a failure, belongs to; the ledger records it."""
+
+    LOCK = "lock"
+    LEDGER = "ledger"
+    GPU = "gpu"
+    DRIVER = "driver"
+    LINK = "link"
+    SERVING = "serving"
+    GATEWAY = "gateway"
+    ROLLBACK = "rollback"
 
 
 @dataclass(frozen=True)
@@ -54,7 +74,7 @@ class Ending:
     """
 
     outcome: str
-    layer: str | None = None
+    layer: Layer | None = None
     evidence: str = ""
 
 
@@ -63,7 +83,9 @@ class Attempt:
     """The failures of this run, in order, each once per host and operation, and its end."""
 
     failures: dict[tuple[str, str | None], str] = field(default_factory=dict)
-    layers: list[str] = field(default_factory=list)
+    layers: list[Layer | None] = field(default_factory=list)
+    # The layer each operation of this run declared, by its hash (:func:`operation`).
+    layer_of: dict[str | None, Layer] = field(default_factory=dict)
     rollback_command: list[str] = field(default_factory=list)
     # The run's other --data items, which the rollback gets in its environment.
     rollback_data: list[str] = field(default_factory=list)
@@ -73,7 +95,25 @@ class Attempt:
     caveats: list[str] = field(default_factory=list)
     listeners: list[Callable[[Ending], None]] = field(default_factory=list)
     ending: Ending | None = None
-    registered: bool = False
+
+    @classmethod
+    def for_command_line(cls, params: dict[str, Any], target: str = "production") -> Attempt:
+        """
+        An attempt that keeps its very command line (``params``, pyinfra's parsed
+        one), aimed at ``target`` and unable to roll back in turn, for the
+        rollback: the same inventory, data and way of reaching the hosts
+        (``--sudo``, ``--ssh-user``, ...). The ``--data`` items (a secret may be
+        among them) go into the rollback's environment (:data:`CARRIED_DATA_ENV`).
+        """
+        return cls(
+            rollback_data=[item for item in params["data"]
+                           if not item.startswith(("state=", "on_failure="))],
+            dry=bool(params.get("dry")),
+            rollback_command=[
+                sys.argv[0], "-y", *carried_options(params), params["inventory"],
+                *params["operations"], "--data", f"state={target}", "--data", "on_failure=stop",
+            ],
+        )
 
     def healthy(self) -> bool:
         return not self.failures
@@ -82,10 +122,10 @@ class Attempt:
         return bool(self.failures)
 
     def record(self, host_name: str, op_hash: str | None, message: str,
-               layer: str | None = None) -> None:
+               layer: Layer | None = None) -> None:
         if (host_name, op_hash) not in self.failures:
             self.failures[host_name, op_hash] = message
-            self.layers.append(layer or "")
+            self.layers.append(layer)
 
     def messages(self) -> list[str]:
         return list(self.failures.values())
@@ -97,40 +137,51 @@ class Attempt:
             for listener in self.listeners:
                 listener(ending)
 
+    def rollback_environment(self, extra: list[str]) -> dict[str, str]:
+        """The rollback's environment: this one, with the carried ``--data`` and ``extra`` items."""
+        return {**os.environ, CARRIED_DATA_ENV: json.dumps([*self.rollback_data, *extra])}
 
-ATTEMPT = Attempt()
+
+# The attribute of pyinfra's state that holds the run it executes (operations.run).
+RUN_ATTRIBUTE = "twinbolt_run"
+
+
+def of(pyinfra_state: Any) -> Attempt:
+    """The attempt of the run that ``pyinfra_state`` executes."""
+    return getattr(pyinfra_state, RUN_ATTRIBUTE).attempt
 
 
 class RecordFailedOperations(BaseStateCallback):
     """Remote commands that fail (an ``insmod`` refused, a service that will not
-    start) count as failures too, even when no operation of ours words them."""
+    start) count as failures too, under the layer their operation declared, even
+    when no operation of ours words them."""
 
     @staticmethod
     def operation_host_error(state: Any, host: Any, op_hash: str, *_: Any) -> None:
         names = sorted(state.get_op_meta(op_hash).names)
-        # The runbook names each step after its layer: "Driver: thunderbolt_net is ...".
-        layer = names[0].partition(":")[0].lower() if names else None
-        ATTEMPT.record(host.name, op_hash,
-                       f"{host.name}: {', '.join(names) or 'an operation'}: a command failed",
-                       layer)
+        run = of(state)
+        run.record(host.name, op_hash,
+                   f"{host.name}: {', '.join(names) or 'an operation'}: a command failed",
+                   run.layer_of.get(op_hash))
 
 
-def begin() -> Attempt:
+def operation(layer: Layer, **options: Any) -> Callable[[Callable[..., Iterator[Any]]], Any]:
     """
-    The run's attempt, listening for failed operations (once per run).
-
-    A refusal or failure raised while operations execute leaves pyinfra's host
-    greenlet as an ``OperationError``; gevent would print a Python traceback for
-    each such greenlet before pyinfra prints the message itself. The message
-    already names the host, the layer and the evidence, so gevent is told that
-    this exception is not a crash.
+    pyinfra's ``@operation(**options)`` for a step of ``layer``: when it runs, it
+    declares its layer to the run, so that a plain command of it that fails is
+    recorded under that layer. An operation another one calls (``_inner``)
+    belongs to the caller's layer.
     """
-    if not ATTEMPT.registered:
-        state.add_callback_handler(RecordFailedOperations())
-        hub = gevent.get_hub()
-        hub.NOT_ERROR = (*hub.NOT_ERROR, OperationError)
-        ATTEMPT.registered = True
-    return ATTEMPT
+
+    def decorate(body: Callable[..., Iterator[Any]]) -> Any:
+        @functools.wraps(body)
+        def declared(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            of(state).layer_of.setdefault(host.current_op_hash, layer)
+            yield from body(*args, **kwargs)
+
+        return pyinfra_operation(**options)(declared)
+
+    return decorate
 
 
 def failure(host_name: str, layer: str, found: list[str]) -> str:
@@ -138,7 +189,7 @@ def failure(host_name: str, layer: str, found: list[str]) -> str:
     return f"{host_name}: {layer} layer: " + "; ".join(found)
 
 
-def fail(state: Any, host: Any, layer: str, found: list[str]) -> bool:
+def fail(state: Any, host: Any, layer: Layer, found: list[str]) -> bool:
     """
     Record and print the evidence of a failure on ``host``; False, which fails
     the operation (called by pyinfra as a ``FunctionCommand``: see :func:`failing`).
@@ -147,20 +198,20 @@ def fail(state: Any, host: Any, layer: str, found: list[str]) -> bool:
     function names them exactly ``state`` and ``host``.
     """
     message = failure(host.name, layer, found)
-    ATTEMPT.record(host.name, host.executing_op_hash, message, layer)
+    of(state).record(host.name, host.executing_op_hash, message, layer)
     host.log_styled(message, fg="red", log_func=logger.error)
     return False
 
 
-def failing(layer: str, found: list[str]) -> FunctionCommand:
+def failing(layer: Layer, found: list[str]) -> FunctionCommand:
     """A command that, executed, records the evidence and fails its operation."""
     return FunctionCommand(fail, (layer, found), {})
 
 
-def refuse(layer: str, found: list[str]) -> None:
+def refuse(layer: Layer, found: list[str]) -> None:
     """Stop the whole run before any change, with every piece of evidence."""
     message = failure(host.name, layer, found)
-    ATTEMPT.end(Ending("refused", layer, message))
+    of(state).end(Ending("refused", layer, message))
     raise OperationError(message)
 
 
@@ -196,28 +247,6 @@ def carried_options(params: dict[str, Any]) -> list[str]:
 CARRIED_DATA_ENV = "TWINBOLT_CARRIED_DATA"
 
 
-def remember_command_line(params: dict[str, Any], target: str = "production") -> None:
-    """
-    Keep this very command line, aimed at ``target`` and unable to roll back in
-    turn, for the rollback: the same inventory, data and way of reaching the
-    hosts (``--sudo``, ``--ssh-user``, ...). ``config.py`` calls this: only there
-    is pyinfra's parsed command line at hand. The ``--data`` items (a secret may
-    be among them) go into the rollback's environment (:data:`CARRIED_DATA_ENV`).
-    """
-    ATTEMPT.rollback_data = [item for item in params["data"]
-                             if not item.startswith(("state=", "on_failure="))]
-    ATTEMPT.dry = bool(params.get("dry"))
-    ATTEMPT.rollback_command = [
-        sys.argv[0], "-y", *carried_options(params), params["inventory"], *params["operations"],
-        "--data", f"state={target}", "--data", "on_failure=stop",
-    ]
-
-
-def rollback_environment(extra: list[str]) -> dict[str, str]:
-    """The rollback's environment: this one, with the carried ``--data`` and ``extra`` items."""
-    return {**os.environ, CARRIED_DATA_ENV: json.dumps([*ATTEMPT.rollback_data, *extra])}
-
-
 def carried_data() -> dict[str, Any]:
     """
     The host data a rollback was given by the run that started it, each value
@@ -232,23 +261,25 @@ def carried_data() -> dict[str, Any]:
 
 
 def run_rollback(state: Any, host: Any, command: list[str], carried: list[str]) -> bool:
+    attempt = of(state)
     if not command:
-        return fail(state, host, "rollback", ["no pyinfra command line to run again"])
-    keys = [item.partition("=")[0] for item in [*ATTEMPT.rollback_data, *carried]]
+        return fail(state, host, Layer.ROLLBACK, ["no pyinfra command line to run again"])
+    keys = [item.partition("=")[0] for item in [*attempt.rollback_data, *carried]]
     host.log_styled(f"rollback: converging production: {' '.join(command)}"
                     + (f" (carrying --data {', '.join(keys)})" if keys else ""), fg="yellow",
                     log_func=logger.warning)
-    ATTEMPT.rollback_exit = subprocess.run(command, stdin=subprocess.DEVNULL,
-                                           env=rollback_environment(carried)).returncode
-    return ATTEMPT.rollback_exit == 0
+    attempt.rollback_exit = subprocess.run(
+        command, stdin=subprocess.DEVNULL, env=attempt.rollback_environment(carried)).returncode
+    return attempt.rollback_exit == 0
 
 
-@operation()
-def rolled_back(on_failure: str, runner: str,
+@operation(Layer.ROLLBACK)
+def rolled_back(attempt: Attempt, on_failure: str, runner: str,
                 carried: tuple[str, ...] = ()) -> Iterator[PyinfraCommand]:
     """
     If the attempt failed, converge production with a new run, once for all hosts.
 
+    + attempt: the run's :class:`Attempt`
     + on_failure: ``rollback`` or ``stop`` (leave the hosts as they are)
     + runner: the host whose step starts the run (the others only wait for it)
     + carried: more ``key=value`` data for the new run (the host lock it inherits)
@@ -258,21 +289,22 @@ def rolled_back(on_failure: str, runner: str,
     .. code:: python
 
         attempt.rolled_back(name="Rollback: production is restored if the attempt failed",
-                            on_failure="rollback", runner="wsa")
+                            attempt=run.attempt, on_failure="rollback", runner="wsa")
     """
-    if not executing() or ATTEMPT.healthy() or on_failure == "stop":
+    if not executing() or attempt.healthy() or on_failure == "stop":
         host.noop("nothing to roll back")
     elif host.name != runner:
         host.noop(f"the rollback runs in {runner}'s step")
     else:
-        yield FunctionCommand(run_rollback, (ATTEMPT.rollback_command, list(carried)), {})
+        yield FunctionCommand(run_rollback, (attempt.rollback_command, list(carried)), {})
 
 
-@operation(is_idempotent=True)
-def concluded(on_failure: str, runner: str) -> Iterator[PyinfraCommand]:
+@operation(Layer.ROLLBACK, is_idempotent=True)
+def concluded(attempt: Attempt, on_failure: str, runner: str) -> Iterator[PyinfraCommand]:
     """
     End the run non-zero if the attempt failed, saying what happened after.
 
+    + attempt: the run's :class:`Attempt`
     + on_failure: ``rollback`` (production was converged and proven) or ``stop``
       (the hosts were left as they were, for debugging)
     + runner: the host that says it, once for the whole run
@@ -281,28 +313,29 @@ def concluded(on_failure: str, runner: str) -> Iterator[PyinfraCommand]:
 
     .. code:: python
 
-        attempt.concluded(name="The attempt succeeded", on_failure="rollback", runner="wsa")
+        attempt.concluded(name="The attempt succeeded", attempt=run.attempt,
+                          on_failure="rollback", runner="wsa")
     """
     if not executing() or host.name != runner:
-        host.noop("the attempt succeeded" if ATTEMPT.healthy() else f"{runner} concludes")
-    elif ATTEMPT.failed():
-        messages = ATTEMPT.messages()
+        host.noop("the attempt succeeded" if attempt.healthy() else f"{runner} concludes")
+    elif attempt.failed():
+        messages = attempt.messages()
         if on_failure == "stop":
             outcome, after = "stopped", (
                 "on_failure=stop: THE HOSTS WERE LEFT AS THEY ARE for debugging; "
                 "restore with: pyinfra inventory.py deploy.py --data state=production")
-        elif ATTEMPT.rollback_exit == 0:
+        elif attempt.rollback_exit == 0:
             outcome, after = "rolled_back", "production was restored and verified"
         else:
             outcome, after = "rollback_failed", (
-                f"the rollback to production failed too (exit {ATTEMPT.rollback_exit}): "
+                f"the rollback to production failed too (exit {attempt.rollback_exit}): "
                 "the hosts need an operator")
-        layer = next((layer for layer in ATTEMPT.layers if layer), None)
-        ATTEMPT.end(Ending(outcome, layer, " | ".join(messages)))
-        raise OperationError(" | ".join([*messages, after, *ATTEMPT.caveats]))
+        layer = next((layer for layer in attempt.layers if layer), None)
+        attempt.end(Ending(outcome, layer, " | ".join(messages)))
+        raise OperationError(" | ".join([*messages, after, *attempt.caveats]))
     else:
-        ATTEMPT.end(Ending("accepted"))
-        for caveat in ATTEMPT.caveats:
+        attempt.end(Ending("accepted"))
+        for caveat in attempt.caveats:
             host.log_styled(caveat, fg="red", log_func=logger.warning)
         host.noop("the attempt succeeded")
     yield from ()

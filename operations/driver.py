@@ -22,16 +22,17 @@ from typing import Literal
 
 from elftools.elf.elffile import ELFFile
 from pyinfra import host
-from pyinfra.api import FactBase, QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.facts.files import File
 from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import files
 
-from operations.attempt import failing, refuse
+from operations.attempt import Layer, failing, operation, refuse
 from operations.facts import EmptyMeansSomething
 from operations.phase import executing
 
+LAYER = Layer.DRIVER
 Driver = Literal["stock", "candidate"]
 TBNET_E2E = 0x1
 
@@ -424,7 +425,7 @@ def swap_planned(loaded: Driver, candidate: CandidateModule) -> bool:
 # Operations
 
 
-@operation(is_idempotent=True)
+@operation(LAYER, is_idempotent=True)
 def admissible(loaded: Driver, candidate: CandidateModule) -> Iterator[PyinfraCommand]:
     """
     Refuse, before anything changes, a driver that cannot be loaded on this host.
@@ -454,13 +455,13 @@ def admissible(loaded: Driver, candidate: CandidateModule) -> Iterator[PyinfraCo
     else:
         found = []
     if found:
-        refuse("driver", found)
+        refuse(LAYER, found)
     host.noop(f"the {loaded} driver can be loaded")
     # An operation is a generator, even one that only proves.
     yield from ()
 
 
-@operation()
+@operation(LAYER)
 def module(
     loaded: Driver, candidate: CandidateModule, run_dir: str = "/run/twinbolt"
 ) -> Iterator[PyinfraCommand]:
@@ -493,7 +494,7 @@ def module(
         found = candidate.problems(host.get_fact(KernelVersion))
         if found:
             # Preflight checked this; something changed since: fail into the rollback.
-            yield failing("driver", found)
+            yield failing(LAYER, found)
             return
         yield from files.directory._inner(path=run_dir, mode="0700")
         yield from files.put._inner(
@@ -515,7 +516,7 @@ def module(
     yield from files.file._inner(path=staged, present=False)
 
 
-@operation(is_idempotent=True)
+@operation(LAYER, is_idempotent=True)
 def verified(
     loaded: Driver, candidate: CandidateModule, run_dir: str = "/run/twinbolt"
 ) -> Iterator[PyinfraCommand]:
@@ -536,6 +537,6 @@ def verified(
     """
     found = driver_problems(loaded, candidate, run_dir)
     if found and executing():
-        yield failing("driver", found)
+        yield failing(LAYER, found)
         return
     host.noop(f"the {loaded} driver is loaded and nothing of the candidate persists")

@@ -32,20 +32,21 @@ from pathlib import Path
 
 import yaml
 from pyinfra import host
-from pyinfra.api import FactBase, FunctionCommand, Host, QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, FunctionCommand, Host, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.util import get_template
 from pyinfra.facts.files import File
 from pyinfra.operations import files
 
 from operations import probes, services, venvs
-from operations.attempt import failing
+from operations.attempt import Layer, failing, operation
 from operations.facts import EmptyMeansSomething, FileDigest, digest
 from operations.phase import elsewhere
+from operations.probes import Proofs, Proven
 from operations.services import GatewayService, Service, log_tails
 from operations.site import MASTER_KEY_ENV
 
-LAYER = "gateway"
+LAYER = Layer.GATEWAY
 SERVICE = "litellm"
 ROLES = ("small", "large")
 # Each role's own deployment, by the stable model_info.id that x-litellm-model-id reports.
@@ -332,8 +333,12 @@ def routing_problems(what: str, observed: dict | None, wanted: dict, why: str) -
     ]
 
 
-def live_problems(proxy: Proxy, wanted: dict) -> list[str]:
-    """What keeps the running proxy from serving ``wanted``: not ready, or routing otherwise."""
+def live_problems(proxy: Proxy, fallback: bool, proofs: Proofs) -> list[str]:
+    """
+    What keeps the running proxy from routing with the ``fallback`` present or
+    absent: not ready, or routing otherwise; asked once per run of one process.
+    """
+    wanted = wanted_routing(proxy, fallback)
     # Asked from here, the clients' side: a proxy that listens only on the
     # gateway's loopback would pass a check made on the gateway.
     readiness = probes.get(f"{proxy.url}/health/readiness")
@@ -347,7 +352,7 @@ def live_problems(proxy: Proxy, wanted: dict) -> list[str]:
             return [f"the proxy at {proxy.url} does not answer /v1/model/info with the master "
                     f"key in {proxy.master_key_file}"]
         return routing_problems("the running proxy", live, wanted, "its config has")
-    return probes.proven_once(routes(wanted), proxy_pid(proxy), routing)
+    return proofs.once(routes(fallback), proxy_pid(proxy), routing)
 
 
 def proxy_pid(proxy: Proxy) -> int | None:
@@ -356,9 +361,9 @@ def proxy_pid(proxy: Proxy) -> int | None:
                          init_system=proxy.init_system)["pid"]
 
 
-def routes(wanted: dict) -> str:
-    """What a proxy that routes as ``wanted`` has proven, as :func:`probes.proven_once` names it."""
-    return f"{SERVICE} routes {describe(wanted)}"
+def routes(fallback: bool) -> Proven:
+    """The proof that this host's proxy routes as its config says, with or without the fallback."""
+    return Proven(host.name, SERVICE, "routes", fallback)
 
 
 def proxy_log(proxy: Proxy) -> str:
@@ -368,8 +373,8 @@ def proxy_log(proxy: Proxy) -> str:
 # Operations
 
 
-@operation()
-def proxy(proxy: Proxy | None, fallback: bool,
+@operation(LAYER)
+def proxy(proxy: Proxy | None, fallback: bool, proofs: Proofs,
           timeout: float = START_TIMEOUT_SECONDS) -> Iterator[PyinfraCommand]:
     """
     Run the LiteLLM proxy with the public roles and the temporary general
@@ -383,6 +388,8 @@ def proxy(proxy: Proxy | None, fallback: bool,
 
     + proxy: the gateway's :class:`Proxy`; ``None`` elsewhere (a no-op)
     + fallback: whether the general fallback ``small -> large`` is present
+    + proofs: the run's :class:`~operations.probes.Proofs`, where a proxy that
+      routes as declared is remembered as proven
     + timeout: seconds to wait for the proxy to be ready with the new routing
 
     **Example:**
@@ -393,6 +400,7 @@ def proxy(proxy: Proxy | None, fallback: bool,
             name="Gateway: the temporary fallback small -> large is present",
             proxy=Proxy.from_host(host, router.served_model_name, router.url),
             fallback=True,
+            proofs=run.proofs,
         )
     """
     if elsewhere(proxy, "gateway"):
@@ -425,7 +433,7 @@ def proxy(proxy: Proxy | None, fallback: bool,
         yield command
     if not started:
         if pid:
-            probes.remember_served(routes(wanted), pid)
+            proofs.remember(routes(fallback), pid)
         host.noop(f"the proxy routes as its config says, the fallback "
                   f"{'present' if fallback else 'absent'}")
         return
@@ -433,7 +441,8 @@ def proxy(proxy: Proxy | None, fallback: bool,
     what = (f"the proxy at {proxy.url} ready with the fallback "
             f"{'present' if fallback else 'absent'}")
     yield FunctionCommand(probes.wait_until,
-                          (what, lambda seconds_left: (live_problems(proxy, wanted), True),
+                          (what, lambda seconds_left: (live_problems(proxy, fallback, proofs),
+                                                       True),
                            timeout, outcome), {})
     if outcome.get("found"):
         yield failing(LAYER, [*outcome["found"], proxy_log(proxy)])

@@ -19,11 +19,11 @@ import shlex
 from collections.abc import Iterator
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 
 from operations import probes
-from operations.attempt import failing, refuse
+from operations.attempt import failing, operation, refuse
 from operations.facts import EmptyMeansSomething
 from operations.gateway import (
     DEPLOYMENTS,
@@ -41,6 +41,7 @@ from operations.gateway import (
     wanted_routing,
 )
 from operations.phase import elsewhere, executing
+from operations.probes import Proofs, Proven
 
 PROOF_TOKENS = 8
 # One proof request may take this long. During an outage LiteLLM first retries
@@ -184,14 +185,14 @@ def large_problems(proxy: Proxy, tokens: int) -> list[str]:
     return outcome["found"]
 
 
-def roles_problems(proxy: Proxy, fallback: bool, tokens: int) -> list[str]:
+def roles_problems(proxy: Proxy, fallback: bool, tokens: int, proofs: Proofs) -> list[str]:
     """
     A real request through each role, served by the deployment the ``fallback``
     implies; asked once per run while the same proxy process serves.
     """
     expected = serving_deployments(fallback)
-    route = f"{SERVICE}: " + ", ".join(f"{role} by {expected[role]}" for role in ROLES)
-    return probes.proven_once(route, proxy_pid(proxy), lambda: [
+    answered = Proven(host.name, SERVICE, "answers", fallback)
+    return proofs.once(answered, proxy_pid(proxy), lambda: [
         problem for role, answer in ask(proxy, ROLES, tokens).items()
         for problem in answer_problems(role, answer, expected[role], tokens)])
 
@@ -206,7 +207,7 @@ NEVER_CONVERGED = ("fix: make the large role answer; if production was never con
                    "state=production")
 
 
-@operation(is_idempotent=True)
+@operation(LAYER, is_idempotent=True)
 def admissible(proxy: Proxy | None, fallback: bool,
                tokens: int = PROOF_TOKENS) -> Iterator[PyinfraCommand]:
     """
@@ -237,7 +238,7 @@ def admissible(proxy: Proxy | None, fallback: bool,
     yield from ()
 
 
-@operation(is_idempotent=True)
+@operation(LAYER, is_idempotent=True)
 def fallback_proven(proxy: Proxy | None, tokens: int = PROOF_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Prove the fallback before anything stops: a request to ``small`` that forces
@@ -267,8 +268,8 @@ def fallback_proven(proxy: Proxy | None, tokens: int = PROOF_TOKENS) -> Iterator
     host.noop(f"a forced fallback through small was served by large ({answer.seconds:.2f}s)")
 
 
-@operation(is_idempotent=True)
-def roles_proven(proxy: Proxy | None, fallback: bool,
+@operation(LAYER, is_idempotent=True)
+def roles_proven(proxy: Proxy | None, fallback: bool, proofs: Proofs,
                  tokens: int = PROOF_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Prove the user's route: a real request through each role answers, served by
@@ -277,6 +278,7 @@ def roles_proven(proxy: Proxy | None, fallback: bool,
 
     + proxy: the gateway's :class:`Proxy`; ``None`` elsewhere (a no-op)
     + fallback: whether ``small`` falls back to ``large`` (the replicas are down)
+    + proofs: the run's :class:`~operations.probes.Proofs`
     + tokens: the length of each real completion
 
     **Example:**
@@ -284,14 +286,14 @@ def roles_proven(proxy: Proxy | None, fallback: bool,
     .. code:: python
 
         gateway_route.roles_proven(name="Gateway: small answers through the fallback",
-                             proxy=proxy, fallback=True)
+                                   proxy=proxy, fallback=True, proofs=run.proofs)
     """
     if elsewhere(proxy, "gateway"):
         return
     if not executing():
         host.noop("proven when the run executes")
         return
-    found = roles_problems(proxy, fallback, tokens)
+    found = roles_problems(proxy, fallback, tokens, proofs)
     if found:
         yield failing(LAYER, found)
         return
@@ -299,8 +301,8 @@ def roles_proven(proxy: Proxy | None, fallback: bool,
     host.noop(", ".join(f"{role} is served by {expected[role]}" for role in ROLES))
 
 
-@operation(is_idempotent=True)
-def verified(proxy: Proxy | None, fallback: bool,
+@operation(LAYER, is_idempotent=True)
+def verified(proxy: Proxy | None, fallback: bool, proofs: Proofs,
              tokens: int = PROOF_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Prove the gateway is as the state declares, with the evidence if not: the
@@ -310,13 +312,15 @@ def verified(proxy: Proxy | None, fallback: bool,
 
     + proxy: the gateway's :class:`Proxy`; ``None`` elsewhere (a no-op)
     + fallback: whether the state carries the temporary fallback ``small -> large``
+    + proofs: the run's :class:`~operations.probes.Proofs`, proofs made earlier in the run
     + tokens: the length of each real completion
 
     **Example:**
 
     .. code:: python
 
-        gateway_route.verified(name="Verify: the gateway", proxy=proxy, fallback=False)
+        gateway_route.verified(name="Verify: the gateway", proxy=proxy, fallback=False,
+                               proofs=run.proofs)
     """
     if elsewhere(proxy, "gateway"):
         return
@@ -327,7 +331,8 @@ def verified(proxy: Proxy | None, fallback: bool,
     found = routing_problems(f"the config {proxy.config_file}",
                              host.get_fact(ProxyConfig, path=proxy.config_file), wanted,
                              "the state declares")
-    found += live_problems(proxy, wanted) or roles_problems(proxy, fallback, tokens)
+    found += (live_problems(proxy, fallback, proofs)
+              or roles_problems(proxy, fallback, tokens, proofs))
     if found:
         yield failing(LAYER, found)
         return

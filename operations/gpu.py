@@ -20,13 +20,13 @@ import csv
 from collections.abc import Iterator
 
 from pyinfra import host
-from pyinfra.api import FactBase, operation
+from pyinfra.api import FactBase
 from pyinfra.api.command import PyinfraCommand
 
-from operations.attempt import refuse
+from operations.attempt import Layer, operation, refuse
 from operations.services import InitSystem, ServicePids
 
-LAYER = "gpu"
+LAYER = Layer.GPU
 
 
 class Gpus(FactBase):
@@ -95,7 +95,7 @@ def foreign_problems(processes: list[dict], own_pids: set[int], allowed_mib: int
     ] + [f"stop it, or allow it with serving.foreign_gpu_memory_mib (now {allowed_mib})"]
 
 
-@operation(is_idempotent=True)
+@operation(LAYER, is_idempotent=True)
 def free(services: tuple[str, ...], init_system: InitSystem,
          foreign_memory_mib: int = 0) -> Iterator[PyinfraCommand]:
     """

@@ -37,10 +37,10 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, operation
+from pyinfra.api import FactBase
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.facts.server import KernelVersion
 
@@ -48,6 +48,11 @@ from operations import attempt
 from operations.driver import LoadedModule, PeerCapabilities
 from operations.facts import FactGroup
 from operations.link import NO_TRAFFIC, XDOMAIN_PEERS, XDomainLink, trained_rate
+
+if TYPE_CHECKING:
+    from operations.run import Run
+
+LAYER = attempt.Layer.LEDGER
 
 FAILED = ("rolled_back", "rollback_failed", "stopped")
 OUTCOMES = ("accepted", "refused", *FAILED, "measured")
@@ -143,7 +148,7 @@ def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
         "driver": driver,
         "outcome": outcome,
         "layer": layer,
-        "stall": (driver == "candidate" and outcome in FAILED and layer == "link"
+        "stall": (driver == "candidate" and outcome in FAILED and layer == attempt.Layer.LINK
                   and NO_TRAFFIC in evidence),
         "forced": forced,
         "tok_s": tok_s,
@@ -157,7 +162,7 @@ def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
 SEEDED = [{
     **record("tx_e2e (upstream)", "candidate", "rolled_back",
              [{"host": "upstream report", "nhi": "1b21:2425", "router": "ASMedia ASM4242"}],
-             layer="link",
+             layer=attempt.Layer.LINK,
              evidence="upstream revert 1881f2efbf7f of TX E2E (a8065af3346e): the ASMedia "
                       "ASM4242 (1b21:2425) never returns TX credits; the TX ring freezes and "
                       f"{NO_TRAFFIC} (100% loss) though the XDomain handshake completes"),
@@ -265,72 +270,73 @@ def describe_stall(entry: dict[str, Any]) -> str:
 
 
 @dataclass
-class Run:
-    """What this run has seen of each workstation, and whether the ledger listens."""
+class Observations:
+    """
+    What a run has seen of each workstation, whether it was forced past a
+    recorded stall, and whether the ledger listens for its ending.
+    """
 
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
     forced: bool = False
     kept: bool = False
 
+    def pairing(self, names: list[str]) -> list[str] | None:
+        """
+        The NHIs of the named workstations, once each has been observed this run
+        (``"unknown"`` for one whose controller could not be read).
+        """
+        if any(name not in self.hosts for name in names):
+            return None
+        return sorted(self.hosts[name]["nhi"] or "unknown" for name in names)
 
-RUN = Run()
 
-
-def keep(run: attempt.Attempt, path: str, state: str, driver: str) -> None:
+def keep(run: Run, path: str, state: str, driver: str) -> None:
     """
     Have the run's ending appended to the ledger at ``path``, with what the run
     observed; ``deploy.py`` calls this on every host, the first call counts.
     """
-    if RUN.kept:
+    observed = run.observed
+    if observed.kept:
         return
-    RUN.kept = True
+    observed.kept = True
 
     def write(ending: attempt.Ending) -> None:
-        append(Path(path), record(state, driver, ending.outcome, list(RUN.hosts.values()),
+        append(Path(path), record(state, driver, ending.outcome, list(observed.hosts.values()),
                                   layer=ending.layer, evidence=ending.evidence,
-                                  forced=RUN.forced))
+                                  forced=observed.forced))
 
-    run.listeners.append(write)
-
-
-def pairing(names: list[str]) -> list[str] | None:
-    """
-    The NHIs of the named workstations, once each has been observed this run
-    (``"unknown"`` for one whose controller could not be read).
-    """
-    if any(name not in RUN.hosts for name in names):
-        return None
-    return sorted(RUN.hosts[name]["nhi"] or "unknown" for name in names)
+    run.attempt.listeners.append(write)
 
 
 # Operations
 
 
-@operation(is_idempotent=True)
-def observed(module: str) -> Iterator[PyinfraCommand]:
+@attempt.operation(LAYER, is_idempotent=True)
+def observed(run: Run, module: str) -> Iterator[PyinfraCommand]:
     """
     Note this workstation's controller, kernel, driver and link for the run's record.
 
     Read-only. The record is written when the run ends (:func:`keep`): this only
     remembers what the host showed when the step ran.
 
+    + run: the :class:`~operations.run.Run`, whose observations this adds to
     + module: the ``thunderbolt_net`` module's name
 
     **Example:**
 
     .. code:: python
 
-        ledger.observed(name="Ledger: what this run meets", module="thunderbolt_net")
+        ledger.observed(name="Ledger: what this run meets", run=run, module="thunderbolt_net")
     """
-    entry = RUN.hosts[host.name] = host_entry(host.name,
-                                              host.get_fact(HostIdentity, module=module))
+    entry = run.observed.hosts[host.name] = host_entry(
+        host.name, host.get_fact(HostIdentity, module=module))
     host.noop(f"controller {entry['nhi']}, kernel {entry['kernel']}, "
               f"{module} {entry['build_id'] or 'not loaded'}")
     yield from ()
 
 
-@operation(is_idempotent=True)
-def no_recorded_stall(path: str, workstations: list[str], force: bool = False
+@attempt.operation(attempt.Layer.DRIVER, is_idempotent=True)
+def no_recorded_stall(run: Run, path: str, workstations: list[str], force: bool = False
                       ) -> Iterator[PyinfraCommand]:
     """
     Refuse the candidate on a controller pairing with a recorded stall, before any change.
@@ -339,8 +345,9 @@ def no_recorded_stall(path: str, workstations: list[str], force: bool = False
     Judged once every workstation has been observed: at execute time, or earlier
     when pyinfra predicts changes host by host and both are known.
 
+    + run: the :class:`~operations.run.Run`, which observed the workstations
     + path: the ledger, on this machine
-    + workstations: the two workstations, whose controllers make the pairing
+    + workstations: the workstations, whose controllers make the pairing
     + force: go ahead anyway (``--data force_candidate=yes``), saying so in capitals
 
     **Example:**
@@ -348,10 +355,10 @@ def no_recorded_stall(path: str, workstations: list[str], force: bool = False
     .. code:: python
 
         ledger.no_recorded_stall(name="Preflight: no stall is recorded for these controllers",
-                                 path="~/.local/state/twinbolt/ledger.jsonl",
+                                 run=run, path="~/.local/state/twinbolt/ledger.jsonl",
                                  workstations=["ws0", "ws1"])
     """
-    controllers_now = pairing(workstations)
+    controllers_now = run.observed.pairing(workstations)
     if controllers_now is None:
         host.noop("the pairing is judged once both workstations are observed")
         return
@@ -366,7 +373,7 @@ def no_recorded_stall(path: str, workstations: list[str], force: bool = False
     stalls = stall_reports(records, controllers_now)
     pair = " + ".join(controllers_now)
     if stalls and not force:
-        attempt.refuse("driver", [
+        attempt.refuse(attempt.Layer.DRIVER, [
             f"the candidate's TX E2E has stalled on the controller pairing {pair}",
             *(describe_stall(entry) for entry in stalls),
             f"override at your own risk with --data {FORCE_KEY}=yes",
@@ -374,9 +381,9 @@ def no_recorded_stall(path: str, workstations: list[str], force: bool = False
     elif stalls:
         warning = (f"FORCED: THE CANDIDATE RUNS ON THE CONTROLLER PAIRING {pair} DESPITE "
                    f"{len(stalls)} RECORDED STALL(S) ({FORCE_KEY}=yes)")
-        if not RUN.forced:
-            RUN.forced = True
-            attempt.ATTEMPT.caveats.append(warning)
+        if not run.observed.forced:
+            run.observed.forced = True
+            run.attempt.caveats.append(warning)
         host.log_styled(warning, fg="red", log_func=logger.warning)
         host.noop("forced past a recorded stall")
     else:

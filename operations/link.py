@@ -19,14 +19,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 
 from operations import probes
-from operations.attempt import failing, failure, refuse
+from operations.attempt import Layer, failing, failure, operation, refuse
 from operations.facts import EmptyMeansSomething
 from operations.phase import executing, run_now
 
+LAYER = Layer.LINK
 SPEED = re.compile(r"([0-9.]+)\s*Gb/s")
 
 
@@ -249,7 +250,7 @@ def apply_address(interface: str, address: str, prefix_length: int) -> None:
 def warn(state: Any, host: Any, found: list[str]) -> bool:
     # pyinfra passes the state and the host to a FunctionCommand by these names.
     host.log_styled(
-        failure(host.name, "link", found)
+        failure(host.name, LAYER, found)
         + " (the target state does not use the link; fix it before the next experiment)",
         fg="yellow", log_func=logger.warning)
     return True
@@ -257,13 +258,13 @@ def warn(state: Any, host: Any, found: list[str]) -> bool:
 
 def shortfall(found: list[str], needed: bool) -> FunctionCommand:
     """A link the target needs fails the operation; one it does not need is a warning."""
-    return failing("link", found) if needed else FunctionCommand(warn, (found,), {})
+    return failing(LAYER, found) if needed else FunctionCommand(warn, (found,), {})
 
 
 # Operations
 
 
-@operation(is_idempotent=True)
+@operation(LAYER, is_idempotent=True)
 def management_path(interface: str, addresses: dict[str, str]) -> Iterator[PyinfraCommand]:
     """
     Refuse, before any change, when the operator's SSH session or the route to
@@ -300,12 +301,12 @@ def management_path(interface: str, addresses: dict[str, str]) -> Iterator[Pyinf
             found.append(f"traffic to the {role} ({address}) would leave through {interface}, "
                          "which a driver reload takes down: give management its own network")
     if found:
-        refuse("link", found)
+        refuse(LAYER, found)
     host.noop(f"management traffic does not cross {interface}")
     yield from ()
 
 
-@operation(is_idempotent=True)
+@operation(LAYER, is_idempotent=True)
 def trained(interface: str, address: str, peer_address: str, expected_rate_gbps: float = 20.0,
             expected_lanes: int = 1, timeout: float = 30.0,
             wait: bool = True, needed: bool = True, address_owner: str = "twinbolt",
@@ -352,7 +353,7 @@ def trained(interface: str, address: str, peer_address: str, expected_rate_gbps:
     if not wait:
         found, _ = link_problems(*arguments, traffic=False)
         if found:
-            refuse("link", found)
+            refuse(LAYER, found)
         host.noop(f"the link is trained at {expected_rate_gbps:g} Gb/s to one peer; {interface}, "
                   "its address and the peer's answer are the driver and link steps' to make "
                   "and prove")

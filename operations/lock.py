@@ -31,16 +31,16 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 
-from operations.attempt import refuse
+from operations.attempt import Layer, operation, refuse
 from operations.phase import executing, run_now
 
+LAYER = Layer.LOCK
 LOCK_NAME = "lock"
 # flock(1) of this file serializes every change of the lock (util-linux, on
 # every distribution twinbolt targets); the lock itself is renamed over.
@@ -137,9 +137,11 @@ def inheriting(owner: RunOwner) -> str:
     return f"{INHERITED_KEY}={owner.line()}"
 
 
-@cache
 def this_run(state: str) -> RunOwner:
-    """This run, the same value on every host (``deploy.py`` runs once per host)."""
+    """
+    A new run's identity, made once per run (:func:`operations.run.begin`): the
+    same value on every host, though ``deploy.py`` runs once per host.
+    """
     return RunOwner(socket.gethostname(), getpass.getuser(), os.getpid(),
                     time.strftime("%Y-%m-%dT%H:%M:%S%z"), state, secrets.token_hex(12),
                     boot_here())
@@ -208,13 +210,13 @@ def held_elsewhere(run_dir: str, owner: RunOwner) -> RunOwner | None:
     current = host.get_fact(HostLock, run_dir=run_dir)
     path = lock_path(run_dir)
     if isinstance(current, UnreadableLock):
-        refuse("lock", [f"{path} on {host.name} is {current.why} and names no run: if no "
+        refuse(LAYER, [f"{path} on {host.name} is {current.why} and names no run: if no "
                         f"run holds these hosts, remove {path} on {host.name}"])
     if current is not None and current != owner and not current.gone():
-        refuse("lock", [f"another run holds {path}: {current.describe()}; if no such run "
+        refuse(LAYER, [f"another run holds {path}: {current.describe()}; if no such run "
                         f"exists any more, remove {path} on {host.name}"])
     return current
-@operation(is_idempotent=True)
+@operation(LAYER, is_idempotent=True)
 def available(run_dir: str, owner: RunOwner) -> Iterator[PyinfraCommand]:
     """
     Refuse at once when another live run holds this host's lock. Read-only: a run
@@ -235,7 +237,7 @@ def available(run_dir: str, owner: RunOwner) -> Iterator[PyinfraCommand]:
     yield from ()
 
 
-@operation(is_idempotent=True)
+@operation(LAYER, is_idempotent=True)
 def held(run_dir: str, owner: RunOwner) -> Iterator[PyinfraCommand]:
     """
     Hold this host's lock for the rest of the run: refuse if another live run
@@ -264,12 +266,12 @@ def held(run_dir: str, owner: RunOwner) -> Iterator[PyinfraCommand]:
     # One winner: the lock is replaced only if it still reads what was judged above.
     taken, output = run_now(swapped(run_dir, seen_as(current), owner.line()))
     if not taken:
-        refuse("lock", [f"{path} could not be taken: {output.stderr}"])
+        refuse(LAYER, [f"{path} could not be taken: {output.stderr}"])
     host.noop("this run holds the lock")
     yield from ()
 
 
-@operation(is_idempotent=True)
+@operation(LAYER, is_idempotent=True)
 def released(run_dir: str, owner: RunOwner, inherited: bool = False
              ) -> Iterator[PyinfraCommand]:
     """

@@ -18,6 +18,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import httpx
 from pyinfra import host, logger
@@ -138,34 +139,55 @@ def green_health(url: str, timeout: float = 5.0) -> list[str]:
         f"{url}/health", timeout).ok else []
 
 
-# Each server that served a real completion in this run, by host and service
-# name, with the pid that served it. A run proves a server once: verifying it
-# after its acceptance asks again only if another process serves now
-# (restarted, replaced, crashed). A run is one process, the rollback another.
-SERVED: dict[tuple[str, str], int] = {}
+# What a proof is of: a server served a real completion as declared
+# (``serves``); the gateway's proxy routes as its config says (``routes``); each
+# public role answered through it from the deployment it should (``answers``).
+Claim = Literal["serves", "routes", "answers"]
 
 
-def remember_served(service: str, pid: int) -> None:
-    """Record that ``service``'s process ``pid`` on this host served a real completion."""
-    SERVED[(host.name, service)] = pid
-
-
-def served_earlier(service: str, pid: int | None) -> bool:
-    """Whether process ``pid`` of ``service`` on this host served a real completion in this run."""
-    return pid is not None and SERVED.get((host.name, service)) == pid
-
-
-def proven_once(what: str, pid: int | None, prove: Callable[[], list[str]]) -> list[str]:
+@dataclass(frozen=True)
+class Proven:
     """
-    What ``prove()`` finds wrong with ``what``, unless process ``pid`` proved it
-    earlier in this run; a proof that finds nothing is remembered for ``pid``.
+    One proof a run can make once: ``claim`` about ``service`` on ``host``; for
+    the gateway's claims, with its temporary fallback present or absent.
     """
-    if served_earlier(what, pid):
-        return []
-    found = prove()
-    if not found and pid:
-        remember_served(what, pid)
-    return found
+
+    host: str
+    service: str
+    claim: Claim = "serves"
+    fallback: bool | None = None
+
+
+@dataclass
+class Proofs:
+    """
+    The proofs this run has made, each with the pid of the process that passed
+    it. A run proves a server once: verifying it after its acceptance asks again
+    only if another process serves now (restarted, replaced, crashed). A run is
+    one process, the rollback another, so each starts with none.
+    """
+
+    pids: dict[Proven, int] = field(default_factory=dict)
+
+    def remember(self, proven: Proven, pid: int) -> None:
+        """Record that process ``pid`` passed the proof ``proven``."""
+        self.pids[proven] = pid
+
+    def made(self, proven: Proven, pid: int | None) -> bool:
+        """Whether process ``pid`` passed the proof ``proven`` earlier in this run."""
+        return pid is not None and self.pids.get(proven) == pid
+
+    def once(self, proven: Proven, pid: int | None, prove: Callable[[], list[str]]) -> list[str]:
+        """
+        What ``prove()`` finds wrong, unless process ``pid`` passed ``proven``
+        earlier in this run; a proof that finds nothing is remembered for ``pid``.
+        """
+        if self.made(proven, pid):
+            return []
+        found = prove()
+        if not found and pid:
+            self.remember(proven, pid)
+        return found
 
 
 def wait_until(what: str, check: Callable[[float], tuple[list[str], bool]], timeout: float,

@@ -35,19 +35,19 @@ from pyinfra.api import (
     Host,
     QuoteString,
     StringCommand,
-    operation,
 )
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.facts.files import Directory
 
 from operations import probes, services, sglang_releases, transport
-from operations.attempt import failing, refuse
+from operations.attempt import Layer, failing, operation, refuse
 from operations.facts import EmptyMeansSomething
 from operations.phase import elsewhere, executing
+from operations.probes import Proofs, Proven
 from operations.services import InitSystem, Service, ServiceProcess, log_tails
 from operations.states import Serving, Speculative
 
-LAYER = "serving"
+LAYER = Layer.SERVING
 REPLICA = "sglang-replica"
 TP_RANKS = ("sglang-tp2-rank0", "sglang-tp2-rank1")
 ROUTER = "sglang-router"
@@ -424,7 +424,8 @@ def tp_log_tails() -> str:
     ])
 
 
-def stuck(sglang: Sglang, service: Service, tokens: int = ACCEPTANCE_TOKENS) -> list[str]:
+def stuck(sglang: Sglang, service: Service, proofs: Proofs,
+          tokens: int = ACCEPTANCE_TOKENS) -> list[str]:
     """
     Why a server that runs as rendered, and has had its whole start bound, still
     serves no real completion; empty when it serves, is younger, or is not running.
@@ -441,16 +442,16 @@ def stuck(sglang: Sglang, service: Service, tokens: int = ACCEPTANCE_TOKENS) -> 
             or process_problems(process, service)):
         return []
     return serves(sglang, service, process["pid"], 1, None, tokens,
-                  probes.REQUEST_TIMEOUT_SECONDS)[0]
+                  probes.REQUEST_TIMEOUT_SECONDS, proofs)[0]
 
 
 def serves(sglang: Sglang, service: Service, pid: int, tp_size: int,
            speculative: Speculative | None, tokens: int,
-           timeout: float) -> tuple[list[str], list[str]]:
+           timeout: float, proofs: Proofs) -> tuple[list[str], list[str]]:
     """
     Why the server at ``pid`` serves no real completion, then, if it does, where
     its ``/server_info`` disagrees with the declared settings. A server that
-    passes both is proven for this run (:func:`probes.remember_served`).
+    passes both is proven for this run (``proofs``).
     """
     answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
                                     timeout=timeout)
@@ -459,12 +460,12 @@ def serves(sglang: Sglang, service: Service, pid: int, tp_size: int,
     disagrees = server_info_problems(server_info(sglang.url).body, tp_size, speculative,
                                      sglang.served_model_name)
     if not disagrees:
-        probes.remember_served(service.name, pid)
+        proofs.remember(Proven(host.name, service.name), pid)
     return [], disagrees
 
 
 def server_check(sglang: Sglang, service: Service, tp_size: int,
-                 speculative: Speculative | None, tokens: int) -> Check:
+                 speculative: Speculative | None, tokens: int, proofs: Proofs) -> Check:
     """
     The acceptance of one SGLang server this host runs, as a check for
     :func:`probes.wait_until`: the process is the rendered service and stays the
@@ -486,10 +487,11 @@ def server_check(sglang: Sglang, service: Service, tp_size: int,
         if process["pid"] != first_pid[0]:
             return [f"{service.name} exited and was restarted (pid {first_pid[0]} -> "
                     f"{process['pid']})"], False
-        if probes.served_earlier(service.name, process["pid"]):
+        if proofs.made(Proven(host.name, service.name), process["pid"]):
             return [], False
         failed, disagrees = serves(sglang, service, process["pid"], tp_size, speculative,
-                                   tokens, min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left))
+                                   tokens, min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left),
+                                   proofs)
         if failed:
             return failed + probes.green_health(sglang.url), True
         return disagrees, False
@@ -559,7 +561,7 @@ def accept(what: str, check: Check, timeout: float,
 # Operations
 
 
-@operation(is_idempotent=True)
+@operation(LAYER, is_idempotent=True)
 def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative | None,
                tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
@@ -617,8 +619,9 @@ def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative
     yield from ()
 
 
-@operation()
-def replica(sglang: Sglang | None, present: bool = True) -> Iterator[PyinfraCommand]:
+@operation(LAYER)
+def replica(sglang: Sglang | None, proofs: Proofs,
+            present: bool = True) -> Iterator[PyinfraCommand]:
     """
     Run, or stop, production's single-GPU SGLang replica on this workstation.
 
@@ -626,6 +629,8 @@ def replica(sglang: Sglang | None, present: bool = True) -> Iterator[PyinfraComm
     completion (hung) is restarted: converging production must be able to repair it.
 
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
+    + proofs: the run's :class:`~operations.probes.Proofs`, where a replica that
+      serves is remembered as proven
     + present: whether the replica should run
 
     **Example:**
@@ -633,19 +638,19 @@ def replica(sglang: Sglang | None, present: bool = True) -> Iterator[PyinfraComm
     .. code:: python
 
         serving.replica(name="Serving: the replica is stopped",
-                        sglang=Sglang.from_host(host), present=False)
+                        sglang=Sglang.from_host(host), proofs=run.proofs, present=False)
     """
     if elsewhere(sglang, "workstation"):
         return
     if present:
         service = replica_service(sglang)
         yield from services.present._inner(service=service, init_system=sglang.init_system,
-                                           restarted=bool(stuck(sglang, service)))
+                                           restarted=bool(stuck(sglang, service, proofs)))
     else:
         yield from services.absent._inner(service=REPLICA, init_system=sglang.init_system)
 
 
-@operation()
+@operation(LAYER)
 def tp_rank(sglang: Sglang | None, speculative: Speculative | None = None, present: bool = True,
             restarted: bool = False) -> Iterator[PyinfraCommand]:
     """
@@ -679,7 +684,7 @@ def tp_rank(sglang: Sglang | None, speculative: Speculative | None = None, prese
                                            init_system=sglang.init_system, restarted=restarted)
 
 
-@operation()
+@operation(LAYER)
 def tp_rank_stopped_for_change(sglang: Sglang | None,
                                speculative: Speculative | None) -> Iterator[PyinfraCommand]:
     """
@@ -719,14 +724,15 @@ def tp_rank_stopped_for_change(sglang: Sglang | None,
         yield from services.absent._inner(service=name, init_system=sglang.init_system)
 
 
-@operation(is_idempotent=True)
-def replica_accepted(sglang: Sglang | None,
+@operation(LAYER, is_idempotent=True)
+def replica_accepted(sglang: Sglang | None, proofs: Proofs,
                      tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Accept this workstation's replica only by a real completion of ``tokens`` tokens
     from its port, waiting up to ``sglang.start_timeout`` seconds with progress.
 
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
+    + proofs: the run's :class:`~operations.probes.Proofs`
     + tokens: the completion's length
 
     **Example:**
@@ -734,21 +740,22 @@ def replica_accepted(sglang: Sglang | None,
     .. code:: python
 
         serving.replica_accepted(name="Serving: the replica answers",
-                                 sglang=Sglang.from_host(host))
+                                 sglang=Sglang.from_host(host), proofs=run.proofs)
     """
     if elsewhere(sglang, "workstation"):
         return
     service = replica_service(sglang)
     yield from accept(
         f"the replica at {sglang.url} serves a real completion",
-        server_check(sglang, service, tp_size=1, speculative=None, tokens=tokens),
+        server_check(sglang, service, tp_size=1, speculative=None, tokens=tokens,
+                     proofs=proofs),
         sglang.start_timeout,
         lambda: log_tails([(host, REPLICA, sglang.init_system)]),
     )
 
 
-@operation(is_idempotent=True)
-def tp_accepted(sglang: Sglang | None, speculative: Speculative | None = None,
+@operation(LAYER, is_idempotent=True)
+def tp_accepted(sglang: Sglang | None, proofs: Proofs, speculative: Speculative | None = None,
                 tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Accept the TP server only by rank 0: a real completion of ``tokens`` tokens,
@@ -756,6 +763,7 @@ def tp_accepted(sglang: Sglang | None, speculative: Speculative | None = None,
     never probed; its ``/health`` always answers 200.
 
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
+    + proofs: the run's :class:`~operations.probes.Proofs`
     + speculative: the state's speculative decoder, or ``None``
     + tokens: the completion's length
 
@@ -764,7 +772,7 @@ def tp_accepted(sglang: Sglang | None, speculative: Speculative | None = None,
     .. code:: python
 
         serving.tp_accepted(name="Serving: rank 0 serves", sglang=Sglang.from_host(host),
-                            speculative=NEXTN_3_1_4)
+                            proofs=run.proofs, speculative=NEXTN_3_1_4)
     """
     if elsewhere(sglang, "workstation"):
         return
@@ -772,7 +780,8 @@ def tp_accepted(sglang: Sglang | None, speculative: Speculative | None = None,
         host.noop("rank 1 is accepted through rank 0, never by its own dummy /health")
         return
     service = tp_rank_service(sglang, speculative)
-    serves = server_check(sglang, service, tp_size=2, speculative=speculative, tokens=tokens)
+    serves = server_check(sglang, service, tp_size=2, speculative=speculative, tokens=tokens,
+                          proofs=proofs)
     over_the_link = transport_check(sglang, service, tokens)
 
     def check(seconds_left: float = probes.REQUEST_TIMEOUT_SECONDS) -> tuple[list[str], bool]:
@@ -788,9 +797,9 @@ def tp_accepted(sglang: Sglang | None, speculative: Speculative | None = None,
     )
 
 
-@operation(is_idempotent=True)
+@operation(LAYER, is_idempotent=True)
 def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative | None,
-             tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
+             proofs: Proofs, tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Prove this workstation serves as the state says, with the evidence if not.
 
@@ -802,6 +811,7 @@ def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative |
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
     + serving: what the state serves: ``replicas`` or ``tp2``
     + speculative: the state's speculative decoder, or ``None``
+    + proofs: the run's :class:`~operations.probes.Proofs`, proofs its acceptance made
     + tokens: the completion's length
 
     **Example:**
@@ -809,7 +819,7 @@ def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative |
     .. code:: python
 
         serving.verified(name="Verify: serving", sglang=Sglang.from_host(host),
-                         serving="replicas", speculative=None)
+                         serving="replicas", speculative=None, proofs=run.proofs)
     """
     if elsewhere(sglang, "workstation"):
         return
@@ -820,10 +830,10 @@ def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative |
                             init_system=sglang.init_system)
     if serving == "replicas":
         wanted = replica_service(sglang)
-        check = server_check(sglang, wanted, 1, None, tokens)
+        check = server_check(sglang, wanted, 1, None, tokens, proofs)
     else:
         wanted = tp_rank_service(sglang, speculative)
-        check = server_check(sglang, wanted, 2, speculative, tokens)
+        check = server_check(sglang, wanted, 2, speculative, tokens, proofs)
     found = [f"{name} runs, but the state runs {wanted.name} here"
              for name in running if name != wanted.name]
     if serving == "tp2" and sglang.rank != 0:

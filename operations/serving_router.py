@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import Host, operation
+from pyinfra.api import Host
 from pyinfra.api.command import PyinfraCommand
 
 from operations import probes, services, venvs
-from operations.attempt import failing
+from operations.attempt import failing, operation
 from operations.phase import elsewhere, executing
+from operations.probes import Proofs, Proven
 from operations.services import GatewayService, Service, ServiceProcess, log_tails
 from operations.serving import (
     ACCEPTANCE_TOKENS,
@@ -73,7 +74,7 @@ def router_service(router: Router) -> Service:
     )
 
 
-def router_check(router: Router, tokens: int) -> Check:
+def router_check(router: Router, tokens: int, proofs: Proofs) -> Check:
     """The router's acceptance: running, ready with a healthy worker, and serving."""
 
     def check(seconds_left: float = probes.REQUEST_TIMEOUT_SECONDS) -> tuple[list[str], bool]:
@@ -87,7 +88,8 @@ def router_check(router: Router, tokens: int) -> Check:
         readiness = probes.get(f"{router.url}/readiness")
         if not readiness.ok:
             return [f"the router is not ready: {readiness.describe()}"], True
-        return probes.proven_once(ROUTER, process["pid"], lambda: probes.completion_problems(
+        served = Proven(host.name, ROUTER)
+        return proofs.once(served, process["pid"], lambda: probes.completion_problems(
             probes.chat_completion(router.url, router.served_model_name, tokens,
                                    timeout=min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left)),
             tokens)), True
@@ -95,7 +97,7 @@ def router_check(router: Router, tokens: int) -> Check:
     return check
 
 
-@operation()
+@operation(LAYER)
 def router(router: Router | None, present: bool = True) -> Iterator[PyinfraCommand]:
     """
     Install and run sglang-router on the gateway with the replicas as its workers,
@@ -125,39 +127,42 @@ def router(router: Router | None, present: bool = True) -> Iterator[PyinfraComma
                                        init_system=router.init_system)
 
 
-@operation(is_idempotent=True)
-def router_accepted(router: Router | None,
+@operation(LAYER, is_idempotent=True)
+def router_accepted(router: Router | None, proofs: Proofs,
                     tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Accept the router only by ``/readiness`` (its ``/health`` always says OK) and a
     real completion of ``tokens`` tokens through it.
 
     + router: the gateway's :class:`Router` settings; ``None`` elsewhere (a no-op)
+    + proofs: the run's :class:`~operations.probes.Proofs`
     + tokens: the completion's length
 
     **Example:**
 
     .. code:: python
 
-        serving_router.router_accepted(name="Serving: the router serves", router=router)
+        serving_router.router_accepted(name="Serving: the router serves", router=router,
+                                       proofs=run.proofs)
     """
     if elsewhere(router, "gateway"):
         return
     yield from accept(
         f"the router at {router.url} serves a real completion",
-        router_check(router, tokens),
+        router_check(router, tokens, proofs),
         router.start_timeout,
         lambda: log_tails([(host, ROUTER, router.init_system)]),
     )
 
 
-@operation(is_idempotent=True)
-def router_verified(router: Router | None, present: bool = True,
+@operation(LAYER, is_idempotent=True)
+def router_verified(router: Router | None, proofs: Proofs, present: bool = True,
                     tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Prove the router runs and serves (production), or is stopped (TP states).
 
     + router: the gateway's :class:`Router` settings; ``None`` elsewhere (a no-op)
+    + proofs: the run's :class:`~operations.probes.Proofs`, proofs its acceptance made
     + present: whether the router should run
     + tokens: the completion's length
 
@@ -165,7 +170,8 @@ def router_verified(router: Router | None, present: bool = True,
 
     .. code:: python
 
-        serving_router.router_verified(name="Verify: the router", router=router, present=True)
+        serving_router.router_verified(name="Verify: the router", router=router,
+                                       proofs=run.proofs, present=True)
     """
     if elsewhere(router, "gateway"):
         return
@@ -173,7 +179,7 @@ def router_verified(router: Router | None, present: bool = True,
         host.noop("verified when the run executes")
         return
     if present:
-        found = router_check(router, tokens)()[0]
+        found = router_check(router, tokens, proofs)()[0]
     else:
         process = host.get_fact(ServiceProcess, service=ROUTER, init_system=router.init_system)
         found = [f"the router runs (pid {process['pid']}) while the replicas are down"

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from operations import probes
-
 REPO = Path(__file__).resolve().parents[2]
 
 MINIMAL_SITE = (Path(__file__).parent / "minimal_site.toml").read_text()
@@ -50,9 +48,3 @@ def run_pyinfra() -> Callable[..., subprocess.CompletedProcess[str]]:
         )
 
     return run
-
-
-@pytest.fixture(autouse=True)
-def a_fresh_run() -> None:
-    """Each test is a run of its own: no server proven by an earlier test's completion."""
-    probes.SERVED.clear()

@@ -6,6 +6,7 @@ and asserts the commands the operation yields, or that it yields none.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 from unittest.mock import patch
@@ -15,6 +16,10 @@ from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringComman
 from pyinfra.api.host import Host
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
+
+from operations.attempt import RUN_ATTRIBUTE
+from operations.lock import this_run
+from operations.run import Run
 
 
 def describe(command: Any) -> str:
@@ -30,16 +35,36 @@ def describe(command: Any) -> str:
     return repr(command)
 
 
+def a_run() -> Run:
+    """A run of its own, as ``deploy.py`` begins one: nothing proven, nothing failed."""
+    return Run(owner=this_run("tests"))
+
+
+def run_arguments(operation: Callable, run: Run, arguments: dict[str, Any]) -> dict[str, Any]:
+    """
+    ``arguments``, with the run or the part of it ``operation`` takes (``run``,
+    ``proofs``, ``attempt``), as ``deploy.py`` passes them, unless given.
+    """
+    parts = {"run": run, "proofs": run.proofs, "attempt": run.attempt}
+    taken = inspect.signature(operation._inner).parameters
+    return {**{name: part for name, part in parts.items() if name in taken}, **arguments}
+
+
 def run_operation(operation: Callable, facts: Callable[[type, dict], Any],
                   executing: bool = True, shell: list[str] | None = None,
-                  **arguments: Any) -> list[str]:
+                  run: Run | None = None, **arguments: Any) -> list[str]:
     """
     The commands ``operation`` yields on a host whose facts ``facts(cls, kwargs)``
-    gives; commands it runs directly (``host.run_shell_command``) succeed and are
-    appended to ``shell``.
+    gives, in ``run`` (a new one unless given); commands it runs directly
+    (``host.run_shell_command``) succeed and are appended to ``shell``.
+
+    The run's parts are passed as ``deploy.py`` passes them (:func:`run_arguments`).
     """
+    run = run or a_run()
+    arguments = run_arguments(operation, run, arguments)
     inventory = Inventory((["wsa"], {}))
     state = State(inventory, Config())
+    setattr(state, RUN_ATTRIBUTE, run)
     state.current_stage = StateStage.Execute if executing else StateStage.Prepare
     host = inventory.get_host("wsa")
 

@@ -11,8 +11,12 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
+from operation_harness import a_run, run_arguments
 from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringCommand
 from pyinfra.context import ctx_host, ctx_state
+
+from operations.attempt import RUN_ATTRIBUTE
+from operations.run import Run
 
 
 class FakeHost:
@@ -29,6 +33,7 @@ class FakeHost:
         self.noops: list[str] = []
         self.data = SimpleNamespace(**(data or {}))
         self.current_op_global_arguments: dict[str, Any] = {}
+        self.current_op_hash: str | None = None
 
     def get_fact(self, fact: type, *args: Any, **kwargs: Any) -> Any:
         if fact not in self.facts:
@@ -57,15 +62,18 @@ def describe(command: object) -> str:
 
 
 @contextmanager
-def on(host: FakeHost) -> Iterator[FakeHost]:
+def on(host: FakeHost, run: Run | None = None) -> Iterator[FakeHost]:
+    """Operations called inside run on ``host``, in ``run`` (a new one unless given)."""
     state = SimpleNamespace(cwd=None, inventory=None, config=SimpleNamespace(DIFF=False),
-                            is_executing=True)
+                            is_executing=True, **{RUN_ATTRIBUTE: run or a_run()})
     with ctx_state.use(state), ctx_host.use(host):
         yield host
 
 
 def commands(operation: Callable[..., Iterator[object]], host: FakeHost,
-             **arguments: Any) -> list[str]:
-    """The commands ``operation`` yields on ``host``, as text."""
-    with on(host):
-        return [describe(command) for command in operation._inner(**arguments)]
+             run: Run | None = None, **arguments: Any) -> list[str]:
+    """The commands ``operation`` yields on ``host``, in ``run``, as text."""
+    run = run or a_run()
+    with on(host, run):
+        return [describe(command)
+                for command in operation._inner(**run_arguments(operation, run, arguments))]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from operation_harness import run_operation
+from operation_harness import a_run, run_operation
 from pyinfra.api import OperationError
 from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.runit import RunitManaged, RunitStatus
@@ -290,18 +290,23 @@ def test_an_answer_that_names_no_deployment_proves_no_route() -> None:
 def test_the_route_is_asked_once_per_run_while_the_same_proxy_serves() -> None:
     outage = {"small": completion("large-backend", "1"), "large": completion("large-backend")}
     asked: list[str] = []
+    run = a_run()
     for _ in range(2):
-        assert run_operation(gateway_route.roles_proven, answering(outage, asked=asked),
+        assert run_operation(gateway_route.roles_proven, answering(outage, asked=asked), run=run,
                              proxy=PROXY, fallback=True) == []
     assert asked == ["small", "large"]
     # Another proxy process (restarted with a new config) is asked again.
     assert run_operation(gateway_route.roles_proven, answering(outage, proxy_pid=42, asked=asked),
-                         proxy=PROXY, fallback=True) == []
+                         run=run, proxy=PROXY, fallback=True) == []
     assert asked == ["small", "large"] * 2
+    # So is the same process by another run.
+    assert run_operation(gateway_route.roles_proven, answering(outage, proxy_pid=42, asked=asked),
+                         proxy=PROXY, fallback=True) == []
+    assert asked == ["small", "large"] * 3
     # So is another route: production's small is the Qwen deployment again.
     failed = run_operation(gateway_route.roles_proven, answering(outage, proxy_pid=42, asked=asked),
-                           proxy=PROXY, fallback=False)
-    assert failed and asked == ["small", "large"] * 3
+                           run=run, proxy=PROXY, fallback=False)
+    assert failed and asked == ["small", "large"] * 4
 
 
 def test_a_route_that_does_not_answer_fails_with_the_proxys_own_words() -> None:
@@ -444,7 +449,8 @@ def test_a_proxy_ready_only_on_the_gateways_loopback_fails_verify_from_the_clien
 def test_verify_reads_the_live_routing_again_only_of_another_proxy_process(
         monkeypatch: pytest.MonkeyPatch, pid_at_verify: int, routing_reads: int) -> None:
     monkeypatch.setattr(probes, "get", lambda url, timeout=5.0: probes.Answer(url, 200))
-    monkeypatch.setattr(gateway_route, "roles_problems", lambda proxy, fallback, tokens: [])
+    monkeypatch.setattr(gateway_route, "roles_problems", lambda proxy, fallback, tokens,
+                        proofs: [])
     routing = wanted_routing(PROXY, True)
     converged = converged_gateway(True, routing)
     reads: list[type] = []
@@ -455,9 +461,11 @@ def test_verify_reads_the_live_routing_again_only_of_another_proxy_process(
         if cls is services.ServiceProcess:
             return {"running": True, "pid": pid[0]}
         return routing if cls is ProxyConfig else converged(cls, kwargs)
-    assert run_operation(gateway.proxy, facts, proxy=PROXY, fallback=True) == []
+    run = a_run()
+    assert run_operation(gateway.proxy, facts, run=run, proxy=PROXY, fallback=True) == []
     pid[0] = pid_at_verify
-    assert run_operation(gateway_route.verified, facts, proxy=PROXY, fallback=True) == []
+    assert run_operation(gateway_route.verified, facts, run=run, proxy=PROXY,
+                         fallback=True) == []
     assert reads.count(LiveRouting) == routing_reads
 
 
@@ -473,15 +481,16 @@ def test_verify_asks_each_role_for_real_and_again_of_a_restarted_proxy(
         roles = answering(by_role, proxy_pid=pid, asked=asked)
         return lambda cls, kwargs: (routing if cls in (ProxyConfig, LiveRouting)
                                     else roles(cls, kwargs))
-    assert run_operation(gateway_route.verified, proxy_answering(right, 51), proxy=PROXY,
-                         fallback=False) == []
+    run = a_run()
+    assert run_operation(gateway_route.verified, proxy_answering(right, 51), run=run,
+                         proxy=PROXY, fallback=False) == []
     assert asked == ["small", "large"]
     # The same process is not asked again; a restarted one is, and its answer judged.
     wrong = {**right, "large": completion("small-router")}
-    assert run_operation(gateway_route.verified, proxy_answering(wrong, 51), proxy=PROXY,
-                         fallback=False) == []
-    [failure] = run_operation(gateway_route.verified, proxy_answering(wrong, 52), proxy=PROXY,
-                              fallback=False)
+    assert run_operation(gateway_route.verified, proxy_answering(wrong, 51), run=run,
+                         proxy=PROXY, fallback=False) == []
+    [failure] = run_operation(gateway_route.verified, proxy_answering(wrong, 52), run=run,
+                              proxy=PROXY, fallback=False)
     assert asked == ["small", "large"] * 2
     assert failure == ("fail: gateway layer: role large: it was served by deployment "
                        "'small-router', not 'large-backend' (x-litellm-attempted-fallbacks: 0)")

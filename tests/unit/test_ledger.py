@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from operation_harness import run_operation
+from operation_harness import a_run, run_operation
 from pyinfra.api import OperationError
 from pyinfra.facts.server import KernelVersion
 
@@ -18,6 +18,7 @@ from operations import attempt, driver, ledger
 from operations.driver import CandidateModule, LoadedModule, ModprobeTarget, PeerCapabilities
 from operations.facts import MARKER
 from operations.link import XDomainLink
+from operations.run import Run
 
 INTEL, ASM4242 = "8086:1137", "1b21:2425"
 CANDIDATE_BUILD = "c0ffee" * 6
@@ -31,13 +32,13 @@ def host(name: str, nhi: str, tx_e2e: str | None = None, kernel: str = "6.8.0-49
             "peer_prtcstns": "0x00000007", "rate_gbps": 20.0, "lanes": 1}
 
 
-@pytest.fixture(autouse=True)
-def fresh_run(monkeypatch):
-    monkeypatch.setattr(attempt, "ATTEMPT", attempt.Attempt())
-    monkeypatch.setattr(ledger, "RUN", ledger.Run())
+@pytest.fixture
+def run() -> Run:
+    """A run of its own, as each test is."""
+    return a_run()
 
 
-def test_the_controller_fact_reads_the_nhi_of_the_peers_domain(tmp_path) -> None:
+def test_the_controller_fact_reads_the_nhi_of_the_peers_domain(run, tmp_path) -> None:
     """The command runs here against a sysfs laid out as a real host's, domain1 the peer's."""
     sysfs = tmp_path / "sys"
     for slot, domain, (vendor, device) in (("0000:00:0d.2", 0, ("0x8086", "0x9a1b")),
@@ -87,7 +88,7 @@ def test_a_host_entry_holds_what_the_facts_said_and_none_for_what_they_did_not()
         None, None, None, None)
 
 
-def test_the_identity_is_the_layers_own_facts_read_in_one_command() -> None:
+def test_the_identity_is_the_layers_own_facts_read_in_one_command(run) -> None:
     assert ledger.HostIdentity.members == {
         "controller": ledger.ThunderboltController, "kernel": KernelVersion,
         "module": LoadedModule, "peer": PeerCapabilities, "xdomain": XDomainLink}
@@ -165,25 +166,25 @@ def test_the_ledger_is_appended_and_read_back(tmp_path) -> None:
                                       "property name enclosed in double quotes)"])
 
 
-def test_the_run_is_recorded_once_when_it_ends(tmp_path) -> None:
+def test_the_run_is_recorded_once_when_it_ends(run, tmp_path) -> None:
     path = tmp_path / "ledger.jsonl"
-    ledger.RUN.hosts["wsa"] = host("wsa", INTEL)
-    ledger.keep(attempt.ATTEMPT, str(path), "tp2_e2e", "candidate")
-    ledger.keep(attempt.ATTEMPT, str(path), "tp2_e2e", "candidate")  # the next host's call
-    attempt.ATTEMPT.end(attempt.Ending("rolled_back", "link", NOTHING_CROSSES))
-    attempt.ATTEMPT.end(attempt.Ending("accepted"))
+    run.observed.hosts["wsa"] = host("wsa", INTEL)
+    ledger.keep(run, str(path), "tp2_e2e", "candidate")
+    ledger.keep(run, str(path), "tp2_e2e", "candidate")  # the next host's call
+    run.attempt.end(attempt.Ending("rolled_back", "link", NOTHING_CROSSES))
+    run.attempt.end(attempt.Ending("accepted"))
     [entry] = ledger.read(path)
     assert (entry["state"], entry["driver"], entry["outcome"], entry["layer"], entry["stall"],
             entry["hosts"]) == ("tp2_e2e", "candidate", "rolled_back", "link", True,
                                 [host("wsa", INTEL)])
 
 
-def test_a_dry_run_and_a_refusal_in_it_record_nothing(tmp_path) -> None:
+def test_a_dry_run_and_a_refusal_in_it_record_nothing(run, tmp_path) -> None:
     path = tmp_path / "ledger.jsonl"
-    attempt.ATTEMPT.dry = True
-    ledger.keep(attempt.ATTEMPT, str(path), "tp2_e2e", "candidate")
+    run.attempt.dry = True
+    ledger.keep(run, str(path), "tp2_e2e", "candidate")
     with pytest.raises(OperationError):
-        refused_stock_driver()
+        refused_stock_driver(run)
     assert not path.exists()
 
 
@@ -191,68 +192,71 @@ def no_facts(cls, kwargs):
     raise AssertionError("this step reads no facts")
 
 
-def refused_stock_driver() -> None:
+def refused_stock_driver(run: Run) -> None:
     """Preflight's refusal of a stock driver that modprobe cannot find."""
     def facts(cls, kwargs):
         assert cls is ModprobeTarget
         return None
-    run_operation(driver.admissible, facts, loaded="stock",
+    run_operation(driver.admissible, facts, run=run, loaded="stock",
                   candidate=CandidateModule("/nonexistent.ko", "0" * 64))
 
 
-def test_a_refusal_is_recorded_with_its_layer(tmp_path) -> None:
+def test_a_refusal_is_recorded_with_its_layer(run, tmp_path) -> None:
     path = tmp_path / "ledger.jsonl"
-    ledger.keep(attempt.ATTEMPT, str(path), "tp2_e2e", "candidate")
+    ledger.keep(run, str(path), "tp2_e2e", "candidate")
     with pytest.raises(OperationError):
-        refused_stock_driver()
+        refused_stock_driver(run)
     [entry] = ledger.read(path)
     assert (entry["outcome"], entry["layer"], entry["evidence"]) == (
         "refused", "driver", "wsa: driver layer: modprobe finds no thunderbolt_net module for "
                              "this kernel")
 
 
-def stall_check(tmp_path: Path, pairing: tuple[str, str], force: bool = False) -> list[str]:
-    ledger.RUN.hosts.update(wsa=host("wsa", pairing[0]), wsb=host("wsb", pairing[1]))
-    return run_operation(ledger.no_recorded_stall, no_facts, path=str(tmp_path / "ledger.jsonl"),
+def stall_check(run: Run, tmp_path: Path, pairing: tuple[str, str], force: bool = False
+                ) -> list[str]:
+    run.observed.hosts.update(wsa=host("wsa", pairing[0]), wsb=host("wsb", pairing[1]))
+    return run_operation(ledger.no_recorded_stall, no_facts, run=run,
+                         path=str(tmp_path / "ledger.jsonl"),
                          workstations=["wsa", "wsb"], force=force)
 
 
-def test_preflight_refuses_the_candidate_on_the_seeded_controller(tmp_path) -> None:
+def test_preflight_refuses_the_candidate_on_the_seeded_controller(run, tmp_path) -> None:
     with pytest.raises(OperationError) as refusal:
-        stall_check(tmp_path, (INTEL, ASM4242))
+        stall_check(run, tmp_path, (INTEL, ASM4242))
     message = str(refusal.value)
     assert message.startswith("wsa: driver layer: the candidate's TX E2E has stalled on the "
                               "controller pairing 1b21:2425 + 8086:1137")
     assert "1881f2efbf7f" in message and "force_candidate=yes" in message
-    assert stall_check(tmp_path, (INTEL, INTEL)) == []
-    assert attempt.ATTEMPT.caveats == []
+    assert stall_check(run, tmp_path, (INTEL, INTEL)) == []
+    assert run.attempt.caveats == []
 
 
-def test_forcing_goes_ahead_and_says_so_in_capitals(tmp_path) -> None:
-    assert stall_check(tmp_path, (INTEL, ASM4242), force=True) == []
-    [caveat] = attempt.ATTEMPT.caveats
+def test_forcing_goes_ahead_and_says_so_in_capitals(run, tmp_path) -> None:
+    assert stall_check(run, tmp_path, (INTEL, ASM4242), force=True) == []
+    [caveat] = run.attempt.caveats
     assert caveat.startswith("FORCED: THE CANDIDATE RUNS ON THE CONTROLLER PAIRING "
                              "1b21:2425 + 8086:1137 DESPITE 1 RECORDED STALL(S)")
-    assert ledger.RUN.forced
+    assert run.observed.forced
 
 
-def test_the_pairing_waits_until_both_workstations_are_observed(tmp_path) -> None:
-    ledger.RUN.hosts["wsa"] = host("wsa", ASM4242)
-    assert run_operation(ledger.no_recorded_stall, no_facts, path=str(tmp_path / "l.jsonl"),
+def test_the_pairing_waits_until_both_workstations_are_observed(run, tmp_path) -> None:
+    run.observed.hosts["wsa"] = host("wsa", ASM4242)
+    assert run_operation(ledger.no_recorded_stall, no_facts, run=run,
+                         path=str(tmp_path / "l.jsonl"),
                          workstations=["wsa", "wsb"]) == []
 
 
-def test_a_controller_that_cannot_be_read_still_pairs_with_the_one_that_can(tmp_path) -> None:
-    assert stall_check(tmp_path, (None, INTEL)) == []
+def test_a_controller_that_cannot_be_read_still_pairs_with_the_one_that_can(run, tmp_path) -> None:
+    assert stall_check(run, tmp_path, (None, INTEL)) == []
     with pytest.raises(OperationError, match="pairing 1b21:2425 \\+ unknown"):
-        stall_check(tmp_path, (None, ASM4242))
+        stall_check(run, tmp_path, (None, ASM4242))
 
 
 @pytest.mark.parametrize("bad", ['{"time": "2026-12-01T10:0', '{"state": "tp2_e2e"}', "[1, 2]",
                                  "garbage", '{"time": "t", "state": "s", "driver": "d", '
                                  '"outcome": "o", "stall": false, "hosts": [1]}'],
                          ids=["torn", "no keys", "a list", "not json", "a bad host"])
-def test_a_torn_or_foreign_line_is_skipped_and_the_stall_still_refuses(bad: str,
+def test_a_torn_or_foreign_line_is_skipped_and_the_stall_still_refuses(run, bad: str,
                                                                        tmp_path) -> None:
     path = tmp_path / "ledger.jsonl"
     stall = ledger.record("tp2_e2e", "candidate", "rolled_back",
@@ -270,7 +274,7 @@ def test_a_torn_or_foreign_line_is_skipped_and_the_stall_still_refuses(bad: str,
     assert len(skipped) == 1 and skipped[0].startswith(f"{path}:2: skipped, ")
     with pytest.raises(OperationError, match="has stalled on the controller pairing "
                                              "8086:1137 \\+ 8086:1137"):
-        stall_check(tmp_path, (INTEL, INTEL))
+        stall_check(run, tmp_path, (INTEL, INTEL))
 
 
 APPENDER = """
@@ -329,7 +333,7 @@ def test_records_are_json_lines_with_sorted_keys(tmp_path) -> None:
     assert list(json.loads(line)) == sorted(json.loads(line))
 
 
-def test_the_harness_reads_the_identity_as_the_deploy_does() -> None:
+def test_the_harness_reads_the_identity_as_the_deploy_does(run) -> None:
     """Each member in a section of the harness's own script, run here; nothing nested."""
     entry = SimpleNamespace(data={"candidate_module_name": "thunderbolt_net"})
     queries = matrix.identity_queries(SimpleNamespace(workstations=[entry]))

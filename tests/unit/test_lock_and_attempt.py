@@ -10,12 +10,13 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from operation_harness import run_operation
+from operation_harness import a_run, run_operation
 from pyinfra.api import OperationError, StringCommand
 
 from operations import attempt, link, lock, phase
 from operations.link import RouteInterface
 from operations.lock import HostLock, RunOwner
+from operations.run import Run
 
 OWNER = RunOwner(socket.gethostname(), "root", 4242, "2026-11-29T13:00:00+0000", "tp2_e2e",
                  "0123456789abcdef01234567", lock.boot_here())
@@ -104,11 +105,8 @@ def test_an_owner_of_another_boot_or_machine_is_never_judged_gone() -> None:
 
 
 def test_two_runs_are_two_owners_even_with_one_machine_and_pid() -> None:
-    lock.this_run.cache_clear()
     first = lock.this_run("tp2_e2e")
-    lock.this_run.cache_clear()
     second = lock.this_run("tp2_e2e")
-    lock.this_run.cache_clear()
     assert (first.machine, first.pid) == (second.machine, second.pid) and first != second
     assert RunOwner.parse(first.line()) == first
 
@@ -204,67 +202,75 @@ def test_route_fact_command_names_the_interface_on_this_machine() -> None:
 
 
 @pytest.fixture
-def fresh_attempt(monkeypatch):
-    monkeypatch.setattr(attempt, "ATTEMPT", attempt.Attempt())
-    return attempt.ATTEMPT
+def fresh_attempt() -> attempt.Attempt:
+    """The attempt of a run of its own, which the operations below are given."""
+    return attempt.Attempt()
 
 
 def no_facts(cls, kwargs):
     raise AssertionError("the conclusion reads no facts")
 
 
-def test_a_failing_command_runs_as_pyinfra_runs_it_and_records_the_evidence(
-        fresh_attempt) -> None:
+def test_a_failing_command_runs_as_pyinfra_runs_it_and_records_the_evidence() -> None:
     logged: list[str] = []
     wsb = SimpleNamespace(name="wsb", executing_op_hash="op1",
                           log_styled=lambda message, **_: logged.append(message))
-    command = attempt.failing("link", ["thunderbolt0 has no carrier"])
-    assert command.execute(None, wsb, {}) is False
+    command = attempt.failing(attempt.Layer.LINK, ["thunderbolt0 has no carrier"])
+    pyinfra_state = SimpleNamespace(**{attempt.RUN_ATTRIBUTE: a_run()})
+    assert command.execute(pyinfra_state, wsb, {}) is False
+    fresh_attempt = attempt.of(pyinfra_state)
     assert logged == ["wsb: link layer: thunderbolt0 has no carrier"]
     assert fresh_attempt.messages() == ["wsb: link layer: thunderbolt0 has no carrier"]
     assert fresh_attempt.layers == ["link"]
 
 
 def test_conclusion_is_silent_after_success(fresh_attempt) -> None:
-    assert run_operation(attempt.concluded, no_facts, on_failure="rollback", runner="wsa") == []
+    assert run_operation(attempt.concluded, no_facts, attempt=fresh_attempt,
+                         on_failure="rollback", runner="wsa") == []
 
 
 def test_conclusion_names_the_failure_and_the_restoration(fresh_attempt) -> None:
     fresh_attempt.record("wsa", "op1", "wsa: link layer: the link to wsb trained at 10 Gb/s")
     fresh_attempt.rollback_exit = 0
     with pytest.raises(OperationError) as error:
-        run_operation(attempt.concluded, no_facts, on_failure="rollback", runner="wsa")
+        run_operation(attempt.concluded, no_facts, attempt=fresh_attempt,
+                      on_failure="rollback", runner="wsa")
     assert str(error.value) == ("wsa: link layer: the link to wsb trained at 10 Gb/s | "
                                 "production was restored and verified")
     with pytest.raises(OperationError, match="LEFT AS THEY ARE"):
-        run_operation(attempt.concluded, no_facts, on_failure="stop", runner="wsa")
+        run_operation(attempt.concluded, no_facts, attempt=fresh_attempt,
+                      on_failure="stop", runner="wsa")
     fresh_attempt.rollback_exit = 1
     with pytest.raises(OperationError, match=r"the rollback to production failed too \(exit 1"):
-        run_operation(attempt.concluded, no_facts, on_failure="rollback", runner="wsa")
-    assert run_operation(attempt.concluded, no_facts, on_failure="rollback", runner="gw") == []
+        run_operation(attempt.concluded, no_facts, attempt=fresh_attempt,
+                      on_failure="rollback", runner="wsa")
+    assert run_operation(attempt.concluded, no_facts, attempt=fresh_attempt,
+                         on_failure="rollback", runner="gw") == []
 
 
 def test_the_rollback_runs_once_and_only_after_a_failure(fresh_attempt) -> None:
-    assert run_operation(attempt.rolled_back, no_facts, on_failure="rollback",
-                         runner="wsa") == []
+    assert run_operation(attempt.rolled_back, no_facts, attempt=fresh_attempt,
+                         on_failure="rollback", runner="wsa") == []
     fresh_attempt.record("wsb", "op1", "wsb: link layer: no carrier")
-    assert run_operation(attempt.rolled_back, no_facts, on_failure="stop", runner="wsa") == []
-    assert run_operation(attempt.rolled_back, no_facts, on_failure="rollback",
-                         runner="gw") == []
-    assert run_operation(attempt.rolled_back, no_facts, executing=False,
+    assert run_operation(attempt.rolled_back, no_facts, attempt=fresh_attempt,
+                         on_failure="stop", runner="wsa") == []
+    assert run_operation(attempt.rolled_back, no_facts, attempt=fresh_attempt,
+                         on_failure="rollback", runner="gw") == []
+    assert run_operation(attempt.rolled_back, no_facts, attempt=fresh_attempt,
+                         executing=False,
                          on_failure="rollback", runner="wsa") == []
 
 
 def test_a_data_secret_reaches_the_rollback_in_its_environment_not_its_command_line(
-        fresh_attempt, monkeypatch) -> None:
-    attempt.remember_command_line(parsed([
+        monkeypatch) -> None:
+    fresh_attempt = attempt.Attempt.for_command_line(parsed([
         "inventory.py", "deploy.py", "--data", "state=tp2_e2e",
         "--data", "_sudo_password=hunter2", "--data", "campaign_retries=3",
     ]))
     assert not any("hunter2" in word for word in fresh_attempt.rollback_command)
     # (The inventory reads it back: test_inventory's rollback test; carried_data
     # imports pyinfra's CLI, which monkey-patches whatever process imports it.)
-    environment = attempt.rollback_environment([lock.inheriting(OWNER)])
+    environment = fresh_attempt.rollback_environment([lock.inheriting(OWNER)])
     assert json.loads(environment[attempt.CARRIED_DATA_ENV]) == [
         "_sudo_password=hunter2", "campaign_retries=3", lock.inheriting(OWNER)]
     ran: list[tuple[list[str], dict]] = []
@@ -272,7 +278,8 @@ def test_a_data_secret_reaches_the_rollback_in_its_environment_not_its_command_l
         ran.append((command, options["env"])) or SimpleNamespace(returncode=0)))
     logged: list[str] = []
     fake_host = SimpleNamespace(log_styled=lambda message, **_: logged.append(message))
-    assert attempt.run_rollback(None, fake_host, fresh_attempt.rollback_command,
+    pyinfra_state = SimpleNamespace(**{attempt.RUN_ATTRIBUTE: Run(OWNER, fresh_attempt)})
+    assert attempt.run_rollback(pyinfra_state, fake_host, fresh_attempt.rollback_command,
                                 [lock.inheriting(OWNER)])
     [(command, env)] = ran
     assert "hunter2" not in " ".join(command) + logged[0]
@@ -285,7 +292,8 @@ def test_the_rollback_holds_the_failed_runs_lock_and_leaves_it_to_that_run(fresh
                                                                           ) -> None:
     fresh_attempt.rollback_command = ["pyinfra", "-y", "inventory.py", "deploy.py"]
     fresh_attempt.record("wsb", "op1", "wsb: link layer: no carrier")
-    assert run_operation(attempt.rolled_back, no_facts, on_failure="rollback", runner="wsa",
+    assert run_operation(attempt.rolled_back, no_facts, attempt=fresh_attempt,
+                         on_failure="rollback", runner="wsa",
                          carried=(lock.inheriting(OWNER),)) == ["call run_rollback"]
     # The rollback is the owner it was given: the lock is its own, not another run's.
     inherited = lock.run_owner("production", OWNER.line())
@@ -329,9 +337,9 @@ def parsed(arguments: list[str]) -> dict:
     return json.loads(result.stdout)
 
 
-def test_the_rollback_reaches_the_hosts_as_the_run_did(fresh_attempt) -> None:
+def test_the_rollback_reaches_the_hosts_as_the_run_did() -> None:
     """The rollback is the same command line aimed at production: --sudo and friends too."""
-    attempt.remember_command_line(parsed([
+    fresh_attempt = attempt.Attempt.for_command_line(parsed([
         "--sudo", "--sudo-user", "root", "--ssh-user", "admin", "--ssh-port", "2222",
         "--ssh-key", "/keys/id", "--limit", "workstations", "--limit", "gateway",
         "--ssh-password", "secret", "inventory.py", "deploy.py",
@@ -348,7 +356,8 @@ def test_the_rollback_reaches_the_hosts_as_the_run_did(fresh_attempt) -> None:
     assert (again["inventory"], again["operations"]) == ("inventory.py", ["deploy.py"])
 
 
-def test_a_dry_run_is_remembered_as_one(fresh_attempt) -> None:
-    attempt.remember_command_line(parsed(["inventory.py", "deploy.py", "--dry"]))
+def test_a_dry_run_is_remembered_as_one() -> None:
+    fresh_attempt = attempt.Attempt.for_command_line(parsed(["inventory.py", "deploy.py",
+                                                             "--dry"]))
     assert fresh_attempt.dry
     assert "--sudo" not in fresh_attempt.rollback_command

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from operation_harness import run_operation
+from operation_harness import a_run, run_operation
 from pyinfra.api import OperationError
 from pyinfra.facts.files import Directory
 from pyinfra_fakes import FakeHost, commands, on
@@ -24,6 +24,7 @@ from sglang_router.launch_router import parse_router_args
 from lab.sglang_sim.args import parse_server_args
 from operations import probes, services, serving, serving_router
 from operations.facts import FileDigest, digest
+from operations.probes import Proofs, Proven
 from operations.serving import (
     ACCEPTANCE_TOKENS,
     Sglang,
@@ -413,11 +414,11 @@ def test_a_young_or_serving_replica_is_not_stuck(monkeypatch) -> None:
         {"tp_size": 1, "served_model_name": "qwen", "speculative_algorithm": None}))
     young = FakeHost({services.ServiceProcess: replica_process(seconds=60)})
     with on(young):
-        assert serving.stuck(RANK0, replica_service(RANK0)) == []
+        assert serving.stuck(RANK0, replica_service(RANK0), Proofs()) == []
     assert asked == []  # a server still inside its start bound is not asked
     old = FakeHost({services.ServiceProcess: replica_process(seconds=3600)})
     with on(old):
-        assert serving.stuck(RANK0, replica_service(RANK0)) == []
+        assert serving.stuck(RANK0, replica_service(RANK0), Proofs()) == []
     assert asked == ["http://10.66.0.11:30000"]
 
 
@@ -426,10 +427,14 @@ def test_a_replica_found_serving_is_not_asked_again_by_its_acceptance(monkeypatc
     info = {"tp_size": 1, "served_model_name": "qwen", "speculative_algorithm": None}
     monkeypatch.setattr(serving, "server_info", lambda url: answer(info))
     service = replica_service(RANK0)
+    proofs = Proofs()
     with on(FakeHost({services.ServiceProcess: replica_process(seconds=3600)})):
-        assert serving.stuck(RANK0, service) == []
-        assert serving.server_check(RANK0, service, 1, None, ACCEPTANCE_TOKENS)() == ([], False)
+        assert serving.stuck(RANK0, service, proofs) == []
+        assert serving.server_check(RANK0, service, 1, None, ACCEPTANCE_TOKENS,
+                                    proofs)() == ([], False)
     assert len(asked) == 1
+    # Proven by the replica, on this host, for this very process.
+    assert proofs.pids == {Proven("wsa", service.name): 7}
 
 
 def test_a_replica_whose_server_info_disagrees_is_asked_again_by_its_acceptance(
@@ -438,9 +443,10 @@ def test_a_replica_whose_server_info_disagrees_is_asked_again_by_its_acceptance(
     monkeypatch.setattr(serving, "server_info", lambda url: answer(
         {"tp_size": 2, "served_model_name": "qwen", "speculative_algorithm": None}))
     service = replica_service(RANK0)
+    proofs = Proofs()
     with on(FakeHost({services.ServiceProcess: replica_process(seconds=3600)})):
-        assert serving.stuck(RANK0, service) == []
-        found, _ = serving.server_check(RANK0, service, 1, None, ACCEPTANCE_TOKENS)()
+        assert serving.stuck(RANK0, service, proofs) == []
+        found, _ = serving.server_check(RANK0, service, 1, None, ACCEPTANCE_TOKENS, proofs)()
     assert len(asked) == 2 and "tp_size" in " ".join(found)
 
 
@@ -449,18 +455,24 @@ def test_a_server_is_asked_once_per_run_while_the_same_process_serves(monkeypatc
     monkeypatch.setattr(serving, "server_info", lambda url: answer(
         {"tp_size": 1, "served_model_name": "qwen", "speculative_algorithm": None}))
     service = replica_service(RANK0)
+    proofs = Proofs()
     for pid, expected in ((7, 1), (7, 1), (8, 2)):
         with on(FakeHost({services.ServiceProcess: {**replica_process(60), "pid": pid}})):
-            check = serving.server_check(RANK0, service, 1, None, ACCEPTANCE_TOKENS)
+            check = serving.server_check(RANK0, service, 1, None, ACCEPTANCE_TOKENS, proofs)
             assert check() == ([], False)
         assert len(asked) == expected  # asked again only of another process
+    # Another run proves the same process again.
+    with on(FakeHost({services.ServiceProcess: {**replica_process(60), "pid": 8}})):
+        serving.server_check(RANK0, service, 1, None, ACCEPTANCE_TOKENS, Proofs())()
+    assert len(asked) == 3
 
 
 def test_an_old_replica_that_serves_nothing_is_stuck(monkeypatch) -> None:
     monkeypatch.setattr(probes, "chat_completion", lambda *args, **kwargs: probes.Answer(
         "http://10.66.0.11:30000/v1/chat/completions", error="no answer within 30s"))
     with on(FakeHost({services.ServiceProcess: replica_process(seconds=3600)})):
-        assert "no answer within 30s" in serving.stuck(RANK0, replica_service(RANK0))[0]
+        assert "no answer within 30s" in serving.stuck(RANK0, replica_service(RANK0),
+                                                       Proofs())[0]
 
 
 def test_the_tp_ranks_are_start_only_and_the_replicas_start_at_boot() -> None:
@@ -488,17 +500,20 @@ def test_verify_names_a_service_the_state_does_not_run_and_proves_the_replica_on
     monkeypatch.setattr(serving, "server_info", lambda url: answer(
         {"tp_size": 1, "served_model_name": "qwen", "speculative_algorithm": None}))
     replicas = {"sglang": RANK0, "serving": "replicas", "speculative": None}
+    run = a_run()
     [failure] = run_operation(serving.verified,
-                              serving_facts(["sglang-replica", "sglang-tp2-rank0"]), **replicas)
+                              serving_facts(["sglang-replica", "sglang-tp2-rank0"]), run=run,
+                              **replicas)
     assert failure.startswith("fail: serving layer: sglang-tp2-rank0 runs, but the state runs "
                               "sglang-replica here")
     assert "Uvicorn running" in failure  # the replica's log is the evidence's tail
     assert len(asked) == 1
     # The same process served a real completion earlier in this run: not asked again.
-    assert run_operation(serving.verified, serving_facts(["sglang-replica"]), **replicas) == []
+    assert run_operation(serving.verified, serving_facts(["sglang-replica"]), run=run,
+                         **replicas) == []
     assert len(asked) == 1
     # Another process (restarted since) is asked.
-    assert run_operation(serving.verified, serving_facts(["sglang-replica"], pid=8),
+    assert run_operation(serving.verified, serving_facts(["sglang-replica"], pid=8), run=run,
                          **replicas) == []
     assert len(asked) == 2
 
