@@ -138,7 +138,7 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
             name="Gateway: a forced fallback through small is served by large", proxy=proxy)
 
     # 3. Serving: stop what the target does not run; a GPU holds a replica or a rank, never both.
-    if state.serving == "tp2":
+    if state.tensor_parallel:
         serving_router.router(name="Serving: the router stops with the replicas", router=router,
                        present=False)
         serving.replica(name="Serving: the replicas are stopped", sglang=sglang,
@@ -177,7 +177,7 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
                      needed=state.uses_link, **the_link)
 
     # 6. Serving: start the target's servers; only a real completion accepts them.
-    if state.serving == "tp2":
+    if state.tensor_parallel:
         serving.tp_rank(name="Serving: the TP ranks run", sglang=sglang,
                         speculative=state.speculative)
         serving.tp_accepted(name="Serving: rank 0 serves a real completion as declared",
@@ -210,10 +210,10 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
                      sglang=sglang, serving=state.serving, speculative=state.speculative,
                      proofs=run.proofs)
     serving_router.router_verified(
-        name="Verify: the router " + ("serves" if state.serving == "replicas" else "is stopped"),
+        name="Verify: the router " + ("is stopped" if state.tensor_parallel else "serves"),
         router=router,
         proofs=run.proofs,
-        present=state.serving == "replicas",
+        present=not state.tensor_parallel,
     )
     gateway_route.verified(name=f"Verify: the gateway routes as {state.name} declares",
                            proxy=proxy, fallback=state.gateway_fallback, proofs=run.proofs)

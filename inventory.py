@@ -12,11 +12,10 @@ between its hosts; the rest is ``group_data/``.
 """
 
 import os
-from pathlib import Path
 
 from operations.attempt import carried_data
 from operations.connect import nodelay_data
-from operations.site import SITE_ENV, load_site, sudo_data
+from operations.site import SITE_ENV, load_site, sudo_data, tp_group_data
 
 if os.environ.get(SITE_ENV):
     _site = load_site(os.environ[SITE_ENV])
@@ -24,38 +23,35 @@ if os.environ.get(SITE_ENV):
     gateway = _site.gateway_hosts()
 
 else:
-    # `python -m lab up` creates these files; the lab's own topology honours the
-    # same TWINBOLT_LAB_STATE override.
-    _LAB = Path(os.environ.get("TWINBOLT_LAB_STATE", Path(__file__).resolve().parent / ".lab"))
-    _CANDIDATE = _LAB / "modules" / "candidate" / "thunderbolt_net.ko"
+    # The lab's hosts as lab/topology.py makes them; `python -m lab up` creates
+    # these files, and both honour the same TWINBOLT_LAB_STATE override.
+    from lab import topology as _lab
+
+    _CANDIDATE = _lab.STATE / "modules" / "candidate" / "thunderbolt_net.ko"
     _CANDIDATE_SHA256 = _CANDIDATE.with_name(_CANDIDATE.name + ".sha256")
+    _SSH_PORT = 22
+    _LINKS = [host.link_address for host in _lab.WORKSTATIONS]
 
     # As on a real site, some hosts are reached as an unprivileged admin account
     # with passwordless sudo (the lab's `twinbolt`, a real sudoers entry), one as root.
-    _OPERATOR = "twinbolt"
-    _SSH_PORT = 22
-
-    def _lab_ssh(address: str, user: str = "root") -> dict[str, object]:
+    def _lab_ssh(host: _lab.LabHost) -> dict[str, object]:
         return {
-            "ssh_hostname": address,
-            "ssh_user": user,
+            "ssh_hostname": host.management_address,
+            "ssh_user": host.ssh_user,
             "ssh_port": _SSH_PORT,
-            "ssh_key": str(_LAB / "ssh" / "id_ed25519"),
-            "ssh_known_hosts_file": str(_LAB / "ssh" / "known_hosts"),
+            "ssh_key": str(_lab.STATE / "ssh" / "id_ed25519"),
+            "ssh_known_hosts_file": str(_lab.STATE / "ssh" / "known_hosts"),
             "ssh_strict_host_key_checking": "yes",
-            **sudo_data(user != "root"),
-            **nodelay_data(address, _SSH_PORT),
+            **sudo_data(host.ssh_user != "root"),
+            **nodelay_data(host.management_address, _SSH_PORT),
         }
 
-    def _lab_workstation(rank: int, address: str, link: str, peer_link: str,
-                         user: str = "root") -> dict[str, object]:
+    def _lab_workstation(rank: int, host: _lab.LabHost) -> dict[str, object]:
         return {
-            **_lab_ssh(address, user),
-            "rank": rank,
-            "thunderbolt_address": link,
-            "peer_thunderbolt_address": peer_link,
+            **_lab_ssh(host),
+            **tp_group_data(_LINKS, rank),
             "candidate_path": str(_CANDIDATE),
-            "ledger_path": str(_LAB / "ledger.jsonl"),
+            "ledger_path": str(_lab.STATE / "ledger.jsonl"),
             # Until the lab has built the candidate there is no checksum; the
             # driver layer reports that, the inventory must still load.
             "candidate_sha256": (
@@ -65,12 +61,10 @@ else:
             ),
         }
 
-    workstations = [
-        ("wsa", _lab_workstation(0, "10.66.0.11", "169.254.77.1", "169.254.77.2", _OPERATOR)),
-        ("wsb", _lab_workstation(1, "10.66.0.12", "169.254.77.2", "169.254.77.1")),
-    ]
-    gateway = [("gw", _lab_ssh("10.66.0.13", _OPERATOR))]
-    lab = ["wsa", "wsb", "gw"]
+    workstations = [(host.name, _lab_workstation(rank, host))
+                    for rank, host in enumerate(_lab.WORKSTATIONS)]
+    gateway = [(host.name, _lab_ssh(host)) for host in _lab.HOSTS if not host.workstation]
+    lab = [host.name for host in _lab.HOSTS]
 
 # A rollback's --data, carried by the run that started it (operations/attempt.py):
 # host data, which wins over group data as --data does.

@@ -190,10 +190,10 @@ def gateway_reading(entry: Any) -> list[remote.Query]:
 
 async def server_probes(topology: Topology, state: State) -> dict[str, tuple[Any, Any]]:
     """Each server clients reach: a bounded completion, and rank 0's ``/server_info``."""
-    model = topology.workstations[0].data["serving_served_model_name"]
+    model = topology.served_model_name
     urls = [server_url(entry) for entry in topology.workstations]
-    if state.serving == "tp2":
-        urls = urls[:1]
+    if state.tensor_parallel:
+        urls = [server_url(topology.rank0)]
     elif topology.gateway:
         data = topology.gateway.data
         urls.append(f"http://{data['ssh_hostname']}:{data['gateway_roles_router_port']}")
@@ -201,7 +201,7 @@ async def server_probes(topology: Topology, state: State) -> dict[str, tuple[Any
     def probe(url: str) -> tuple[Any, Any]:
         answer = probes.chat_completion(url, model, PROBE_TOKENS, timeout=PROBE_TIMEOUT_SECONDS)
         info = (probes.get(f"{url}/server_info", timeout=PROBE_TIMEOUT_SECONDS)
-                if state.serving == "tp2" else None)
+                if state.tensor_parallel else None)
         return answer, info
 
     answers = await asyncio.gather(*(asyncio.to_thread(probe, url) for url in urls))
@@ -241,7 +241,8 @@ def route_rung(gateway: remote.Reading | None, state: State) -> Rung:
     return rung
 
 
-def serving_rung(answers: dict[str, tuple[Any, Any]], state: State, model: str) -> Rung:
+def serving_rung(answers: dict[str, tuple[Any, Any]], state: State, model: str,
+                 tp_size: int) -> Rung:
     rung = Rung(2, "serving")
     for url, (answer, info) in answers.items():
         found = probes.completion_problems(answer, PROBE_TOKENS)
@@ -250,8 +251,8 @@ def serving_rung(answers: dict[str, tuple[Any, Any]], state: State, model: str) 
             rung.saw(f"{url}: " + "; ".join(found), FAIL)
             continue
         rung.saw(f"{url}: {PROBE_TOKENS} tokens in {answer.seconds:.2f}s")
-        if state.serving == "tp2":
-            for problem in server_info_problems(info.body, 2, state.speculative, model):
+        if state.tensor_parallel:
+            for problem in server_info_problems(info.body, tp_size, state.speculative, model):
                 rung.saw(f"{url}: {problem}", FAIL)
     return rung
 
@@ -284,7 +285,7 @@ def ranks_rung(topology: Topology, first: dict[str, remote.Reading]) -> Rung:
 def sockets_rung(topology: Topology, state: State, first: dict[str, remote.Reading],
                  second: dict[str, remote.Reading]) -> Rung:
     rung = Rung(4, "sockets")
-    if state.serving != "tp2":
+    if not state.tensor_parallel:
         rung.saw(f"{state.name} runs no TP group", SKIP)
         return rung
     for entry, before, after in readable(rung, topology, first, second):
@@ -416,10 +417,9 @@ async def diagnose(topology: Topology) -> Diagnosis:
     second = await remote.read_all({entry: second_reading(entry)
                                     for entry in topology.workstations},
                                    topology.ssh_config)
-    model = topology.workstations[0].data["serving_served_model_name"]
     rungs = [
         route_rung(gateway.get(topology.gateway.name) if topology.gateway else None, state),
-        serving_rung(answers, state, model),
+        serving_rung(answers, state, topology.served_model_name, topology.tp_size),
         ranks_rung(topology, first),
         sockets_rung(topology, state, first, second),
         interface_rung(topology, state, first, second),

@@ -26,7 +26,7 @@ from operations.gateway import LiveRouting, ProxyConfig, fallback_present
 from operations.link import InterfaceState, XDomainLink, trained_rate
 from operations.services import RunningServices
 from operations.serving import ROUTER, SGLANG_SERVICES, server_info, serving_of, speculative_of
-from operations.states import LAYERS, STATES, Speculative, State
+from operations.states import LAYERS, STATES, Serving, Speculative, State
 
 
 @dataclass(frozen=True)
@@ -256,9 +256,9 @@ def serving_layer(topology: Topology, readings: dict[str, remote.Reading],
                      f"{ROUTER} {'running' if router else 'stopped'}"))
     value = agreed(shape, "serving")
     # The router belongs to the replicas: it runs with them and only with them.
-    if value == "replicas" and not router:
+    if value == Serving.REPLICAS and not router:
         return Unknown(f"replicas without {ROUTER}")
-    if value == "tp2" and router:
+    if value == Serving.TENSOR_PARALLEL and router:
         return Unknown(f"TP ranks with {ROUTER} still running")
     return value
 

@@ -52,13 +52,28 @@ class Topology:
         return cls(tuple(in_group(entries, "workstations")),
                    gateways[0] if gateways else None, path)
 
+    @property
+    def rank0(self) -> InventoryEntry:
+        """The TP group's rank 0: the one rank clients reach, and the rendezvous."""
+        return self.workstations[0]
+
+    @property
+    def tp_size(self) -> int:
+        """The TP group's size, as the site gives it to every workstation."""
+        return self.rank0.data["tp_size"]
+
+    @property
+    def served_model_name(self) -> str:
+        """The model every server serves: a site-wide setting, read from any workstation."""
+        return self.workstations[0].data["serving_served_model_name"]
+
     def endpoint(self, state: State) -> Endpoint:
         """The serving endpoint of ``state``, from the inventory's addresses and ports."""
+        model = self.served_model_name
+        if state.tensor_parallel:
+            rank0 = server_url(self.rank0)
+            return Endpoint(rank0, model, (rank0,), f"TP rank 0 on {self.rank0.name}")
         servers = tuple(server_url(entry) for entry in self.workstations)
-        model = self.workstations[0].data["serving_served_model_name"]
-        if state.serving == "tp2":
-            rank0 = self.workstations[0]
-            return Endpoint(servers[0], model, servers[:1], f"TP rank 0 on {rank0.name}")
         if self.gateway is None:
             raise ValueError("the inventory has no gateway: production is served by its router")
         data = self.gateway.data

@@ -4,16 +4,17 @@ sglang-router, is ``operations/serving_router.py``).
 
 ``production`` runs one single-GPU replica per workstation (``sglang-replica``)
 behind sglang-router on the gateway (``sglang-router``). The TP states run one
-server split across both workstations: ``sglang-tp2-rank0`` on the first,
-``sglang-tp2-rank1`` on the second, NCCL and Gloo pinned to the Thunderbolt
+server split across the workstations, one rank each: ``sglang-tp2-rank0`` on the
+first, ``sglang-tp2-rank1`` on the second, NCCL and Gloo pinned to the Thunderbolt
 interface. A GPU holds a replica or a rank, never both: replicas stop before
 ranks start and ranks stop before replicas start.
 
 A server is accepted only by a real chat completion of the requested length,
 asked from the machine running pyinfra (see ``operations/probes.py``), and for
-TP only from rank 0, whose ``/server_info`` must also report ``tp_size`` 2 and
-the declared speculative settings (NEXTN is reported as EAGLE). Rank 1 is never
-probed: its ``/health`` is a dummy that always answers 200.
+TP only from rank 0, whose ``/server_info`` must also report the group's
+``tp_size`` (one rank a workstation of the site) and the declared speculative
+settings (NEXTN is reported as EAGLE). The other ranks are never probed: their
+``/health`` is a dummy that always answers 200.
 
 The SGLang version is read by importing the package that provides the server
 module with the service's own interpreter and working directory and printing
@@ -76,15 +77,18 @@ class Sglang:
     SGLang on one workstation, as the site describes it (host data ``serving_*``).
 
     ``address`` is where the router, the acceptance probes and clients reach the
-    server: the host's ``ssh_hostname``. ``link_address`` and
-    ``peer_link_address`` are this host's and its peer's addresses on the
-    Thunderbolt link, where the TP group meets and talks.
+    server: the host's ``ssh_hostname``. ``link_address``, ``peer_link_address``
+    and ``rank0_link_address`` are this host's, its peer's and rank 0's
+    addresses on the Thunderbolt link, where the TP group meets and talks;
+    ``tp_size`` is the group's size, one rank a workstation of the site.
     """
 
     address: str
     rank: int
+    tp_size: int
     link_address: str
     peer_link_address: str
+    rank0_link_address: str
     interface: str
     python: str
     module: str
@@ -108,12 +112,13 @@ class Sglang:
     def from_host(cls, workstation: Host) -> Sglang:
         """Read a workstation's host data (any inventory host, not only the current one)."""
         data = workstation.data
-        rank = data.rank
         return cls(
             address=data.get("ssh_hostname") or workstation.name,
-            rank=rank,
+            rank=data.rank,
+            tp_size=data.tp_size,
             link_address=data.thunderbolt_address,
             peer_link_address=data.peer_thunderbolt_address,
+            rank0_link_address=data.rank0_thunderbolt_address,
             interface=data.link_interface,
             python=data.serving_python,
             module=data.serving_sglang_module,
@@ -140,10 +145,6 @@ class Sglang:
     @property
     def tp_rank_name(self) -> str:
         return TP_RANKS[self.rank]
-
-    @property
-    def rank0_link_address(self) -> str:
-        return self.link_address if self.rank == 0 else self.peer_link_address
 
 
 def server_command(sglang: Sglang) -> list[str]:
@@ -214,7 +215,7 @@ def replica_service(sglang: Sglang) -> Service:
 
 
 def tp_rank_service(sglang: Sglang, speculative: Speculative | None) -> Service:
-    """This workstation's rank of the two-node TP server."""
+    """This workstation's rank of the TP server, one node and one GPU a workstation."""
     return Service(
         name=sglang.tp_rank_name,
         description=(
@@ -223,8 +224,9 @@ def tp_rank_service(sglang: Sglang, speculative: Speculative | None) -> Service:
         ),
         command=[
             *server_command(sglang),
-            "--tp-size", "2",
-            "--nnodes", "2",
+            # One GPU a workstation: as many nodes as ranks.
+            "--tp-size", str(sglang.tp_size),
+            "--nnodes", str(sglang.tp_size),
             "--node-rank", str(sglang.rank),
             "--dist-init-addr", f"{sglang.rank0_link_address}:{sglang.dist_init_port}",
             *speculative_args(speculative, sglang.draft_model_path),
@@ -353,15 +355,15 @@ def process_problems(process: dict, service: Service, argv: bool = True) -> list
 
 def service_for(serving: Serving, rank: int) -> str:
     """The SGLang service a workstation of rank ``rank`` runs for ``serving``."""
-    return REPLICA if serving == "replicas" else TP_RANKS[rank]
+    return REPLICA if serving == Serving.REPLICAS else TP_RANKS[rank]
 
 
 def serving_of(running: list[str], rank: int) -> Serving | None:
     """
     The serving layer's judge on one workstation, from its running SGLang
-    services: ``replicas`` or ``tp2`` when exactly that one runs; ``None`` else.
+    services: the :class:`Serving` whose service alone runs; ``None`` else.
     """
-    return next((serving for serving in ("replicas", "tp2")
+    return next((serving for serving in Serving
                  if running == [service_for(serving, rank)]), None)
 
 
@@ -417,7 +419,7 @@ def server_info(url: str) -> probes.Answer:
 
 
 def tp_log_tails() -> str:
-    """Both ranks' logs: a TP failure is often visible only on the other rank."""
+    """Every rank's log: a TP failure is often visible only on another rank."""
     return log_tails([
         (workstation, TP_RANKS[workstation.data.rank], workstation.data.serving_init_system)
         for workstation in inventory.get_group("workstations")
@@ -585,7 +587,7 @@ def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative
         serving.admissible(
             name="Preflight: SGLang can serve tp2_e2e here",
             sglang=Sglang.from_host(host),
-            serving="tp2",
+            serving=Serving.TENSOR_PARALLEL,
             speculative=NEXTN_3_1_4,
         )
     """
@@ -597,14 +599,15 @@ def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative
     if speculative and sglang.draft_model_path:
         if not host.get_fact(Directory, path=sglang.draft_model_path):
             found.append(f"the draft weights {sglang.draft_model_path} are not on this host")
-    needs_minimum = serving == "tp2" and speculative is not None
+    tensor_parallel = serving == Serving.TENSOR_PARALLEL
+    needs_minimum = tensor_parallel and speculative is not None
     if needs_minimum or sglang.quantization:
         version = host.get_fact(SglangVersion, python=sglang.python, module=sglang.module,
                                 working_directory=sglang.working_directory, user=sglang.user)
         if needs_minimum:
             found += version_problems(version, sglang.min_version)
         found += quantization_problems(version, sglang.quantization, sglang.python)
-    if serving == "tp2":
+    if tensor_parallel:
         running = host.get_fact(services.RunningServices, prefix=REPLICA,
                                 init_system=sglang.init_system)
         if REPLICA in running:
@@ -654,7 +657,7 @@ def replica(sglang: Sglang | None, proofs: Proofs,
 def tp_rank(sglang: Sglang | None, speculative: Speculative | None = None, present: bool = True,
             restarted: bool = False) -> Iterator[PyinfraCommand]:
     """
-    Run, or stop, this workstation's rank of the two-node TP server.
+    Run, or stop, this workstation's rank of the TP server.
 
     The rank is the host's ``rank``; rank 0 hosts the rendezvous on its link
     address. A rank of the other number left on this host is stopped too.
@@ -693,8 +696,8 @@ def tp_rank_stopped_for_change(sglang: Sglang | None,
     one whose driver is to change is stopped by ``tp_rank(present=False)`` under
     the driver layer's ``swap_planned``, in deploy.py.
 
-    Both ranks stop in this step and start together later: restarting a running
-    group rank by rank races, each new rank losing the other's old one.
+    Every rank stops in this step and they start together later: restarting a
+    running group rank by rank races, each new rank losing the others' old ones.
 
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
     + speculative: the target state's speculative decoder, or ``None``
@@ -759,8 +762,8 @@ def tp_accepted(sglang: Sglang | None, proofs: Proofs, speculative: Speculative 
                 tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Accept the TP server only by rank 0: a real completion of ``tokens`` tokens,
-    and ``/server_info`` reporting ``tp_size`` 2 and ``speculative``. Rank 1 is
-    never probed; its ``/health`` always answers 200.
+    and ``/server_info`` reporting the group's ``tp_size`` and ``speculative``.
+    The other ranks are never probed; their ``/health`` always answers 200.
 
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
     + proofs: the run's :class:`~operations.probes.Proofs`
@@ -777,11 +780,11 @@ def tp_accepted(sglang: Sglang | None, proofs: Proofs, speculative: Speculative 
     if elsewhere(sglang, "workstation"):
         return
     if sglang.rank != 0:
-        host.noop("rank 1 is accepted through rank 0, never by its own dummy /health")
+        host.noop(f"rank {sglang.rank} is accepted through rank 0, never by its own dummy /health")
         return
     service = tp_rank_service(sglang, speculative)
-    serves = server_check(sglang, service, tp_size=2, speculative=speculative, tokens=tokens,
-                          proofs=proofs)
+    serves = server_check(sglang, service, tp_size=sglang.tp_size, speculative=speculative,
+                          tokens=tokens, proofs=proofs)
     over_the_link = transport_check(sglang, service, tokens)
 
     def check(seconds_left: float = probes.REQUEST_TIMEOUT_SECONDS) -> tuple[list[str], bool]:
@@ -789,7 +792,7 @@ def tp_accepted(sglang: Sglang | None, proofs: Proofs, speculative: Speculative 
         return (found, worth_waiting) if found else over_the_link(seconds_left)
 
     yield from accept(
-        f"TP rank 0 at {sglang.url} serves a real completion as tp_size 2 over "
+        f"TP rank 0 at {sglang.url} serves a real completion as tp_size {sglang.tp_size} over "
         f"{sglang.interface}",
         check,
         sglang.start_timeout,
@@ -819,7 +822,7 @@ def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative |
     .. code:: python
 
         serving.verified(name="Verify: serving", sglang=Sglang.from_host(host),
-                         serving="replicas", speculative=None, proofs=run.proofs)
+                         serving=Serving.REPLICAS, speculative=None, proofs=run.proofs)
     """
     if elsewhere(sglang, "workstation"):
         return
@@ -828,15 +831,16 @@ def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative |
         return
     running = host.get_fact(services.RunningServices, prefix=SGLANG_SERVICES,
                             init_system=sglang.init_system)
-    if serving == "replicas":
+    tensor_parallel = serving == Serving.TENSOR_PARALLEL
+    if tensor_parallel:
+        wanted = tp_rank_service(sglang, speculative)
+        check = server_check(sglang, wanted, sglang.tp_size, speculative, tokens, proofs)
+    else:
         wanted = replica_service(sglang)
         check = server_check(sglang, wanted, 1, None, tokens, proofs)
-    else:
-        wanted = tp_rank_service(sglang, speculative)
-        check = server_check(sglang, wanted, 2, speculative, tokens, proofs)
     found = [f"{name} runs, but the state runs {wanted.name} here"
              for name in running if name != wanted.name]
-    if serving == "tp2" and sglang.rank != 0:
+    if tensor_parallel and sglang.rank != 0:
         found += process_problems(
             host.get_fact(ServiceProcess, service=wanted.name, init_system=sglang.init_system,
                           variables=tuple(wanted.environment)),
@@ -845,7 +849,7 @@ def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative |
     else:
         found += check()[0]
     if found:
-        yield failing(LAYER, [*found, tp_log_tails() if serving == "tp2"
+        yield failing(LAYER, [*found, tp_log_tails() if tensor_parallel
                               else log_tails([(host, wanted.name, sglang.init_system)])])
         return
     host.noop(f"this workstation serves {serving} as declared")

@@ -17,6 +17,7 @@ site as flat pyinfra host data: TOML ``[section] key`` becomes ``section_key``
 import os
 import re
 import tomllib
+from collections.abc import Sequence
 from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -314,10 +315,24 @@ class Ledger(_Section):
     path: LocalPath = Path("~/.local/state/twinbolt/ledger.jsonl")
 
 
-class Site(_Section):
-    """A whole site: two workstations (rank 0 first), a gateway and their settings."""
+# The Thunderbolt link is one cable, and a cable joins two hosts: the only
+# place the workstations are counted. The TP group's size and each host's
+# peers are read from the site (tp_group_data).
+CABLE_ENDS = 2
 
-    workstations: Annotated[list[Workstation], Field(min_length=2, max_length=2)]
+
+def _one_cable(workstations: list[Workstation]) -> list[Workstation]:
+    if len(workstations) != CABLE_ENDS:
+        raise ValueError(
+            f"must be exactly {CABLE_ENDS}, not {len(workstations)}: the Thunderbolt link "
+            "is one cable, and a cable has two ends")
+    return workstations
+
+
+class Site(_Section):
+    """A whole site: the workstations (rank 0 first), a gateway and their settings."""
+
+    workstations: Annotated[list[Workstation], AfterValidator(_one_cable)]
     gateway: Host
     ssh: Ssh = Field(default_factory=Ssh)
     link: Link = Field(default_factory=Link)
@@ -331,12 +346,13 @@ class Site(_Section):
         names = [host.name for host in (*self.workstations, self.gateway)]
         if len(set(names)) != len(names):
             raise ValueError(f"host names must be distinct, got {', '.join(names)}")
-        if self.workstations[0].thunderbolt_address == self.workstations[1].thunderbolt_address:
+        addresses = [workstation.thunderbolt_address for workstation in self.workstations]
+        if len(set(addresses)) != len(addresses):
             raise ValueError("the workstations' thunderbolt_address values must differ")
         return self
 
     def workstation_hosts(self) -> list[tuple[str, dict[str, Any]]]:
-        """The ``workstations`` inventory group, rank 0 first, each with its peer's address."""
+        """The ``workstations`` inventory group, rank 0 first, each with its TP group's data."""
 
         shared = {
             **_flat("link", self.link.model_dump(mode="json")),
@@ -344,17 +360,14 @@ class Site(_Section):
             **_flat("serving", self.serving.model_dump(mode="json")),
             **_flat("ledger", self.ledger.model_dump(mode="json")),
         }
+        links = [str(workstation.thunderbolt_address) for workstation in self.workstations]
         return [
             (
                 workstation.name,
                 {
                     **self._ssh_data(workstation),
-                    "rank": rank,
-                    "thunderbolt_address": str(workstation.thunderbolt_address),
+                    **tp_group_data(links, rank),
                     "serving_listen_address": str(workstation.listen_address),
-                    "peer_thunderbolt_address": str(
-                        self.workstations[1 - rank].thunderbolt_address
-                    ),
                     **shared,
                 },
             )
@@ -386,6 +399,25 @@ class Site(_Section):
             **sudo_data(host.sudo),
             **nodelay_data(host.ssh_hostname, host.ssh_port),
         }
+
+
+def tp_group_data(link_addresses: Sequence[str], rank: int) -> dict[str, Any]:
+    """
+    The host data a workstation of ``rank`` finds its TP group by, from every
+    workstation's link address, rank 0 first: the group's size (one rank a
+    workstation), this host's address, where rank 0 holds the rendezvous, and
+    the peer across the cable. The site and the embedded lab both build it here.
+    """
+    peers = [address for other, address in enumerate(link_addresses) if other != rank]
+    # One cable, so one peer (CABLE_ENDS): the link layer proves the cable to it.
+    (peer,) = peers
+    return {
+        "rank": rank,
+        "tp_size": len(link_addresses),
+        "thunderbolt_address": link_addresses[rank],
+        "rank0_thunderbolt_address": link_addresses[0],
+        "peer_thunderbolt_address": peer,
+    }
 
 
 def sudo_data(sudo: bool) -> dict[str, bool]:

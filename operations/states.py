@@ -7,6 +7,7 @@ mean the same thing by a state's name, and so that "change one layer at a time"
 exactly in the layers :func:`layers_changed` returns.
 """
 
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -32,8 +33,18 @@ class Speculative(_Value):
     num_draft_tokens: int
 
 
-# What a state serves: one replica per workstation behind the router, or one TP2 server.
-Serving = Literal["replicas", "tp2"]
+class Serving(StrEnum):
+    """
+    What a state serves: one replica per workstation behind the router, or one
+    server split across every workstation (a TP group of one rank each).
+
+    The one place a mode is spelled: code compares members, never the strings,
+    which are only what the reports and the status show. ``tp2`` names the mode
+    as the field report does; the group's size is the site's to say.
+    """
+
+    REPLICAS = "replicas"
+    TENSOR_PARALLEL = "tp2"
 
 # The field report's setting, written "NEXTN 3/1/4" in DESIGN.md.
 NEXTN_3_1_4 = Speculative(algorithm="NEXTN", num_steps=3, eagle_topk=1, num_draft_tokens=4)
@@ -46,11 +57,11 @@ class State(_Value):
     + driver: ``stock`` (the distribution's ``thunderbolt_net``) or ``candidate``
       (the pinned out-of-tree module, loaded with ``tx_e2e=1``)
     + serving: ``replicas`` (one single-GPU server per workstation, behind the
-      router) or ``tp2`` (one server split across both workstations)
+      router) or ``tp2`` (one server split across the workstations)
     + speculative: the speculative decoder's settings, or ``None`` for none
 
     Everything else is derived from these three, never declared beside them:
-    a TP2 state is the one that uses the link and the one whose replicas are
+    a TP state is the one that uses the link and the one whose replicas are
     down, so the gateway's temporary fallback follows from ``serving``.
     """
 
@@ -60,9 +71,14 @@ class State(_Value):
     speculative: Speculative | None
 
     @property
+    def tensor_parallel(self) -> bool:
+        """Whether the state serves one TP group rather than the replicas."""
+        return self.serving == Serving.TENSOR_PARALLEL
+
+    @property
     def uses_link(self) -> bool:
         """Only a TP group talks across the Thunderbolt link; the replicas never do."""
-        return self.serving == "tp2"
+        return self.tensor_parallel
 
     @property
     def gateway_fallback(self) -> bool:
@@ -70,7 +86,7 @@ class State(_Value):
         Whether the gateway carries the temporary general fallback ``small ->
         large``: exactly while the replicas that serve ``small`` are down.
         """
-        return self.serving == "tp2"
+        return self.tensor_parallel
 
 
 # The axes a state is declared by, in DESIGN.md's order, which is also the order
@@ -85,19 +101,19 @@ STATES: dict[str, State] = {
         State(
             name="production",
             driver="stock",
-            serving="replicas",
+            serving=Serving.REPLICAS,
             speculative=None,
         ),
         State(
             name="tp2_stock",
             driver="stock",
-            serving="tp2",
+            serving=Serving.TENSOR_PARALLEL,
             speculative=NEXTN_3_1_4,
         ),
         State(
             name="tp2_e2e",
             driver="candidate",
-            serving="tp2",
+            serving=Serving.TENSOR_PARALLEL,
             speculative=NEXTN_3_1_4,
         ),
         # The two _nospec states are the matched controls the field report lacked:
@@ -105,13 +121,13 @@ STATES: dict[str, State] = {
         State(
             name="tp2_stock_nospec",
             driver="stock",
-            serving="tp2",
+            serving=Serving.TENSOR_PARALLEL,
             speculative=None,
         ),
         State(
             name="tp2_e2e_nospec",
             driver="candidate",
-            serving="tp2",
+            serving=Serving.TENSOR_PARALLEL,
             speculative=None,
         ),
     )

@@ -174,3 +174,18 @@ def test_the_sockets_rung_leaves_a_real_groups_own_connections_aside() -> None:
     assert any("wsa: the TP group's transport is not thunderbolt0: its connections "
                "10.66.0.11:41000 -> 10.66.0.12:38000 run outside" in line
                for line in rung.evidence)
+
+
+def test_rank_0_must_report_the_groups_size_as_the_site_gives_it() -> None:
+    served = Answer("http://10.0.0.1:30000/v1/chat/completions", 200,
+                    {"choices": [{"message": {"content": "a b c d e f g h"}}],
+                     "usage": {"completion_tokens": 8}}, {}, None, 0.2)
+    info = Answer("http://10.0.0.1:30000/server_info", 200,
+                  {"tp_size": 2, "served_model_name": "qwen", "speculative_algorithm": "EAGLE",
+                   "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+                   "speculative_num_draft_tokens": 4}, {}, None, 0.1)
+    answers = {"http://10.0.0.1:30000": (served, info)}
+    assert diagnose.serving_rung(answers, TP2_E2E, "qwen", 2).verdict == diagnose.PASS
+    rung = diagnose.serving_rung(answers, TP2_E2E, "qwen", 3)
+    assert "FAIL: http://10.0.0.1:30000: /server_info reports tp_size=2, expected 3" \
+        in rung.evidence

@@ -71,6 +71,7 @@ def test_lab_workstations_know_their_rank_and_the_link(inventory):
         "169.254.77.1",
     )
     for data in (wsa, wsb):
+        assert (data["tp_size"], data["rank0_thunderbolt_address"]) == (2, "169.254.77.1")
         assert data["link_interface"] == "thunderbolt0"
         assert data["link_expected_rate_gbps"] == 20.0
         assert data["link_expected_lanes"] == 1

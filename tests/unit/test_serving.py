@@ -36,14 +36,14 @@ from operations.serving import (
     version_problems,
 )
 from operations.serving_router import ROUTER_LOCK, Router, router_service
-from operations.states import NEXTN_3_1_4, STATES
+from operations.states import NEXTN_3_1_4, STATES, Serving
 from operations.venvs import lock_pins
 
 REPO = Path(__file__).resolve().parents[2]
 
 RANK0 = Sglang(
-    address="10.66.0.11", rank=0, link_address="169.254.77.1", peer_link_address="169.254.77.2",
-    interface="thunderbolt0",
+    address="10.66.0.11", rank=0, tp_size=2, link_address="169.254.77.1",
+    peer_link_address="169.254.77.2", rank0_link_address="169.254.77.1", interface="thunderbolt0",
     python="/opt/sglang/bin/python", module="sglang.launch_server",
     model_path="/srv/models/qwen", served_model_name="qwen", quantization="modelopt_fp4",
     context_length=32768, mem_fraction_static=0.85, draft_model_path=None, port=30000,
@@ -92,6 +92,14 @@ def test_a_tp_rank_meets_at_rank_0s_link_address_with_every_socket_pinned(
         "GLOO_SOCKET_IFNAME": "thunderbolt0", "SGLANG_HOST_IP": workstation.link_address,
         "NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket",
     }
+
+
+def test_a_tp_rank_is_one_node_of_a_group_as_large_as_its_data_says() -> None:
+    # The site gives tp_size (its count of workstations); nothing here assumes two.
+    wider = replace(RANK1, tp_size=3, rank0_link_address="169.254.77.9")
+    parsed = flags(tp_rank_service(wider, None).command)
+    assert (parsed["--tp-size"], parsed["--nnodes"], parsed["--node-rank"]) == ("3", "3", "1")
+    assert parsed["--dist-init-addr"] == "169.254.77.9:5757"
 
 
 def test_nextn_3_1_4_flags_and_none_without_speculation() -> None:
@@ -151,8 +159,9 @@ def test_the_gateway_installs_the_router_the_lab_tests_with() -> None:
 
 def test_settings_come_from_host_data_rank_1_meets_at_its_peers_address() -> None:
     data = {
-        "ssh_hostname": "10.66.0.12", "rank": 1, "thunderbolt_address": "169.254.77.2",
-        "peer_thunderbolt_address": "169.254.77.1", "link_interface": "thunderbolt0",
+        "ssh_hostname": "10.66.0.12", "rank": 1, "tp_size": 3,
+        "thunderbolt_address": "169.254.77.2", "peer_thunderbolt_address": "169.254.77.1",
+        "rank0_thunderbolt_address": "169.254.77.1", "link_interface": "thunderbolt0",
         "serving_python": "/p", "serving_sglang_module": "sglang.launch_server",
         "serving_model_path": "/m", "serving_served_model_name": "qwen",
         "serving_quantization": None, "serving_context_length": None,
@@ -166,6 +175,8 @@ def test_settings_come_from_host_data_rank_1_meets_at_its_peers_address() -> Non
     workstation = Sglang.from_host(host)
     assert flags(serving.server_command(workstation))["--host"] == "10.66.0.12"
     assert workstation.rank0_link_address == "169.254.77.1"
+    # The group's size is the host's datum, not a count this module assumes.
+    assert workstation.tp_size == 3
     assert workstation.url == "http://10.66.0.12:30000"
     assert workstation.tp_rank_name == "sglang-tp2-rank1"
 
@@ -516,6 +527,29 @@ def test_verify_names_a_service_the_state_does_not_run_and_proves_the_replica_on
     assert run_operation(serving.verified, serving_facts(["sglang-replica"], pid=8), run=run,
                          **replicas) == []
     assert len(asked) == 2
+
+
+def test_verify_expects_rank_0_to_report_the_groups_size_not_two(monkeypatch) -> None:
+    completions_answered(monkeypatch)
+    monkeypatch.setattr(serving, "server_info", lambda url: answer(
+        {"tp_size": 2, "served_model_name": "qwen", "speculative_algorithm": None}))
+    monkeypatch.setattr(serving, "tp_log_tails", lambda: "the ranks' logs")
+    wider = replace(RANK0, tp_size=3)
+    rank = tp_rank_service(wider, None)
+
+    def facts(cls: type, kwargs: dict) -> object:
+        if cls is services.RunningServices:
+            return [rank.name]
+        if cls is services.ServiceProcess:
+            return {"running": True, "status": "run", "pid": 7, "seconds": 60,
+                    "argv": list(rank.command), "environment": dict(rank.environment)}
+        if cls is services.ServiceLog:
+            return []
+        raise AssertionError(cls)
+
+    [failure] = run_operation(serving.verified, facts, sglang=wider,
+                              serving=Serving.TENSOR_PARALLEL, speculative=None)
+    assert "/server_info reports tp_size=2, expected 3" in failure
 
 
 def test_the_sglang_version_is_read_as_the_serving_user_not_root(tmp_path: Path) -> None:

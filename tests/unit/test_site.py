@@ -211,7 +211,29 @@ def test_exactly_two_workstations(write_site):
         '[[workstations]]\nname = "ws2"\nssh_hostname = "x"\nthunderbolt_address = "169.254.77.3"\n'
     )
     (line,) = problems(write_site(edited("[gateway]", third + "\n[gateway]")))
-    assert line == "workstations: List should have at most 2 items after validation, not 3"
+    assert line == ("workstations: must be exactly 2, not 3: the Thunderbolt link is one cable, "
+                    "and a cable has two ends")
+
+
+def test_one_workstation_is_refused_for_the_same_reason(write_site):
+    ws1 = ('[[workstations]]\nname = "ws1"\nssh_hostname = "127.0.0.1"\nssh_port = 1\n'
+           'thunderbolt_address = "169.254.77.2"\n')
+    (line,) = problems(write_site(edited(ws1, "")))
+    assert line == ("workstations: must be exactly 2, not 1: the Thunderbolt link is one cable, "
+                    "and a cable has two ends")
+
+
+def test_each_workstation_knows_its_group_from_the_site(write_site):
+    # The group's size is the site's count of workstations; rank 0 (listed first)
+    # holds the rendezvous; a host's peer is every other workstation, one cable's.
+    hosts = load_site(write_site()).workstation_hosts()
+    group = {name: (data["rank"], data["tp_size"], data["thunderbolt_address"],
+                    data["rank0_thunderbolt_address"], data["peer_thunderbolt_address"])
+             for name, data in hosts}
+    assert group == {
+        "ws0": (0, 2, "169.254.77.1", "169.254.77.1", "169.254.77.2"),
+        "ws1": (1, 2, "169.254.77.2", "169.254.77.1", "169.254.77.1"),
+    }
 
 
 def test_two_workstations_with_one_link_address_are_refused(write_site):

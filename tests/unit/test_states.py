@@ -9,6 +9,7 @@ from operations.states import (
     LAYERS,
     NEXTN_3_1_4,
     STATES,
+    Serving,
     State,
     UnknownState,
     layers_changed,
@@ -63,6 +64,15 @@ def test_the_fallback_follows_the_serving_layer_and_cannot_be_declared_beside_it
     with pytest.raises(ValidationError, match="gateway_fallback"):
         State(name="x", driver="stock", serving="replicas", speculative=None,
               gateway_fallback=True)
+
+
+def test_the_serving_mode_is_compared_by_member_and_still_shown_as_tp2():
+    # Reports and the status show the field report's name; code compares the member.
+    assert [state.name for state in STATES.values() if state.tensor_parallel] == NAMES[1:]
+    assert STATES["tp2_e2e"].serving is Serving.TENSOR_PARALLEL
+    assert STATES["tp2_e2e"].model_dump(mode="json")["serving"] == "tp2"
+    assert f"{STATES['production'].serving}" == "replicas"
+    assert State(name="x", driver="stock", serving="tp2", speculative=None).uses_link
 
 
 @pytest.mark.parametrize("name", ["tp2", "", "Production", 1, ["production"]])

@@ -141,9 +141,9 @@ def servers(workstation) -> dict[str, dict | None]:
 def declared(workstation, state: State) -> Service:
     """The server this workstation runs in ``state``, built as the deploy builds it."""
     sglang = Sglang.from_host(InventoryView(workstation))
-    if state.serving == "replicas":
-        return replica_service(sglang)
-    return tp_rank_service(sglang, state.speculative)
+    if state.tensor_parallel:
+        return tp_rank_service(sglang, state.speculative)
+    return replica_service(sglang)
 
 
 def flag(argv: list[str], name: str) -> str | None:
@@ -184,7 +184,7 @@ def test_the_declared_sglang_servers_run_and_no_others(workstation, servers,
         f"pyinfra inventory.py deploy.py --data state={state.name}")
 
 
-def test_the_server_runs_with_the_declared_arguments(workstation, servers,
+def test_the_server_runs_with_the_declared_arguments(workstation, workstations, servers,
                                                      state: State) -> None:
     rank = workstation.data["rank"]
     name = service_for(state.serving, rank)
@@ -204,14 +204,15 @@ def test_the_server_runs_with_the_declared_arguments(workstation, servers,
         assert flag(argv, option) == wanted, (
             f"{workstation.name}: {name} has {option} {flag(argv, option)}; {key} is "
             f"{data[key]!r}")
-    if state.serving == "replicas":
+    if not state.tensor_parallel:
         assert flag(argv, "--tp-size") in (None, "1"), f"{workstation.name}: {argv}"
         assert not any(word.startswith("--speculative") for word in argv)
         return
-    rank0_link = (workstation.data["thunderbolt_address"] if rank == 0
-                  else workstation.data["peer_thunderbolt_address"])
+    # One rank a workstation of the inventory, each its own node; rank 0 listed first.
+    rank0_link = workstations[0].data["thunderbolt_address"]
+    group = str(len(workstations))
     assert (flag(argv, "--tp-size"), flag(argv, "--nnodes"), flag(argv, "--node-rank")) == (
-        "2", "2", str(rank)), f"{workstation.name}: {' '.join(argv)}"
+        group, group, str(rank)), f"{workstation.name}: {' '.join(argv)}"
     assert flag(argv, "--dist-init-addr") == (
         f"{rank0_link}:{workstation.data['serving_dist_init_port']}")
     speculative = {word: flag(argv, word) for word in argv if word.startswith("--speculative")}
@@ -288,7 +289,7 @@ def test_only_the_declared_server_holds_the_gpu(workstation, servers, declared: 
 def test_tp_ranks_talk_over_the_thunderbolt_link_only(workstation, servers,
                                                       state: State) -> None:
     """Every socket of the group pinned to the link, and its connections really on it."""
-    if state.serving != "tp2":
+    if not state.tensor_parallel:
         pytest.skip(f"{state.name} runs no TP group")
     sglang = Sglang.from_host(InventoryView(workstation))
     server = servers[sglang.tp_rank_name]
@@ -305,7 +306,7 @@ def test_tp_ranks_talk_over_the_thunderbolt_link_only(workstation, servers,
 
 def test_clients_servers_answer_real_completions(workstations, gateway, state: State) -> None:
     model = workstations[0].data["serving_served_model_name"]
-    if state.serving == "replicas":
+    if not state.tensor_parallel:
         # Each replica directly, then the route clients use.
         targets = [url(workstation, "serving_port") for workstation in workstations]
         targets.append(url(gateway, "gateway_roles_router_port"))
@@ -320,7 +321,7 @@ def test_clients_servers_answer_real_completions(workstations, gateway, state: S
 def test_the_router_is_ready_only_in_front_of_replicas(gateway, state: State) -> None:
     router = processes(gateway, gateway.data["gateway_roles_init_system"], set(),
                        ROUTER)[ROUTER]
-    if state.serving != "replicas":
+    if state.tensor_parallel:
         assert router is None, (
             f"{gateway.name}: sglang-router (pid {router['pid']}) runs while the replicas are "
             "down; "
@@ -334,10 +335,10 @@ def test_the_router_is_ready_only_in_front_of_replicas(gateway, state: State) ->
 
 def test_rank0_reports_the_declared_parallelism_and_speculation(workstations,
                                                                 state: State) -> None:
-    if state.serving != "tp2":
+    if not state.tensor_parallel:
         pytest.skip(f"{state.name} runs no TP group")
     info = httpx.get(f"{url(workstations[0], 'serving_port')}/server_info", timeout=10).json()
-    assert info["tp_size"] == 2
+    assert info["tp_size"] == len(workstations)
     if state.speculative is None:
         assert info.get("speculative_algorithm") is None
     else:
