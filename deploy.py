@@ -45,7 +45,7 @@ from operations import (
     serving_router,
 )
 from operations import run as runs
-from operations.driver import CandidateModule
+from operations.settings import GatewaySettings, WorkstationSettings
 from operations.states import resolve_state
 
 state = resolve_state(host.data.get("state"))
@@ -60,19 +60,19 @@ run = runs.begin(pyinfra.state, state.name, inherited_lock)
 this_run = run.owner
 workstation_names = [member.name for member in inventory.get_group("workstations")]
 
+# The host's settings, built once from its final data (--data included).
+settings = WorkstationSettings.of(host) if workstation else GatewaySettings.of(host)
 if workstation:
-    candidate = CandidateModule(
-        host.data.candidate_path, host.data.candidate_sha256, host.data.candidate_module_name
-    )
+    candidate = settings.candidate_module
     the_link = dict(
-        interface=host.data.link_interface,
-        address=host.data.thunderbolt_address,
-        peer_address=host.data.peer_thunderbolt_address,
-        expected_rate_gbps=host.data.link_expected_rate_gbps,
-        expected_lanes=host.data.link_expected_lanes,
-        address_owner=host.data.link_address_owner,
-        prefix_length=host.data.link_prefix_length,
-        timeout=host.data.link_wait_seconds,
+        interface=settings.link.interface,
+        address=settings.link_address,
+        peer_address=settings.peer_link_address,
+        expected_rate_gbps=settings.link.expected_rate_gbps,
+        expected_lanes=settings.link.expected_lanes,
+        address_owner=settings.link.address_owner,
+        prefix_length=settings.link.prefix_length,
+        timeout=settings.link.wait_seconds,
     )
 
 # Serving runs on both kinds of host; each gets its own settings and None for the
@@ -86,20 +86,20 @@ proxy = (gateway.Proxy.from_host(host, router.served_model_name, router.url)
 
 if workstation:
     # However the run ends, the compatibility ledger on this machine gets one record.
-    ledger.keep(run, host.data.ledger_path, state.name, state.driver)
+    ledger.keep(run, settings.ledger.path, state.name, state.driver)
     ledger.observed(name="Ledger: the controller, kernel and driver this run meets",
-                    run=run, module=host.data.candidate_module_name)
+                    run=run, module=settings.candidate.module_name)
 
-lock.available(name="Lock: no other run holds these hosts", run_dir=host.data.run_dir,
+lock.available(name="Lock: no other run holds these hosts", run_dir=settings.run_dir,
                owner=this_run)
 
 # 1. Preflight: read-only; every refusal happens here, before any change.
 if workstation:
     link.management_path(
         name="Preflight: management traffic does not cross the link",
-        interface=host.data.link_interface,
+        interface=settings.link.interface,
         addresses={"operator": "ssh-client",
-                   "gateway": inventory.get_group("gateway")[0].data.ssh_hostname},
+                   "gateway": GatewaySettings.of(inventory.get_group("gateway")[0]).address},
     )
     driver.admissible(
         name=f"Preflight: the {state.driver} driver can be loaded",
@@ -109,7 +109,7 @@ if workstation:
     if state.driver == "candidate":
         ledger.no_recorded_stall(
             name="Preflight: no stall of the candidate is recorded for these controllers",
-            run=run, path=host.data.ledger_path, workstations=workstation_names,
+            run=run, path=settings.ledger.path, workstations=workstation_names,
             force=host.data.get(ledger.FORCE_KEY) == "yes",
         )
     if state.uses_link:
@@ -117,15 +117,15 @@ if workstation:
         link.trained(name="Preflight: the link is up at the expected rate", wait=False,
                      **the_link)
     gpu.free(name="Preflight: the GPU is present and holds nothing twinbolt did not start",
-             services=serving.GPU_SERVICES, init_system=host.data.serving_init_system,
-             foreign_memory_mib=host.data.serving_foreign_gpu_memory_mib)
+             services=serving.GPU_SERVICES, init_system=settings.serving.init_system,
+             foreign_memory_mib=settings.serving.foreign_gpu_memory_mib)
     serving.admissible(name=f"Preflight: SGLang can serve {state.name} here", sglang=sglang,
                        serving=state.serving, speculative=state.speculative)
 gateway_route.admissible(name="Preflight: the large role answers, so small can fall back to it",
                          proxy=proxy, fallback=state.gateway_fallback)
 
 # Taken only now, so that a run refused in preflight leaves nothing behind.
-lock.held(name="Lock: held by this run", run_dir=host.data.run_dir, owner=this_run)
+lock.held(name="Lock: held by this run", run_dir=settings.run_dir, owner=this_run)
 
 # Steps 2-8 are the attempt: after a failure the remaining steps are skipped on
 # every host, and the failure is recorded rather than ending the run at once.
@@ -167,7 +167,7 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
             name=f"Driver: thunderbolt_net is the {state.driver} build",
             loaded=state.driver,
             candidate=candidate,
-            run_dir=host.data.run_dir,
+            run_dir=settings.run_dir,
         )
 
     # 5. Link: retrained after any driver change, the peer answering across it.
@@ -204,7 +204,7 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
             name=f"Verify: the {state.driver} driver is loaded, nothing of the candidate persists",
             loaded=state.driver,
             candidate=candidate,
-            run_dir=host.data.run_dir,
+            run_dir=settings.run_dir,
         )
     serving.verified(name=f"Verify: the workstations serve as {state.name} declares",
                      sglang=sglang, serving=state.serving, speculative=state.speculative,
@@ -221,7 +221,7 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
 if workstation:
     # Before any rollback: a failed attempt is recorded with what it ran.
     ledger.observed(name="Ledger: the controller, kernel and driver the attempt ran",
-                    run=run, module=host.data.candidate_module_name)
+                    run=run, module=settings.candidate.module_name)
 
 # One host speaks for the run: the rollback is one run, the conclusion one message.
 spokesman = workstation_names[0]
@@ -232,7 +232,7 @@ attempt.rolled_back(name="Rollback: production is converged and proven if the at
                     attempt=run.attempt, on_failure=on_failure, runner=spokesman,
                     carried=(lock.inheriting(this_run),),
                     _ignore_errors=True)
-lock.released(name="Lock: released", run_dir=host.data.run_dir, owner=this_run,
+lock.released(name="Lock: released", run_dir=settings.run_dir, owner=this_run,
               inherited=bool(inherited_lock))
 attempt.concluded(name="Conclusion: did the attempt succeed, and what was restored",
                   attempt=run.attempt, on_failure=on_failure, runner=spokesman)

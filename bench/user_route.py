@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.remote import remote_command  # noqa: E402
 from operations.hosts import in_group, inventory_entries, ssh_config  # noqa: E402
-from operations.site import SUDO  # noqa: E402
+from operations.settings import GatewaySettings  # noqa: E402
 
 PROMPT = "say something about the cable"
 
@@ -40,17 +40,17 @@ def gateway_client() -> OpenAI:
     """A client for the gateway's proxy, with the master key read from the gateway."""
     entries = inventory_entries()
     gateway = in_group(entries, "gateway")[0]
+    settings = GatewaySettings.of(gateway)
     with tempfile.NamedTemporaryFile("w", suffix=".ssh_config") as config:
         config.write(ssh_config(entries))
         config.flush()
         # Mode 600, the proxy's own: read as root, through sudo where the site needs it.
         key = subprocess.run(
             ["ssh", "-F", config.name, "--", gateway.name,
-             remote_command(f"cat {shlex.quote(gateway.data['gateway_roles_master_key_file'])}",
-                            sudo=bool(gateway.data.get(SUDO)))],
+             remote_command(f"cat {shlex.quote(settings.roles.master_key_file)}",
+                            sudo=gateway.sudo)],
             capture_output=True, text=True, check=True, timeout=30).stdout.strip()
-    url = f"http://{gateway.data['ssh_hostname']}:{gateway.data['gateway_roles_litellm_port']}"
-    return OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
+    return OpenAI(base_url=f"{settings.proxy_url}/v1", api_key=key, max_retries=0, timeout=60)
 
 
 def one_request(client: OpenAI, role: str, tokens: int, stream: bool) -> tuple[float, str]:

@@ -19,7 +19,8 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from harness import remote
 from harness.topology import Topology
 from operations.driver import LoadedModule
-from operations.link import XDomainLink
+from operations.link import XDomainLink, trained_rate
+from operations.settings import WorkstationSettings
 from operations.transport import (
     INTERFACE_COUNTERS,
     RETRANSMISSIONS,
@@ -83,6 +84,9 @@ class LinkSnapshot:
     host: str
     at: float
     counters: dict[str, int] = field(default_factory=dict)
+    # The link's trained rate (operations.link.trained_rate): the slower direction
+    # times the narrower width, since a TP all-reduce crosses the cable both ways,
+    # and the roofline prices it at this rate. The name is the reports' own.
     rx_rate_gbps: float | None = None
     driver_build_id: str | None = None
     driver_parameters: dict[str, str] = field(default_factory=dict)
@@ -90,17 +94,12 @@ class LinkSnapshot:
     sockets: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-def rx_rate_gbps(xdomain: dict[str, Any]) -> float:
-    """The rate the receiver trained at: ``rx_speed`` x ``rx_lanes`` (the link layer's fact)."""
-    return xdomain["rx_speed_gbps"] * xdomain["rx_lanes"]
-
-
-def queries(data: dict[str, Any]) -> list[remote.Query]:
+def queries(settings: WorkstationSettings) -> list[remote.Query]:
     return [
         remote.Query("xdomain", XDomainLink()),
-        remote.Query("module", LoadedModule(), {"module": data["candidate_module_name"]}),
-        remote.Query("counters", LinkCounters(), {"interface": data["link_interface"]}),
-        remote.Query("sockets", PeerSockets(), {"peer": data["peer_thunderbolt_address"]}),
+        remote.Query("module", LoadedModule(), {"module": settings.candidate.module_name}),
+        remote.Query("counters", LinkCounters(), {"interface": settings.link.interface}),
+        remote.Query("sockets", PeerSockets(), {"peer": settings.peer_link_address}),
     ]
 
 
@@ -114,7 +113,7 @@ def from_reading(reading: remote.Reading) -> LinkSnapshot:
         at=reading.at,
         counters=reading.values["counters"],
         sockets=reading.values["sockets"] or {},
-        rx_rate_gbps=rx_rate_gbps(xdomain) if xdomain else None,
+        rx_rate_gbps=trained_rate(xdomain)[0] if xdomain else None,
         driver_build_id=module.get("build_id"),
         driver_parameters=module.get("parameters", {}),
     )
@@ -123,7 +122,7 @@ def from_reading(reading: remote.Reading) -> LinkSnapshot:
 async def snapshot(topology: Topology) -> dict[str, LinkSnapshot]:
     """Both workstations' links, read at once."""
     readings = await remote.read_all(
-        {entry: queries(entry.data) for entry in topology.workstations},
+        {entry: queries(WorkstationSettings.of(entry)) for entry in topology.workstations},
         topology.ssh_config,
     )
     return {host: from_reading(reading) for host, reading in readings.items()}

@@ -40,7 +40,6 @@ from harness.topology import Topology, server_url
 from operations import probes, transport
 from operations.driver import (
     TBNET_E2E,
-    CandidateModule,
     LoadedModule,
     ModuleFileBuildId,
     PeerCapabilities,
@@ -60,7 +59,8 @@ from operations.link import (
 )
 from operations.lock import HostLock
 from operations.services import ServiceLog, ServiceProcess
-from operations.serving import TP_RANKS, server_info_problems, service_for
+from operations.serving import TP_RANKS, server_info, server_info_problems, service_for
+from operations.settings import GatewaySettings, WorkstationSettings
 from operations.states import STATES, State
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
@@ -144,10 +144,10 @@ class Diagnosis:
 
 
 def first_reading(entry: Any, state: State) -> list[remote.Query]:
-    data = entry.data
-    interface, module = data["link_interface"], data["candidate_module_name"]
-    init = data["serving_init_system"]
-    services = [service_for(state.serving, data["rank"])]
+    settings = WorkstationSettings.of(entry)
+    interface, module = settings.link.interface, settings.candidate.module_name
+    init = settings.serving.init_system
+    services = [service_for(state.serving, settings.rank)]
     return [
         remote.Query("module", LoadedModule(), {"module": module}),
         remote.Query("stock_build", ModuleFileBuildId(), {"module": module}),
@@ -155,10 +155,10 @@ def first_reading(entry: Any, state: State) -> list[remote.Query]:
         remote.Query("peer", PeerCapabilities()),
         remote.Query("interface", InterfaceState(), {"interface": interface}),
         remote.Query("counters", transport.LinkCounters(), {"interface": interface}),
-        remote.Query("sockets", PeerSockets(), {"peer": data["peer_thunderbolt_address"]}),
+        remote.Query("sockets", PeerSockets(), {"peer": settings.peer_link_address}),
         remote.Query("signatures", SignatureEnforcement()),
         remote.Query("gpus", Gpus()),
-        remote.Query("lock", HostLock(), {"run_dir": data["run_dir"]}),
+        remote.Query("lock", HostLock(), {"run_dir": settings.run_dir}),
         *(query for name in services for query in (
             remote.Query(f"process {name}", ServiceProcess(),
                          {"service": name, "init_system": init}),
@@ -168,22 +168,21 @@ def first_reading(entry: Any, state: State) -> list[remote.Query]:
 
 
 def second_reading(entry: Any) -> list[remote.Query]:
-    data = entry.data
-    interface = data["link_interface"]
+    settings = WorkstationSettings.of(entry)
+    interface, peer = settings.link.interface, settings.peer_link_address
     return [
         remote.Query("counters", transport.LinkCounters(), {"interface": interface}),
-        remote.Query("sockets", PeerSockets(), {"peer": data["peer_thunderbolt_address"]}),
-        remote.Query("answers", PeerAnswers(),
-                     {"address": data["peer_thunderbolt_address"], "interface": interface}),
+        remote.Query("sockets", PeerSockets(), {"peer": peer}),
+        remote.Query("answers", PeerAnswers(), {"address": peer, "interface": interface}),
         remote.Query("connections", transport.Connections()),
     ]
 
 
 def gateway_reading(entry: Any) -> list[remote.Query]:
-    data = entry.data
-    url = f"http://{data['ssh_hostname']}:{data['gateway_roles_litellm_port']}"
+    settings = GatewaySettings.of(entry)
     return [remote.Query("roles", RoleAnswers(),
-                         {"url": url, "master_key_file": data["gateway_roles_master_key_file"],
+                         {"url": settings.proxy_url,
+                          "master_key_file": settings.roles.master_key_file,
                           "roles": ROLES, "tokens": PROBE_TOKENS,
                           "timeout": PROBE_TIMEOUT_SECONDS})]
 
@@ -195,12 +194,11 @@ async def server_probes(topology: Topology, state: State) -> dict[str, tuple[Any
     if state.tensor_parallel:
         urls = [server_url(topology.rank0)]
     elif topology.gateway:
-        data = topology.gateway.data
-        urls.append(f"http://{data['ssh_hostname']}:{data['gateway_roles_router_port']}")
+        urls.append(GatewaySettings.of(topology.gateway).router_url)
 
     def probe(url: str) -> tuple[Any, Any]:
         answer = probes.chat_completion(url, model, PROBE_TOKENS, timeout=PROBE_TIMEOUT_SECONDS)
-        info = (probes.get(f"{url}/server_info", timeout=PROBE_TIMEOUT_SECONDS)
+        info = (server_info(url, timeout=PROBE_TIMEOUT_SECONDS)
                 if state.tensor_parallel else None)
         return answer, info
 
@@ -289,13 +287,13 @@ def sockets_rung(topology: Topology, state: State, first: dict[str, remote.Readi
         rung.saw(f"{state.name} runs no TP group", SKIP)
         return rung
     for entry, before, after in readable(rung, topology, first, second):
-        data = entry.data
-        process = before.values[f"process {TP_RANKS[data['rank']]}"]
+        settings = WorkstationSettings.of(entry)
+        process = before.values[f"process {TP_RANKS[settings.rank]}"]
         reading = after.values["connections"]
         held = transport.connections_of(reading, process["pid"]) if process["pid"] else []
         for problem in transport.connection_problems(
-                held, reading["addresses"], data["thunderbolt_address"],
-                data["peer_thunderbolt_address"], data["serving_port"], data["link_interface"]):
+                held, reading["addresses"], settings.link_address, settings.peer_link_address,
+                settings.serving.port, settings.link.interface):
             rung.saw(f"{entry.name}: {problem}", FAIL)
         deltas = socket_deltas(before.values["sockets"], after.values["sockets"])
         rung.saw(f"{entry.name}: {len(held)} connection(s) of the rank; {deltas['count']} "
@@ -308,16 +306,15 @@ def interface_rung(topology: Topology, state: State, first: dict[str, remote.Rea
                    second: dict[str, remote.Reading]) -> Rung:
     rung = Rung(5, "thunderbolt0")
     for entry, before, after in readable(rung, topology, first, second):
-        data = entry.data
-        interface, address = data["link_interface"], data["thunderbolt_address"]
+        settings = WorkstationSettings.of(entry)
+        interface, address = settings.link.interface, settings.link_address
         seen = before.values["interface"]
-        for problem in interface_problems(seen, interface, address,
-                                          data["link_address_owner"]):
+        for problem in interface_problems(seen, interface, address, settings.link.address_owner):
             rung.saw(f"{entry.name}: {problem}", FAIL)
         if not seen["exists"] or not seen["carrier"]:
             continue
         if not after.values["answers"]:
-            rung.saw(f"{entry.name}: {silent_peer(interface, data['peer_thunderbolt_address'])}",
+            rung.saw(f"{entry.name}: {silent_peer(interface, settings.peer_link_address)}",
                      FAIL)
         errors = (after.values["counters"].get(RECEIVER_ERRORS, 0)
                   - before.values["counters"].get(RECEIVER_ERRORS, 0))
@@ -336,13 +333,7 @@ def interface_rung(topology: Topology, state: State, first: dict[str, remote.Rea
 def driver_rung(topology: Topology, state: State, first: dict[str, remote.Reading]) -> Rung:
     rung = Rung(6, "driver")
     for entry, reading in readable(rung, topology, first):
-        data = entry.data
-        candidate = CandidateModule(data.get("candidate_path"), data.get("candidate_sha256"),
-                                    data["candidate_module_name"])
-        try:
-            candidate_build = candidate.build_id
-        except (OSError, AttributeError, StopIteration):
-            candidate_build = None
+        candidate_build = WorkstationSettings.of(entry).candidate_build_id
         value, text = classify_driver(reading.values["module"], reading.values["stock_build"],
                                       candidate_build)
         rung.saw(f"{entry.name}: {text}", PASS if value == state.driver else FAIL)
@@ -365,7 +356,8 @@ def xdomain_rung(topology: Topology, first: dict[str, remote.Reading]) -> Rung:
             rung.saw(f"{entry.name}: no XDomain peer is connected", FAIL)
             continue
         rate, lanes = trained_rate(xdomain)
-        expected = (entry.data["link_expected_rate_gbps"], entry.data["link_expected_lanes"])
+        link = WorkstationSettings.of(entry).link
+        expected = (link.expected_rate_gbps, link.expected_lanes)
         text = (f"{entry.name}: {rate:g} Gb/s over {lanes} lane(s) to {xdomain['peer']} "
                 f"(device {xdomain['device']}), expected {expected[0]:g} over {expected[1]}")
         found, _ = cable_problems(xdomain, *expected)

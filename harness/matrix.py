@@ -19,12 +19,13 @@ from harness import remote
 from harness.report import headline, table
 from harness.topology import Topology
 from operations import ledger
+from operations.settings import WorkstationSettings
 from operations.states import State
 
 
 def ledger_path(topology: Topology) -> Path:
     """The ledger the inventory names (``[ledger] path``), as the deploy writes it."""
-    return Path(topology.workstations[0].data["ledger_path"]).expanduser()
+    return Path(WorkstationSettings.of(topology.workstations[0]).ledger.path).expanduser()
 
 
 def row_key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
@@ -76,7 +77,7 @@ def identity_queries(topology: Topology) -> list[remote.Query]:
     reads them in sections of its own, which a group's sections cannot nest in.
     """
     arguments = ledger.HostIdentity.arguments(
-        topology.workstations[0].data["candidate_module_name"])
+        WorkstationSettings.of(topology.workstations[0]).candidate.module_name)
     return [remote.Query(key, fact(), arguments.get(key, {}))
             for key, fact in ledger.HostIdentity.members.items()]
 

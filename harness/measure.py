@@ -18,6 +18,7 @@ from harness.matrix import record_measurement
 from harness.progress import say
 from harness.status import observe
 from harness.topology import Topology
+from operations.settings import WorkstationSettings
 from operations.states import resolve_state
 from operations.transport import ModelShape
 
@@ -62,13 +63,14 @@ async def single_stream_bound(topology: Topology, server_info: dict,
     files on the first workstation (rank 0, or a replica of the same model).
     """
     first = topology.workstations[0]
+    serving = WorkstationSettings.of(first).serving
     reading = await remote.read(
         first.name, [remote.Query("shape", ModelShape(),
-                                  {"model_path": first.data["serving_model_path"]})],
+                                  {"model_path": serving.model_path})],
         topology.ssh_config, sudo=first.sudo)
     link_gbps = report.hosts(topology, results).get(first.name, {}).get("rx_rate_gbps")
     return roofline.beside_measurement(reading.values.get("shape"),
-                                       first.data["serving_gpu_memory_bandwidth_gb_s"],
+                                       serving.gpu_memory_bandwidth_gb_s,
                                        server_info, results, link_gbps)
 
 

@@ -26,6 +26,7 @@ from harness.client import THROUGHPUT
 from harness.counters import INTERFACE_COUNTERS, RETRANSMISSIONS, combined
 from harness.topology import Endpoint, Topology
 from harness.windows import WindowSettings
+from operations.settings import WorkstationSettings
 
 FORMAT = "twinbolt-measurement/1"
 GIB = 1 << 30
@@ -69,11 +70,12 @@ def hosts(topology: Topology | None, windows: list[dict[str, Any]]) -> dict[str,
     if topology is None:
         return {}
     first = windows[0]["link"]["before"] if windows else {}
+    settings = {entry.name: WorkstationSettings.of(entry) for entry in topology.workstations}
     return {
         entry.name: {
-            "rank": entry.data.get("rank"),
+            "rank": settings[entry.name].rank,
             "groups": list(entry.groups),
-            "address": entry.data.get("ssh_hostname"),
+            "address": settings[entry.name].address,
             "driver_build_id": first.get(entry.name, {}).get("driver_build_id"),
             "driver_parameters": first.get(entry.name, {}).get("driver_parameters"),
             "rx_rate_gbps": first.get(entry.name, {}).get("rx_rate_gbps"),

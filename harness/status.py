@@ -20,12 +20,13 @@ from typing import Any
 
 from harness import remote
 from harness.topology import Topology, server_url
-from operations.driver import CandidateModule, LoadedModule, ModuleFileBuildId, loaded_driver
+from operations.driver import LoadedModule, ModuleFileBuildId, loaded_driver
 from operations.gateway import SERVICE as PROXY
 from operations.gateway import LiveRouting, ProxyConfig, fallback_present
 from operations.link import InterfaceState, XDomainLink, trained_rate
 from operations.services import RunningServices
 from operations.serving import ROUTER, SGLANG_SERVICES, server_info, serving_of, speculative_of
+from operations.settings import GatewaySettings, WorkstationSettings
 from operations.states import LAYERS, STATES, Serving, Speculative, State
 
 
@@ -129,29 +130,30 @@ def agreed(values: dict[str, Any], what: str) -> Any:
 # Reading the hosts
 
 
-def workstation_queries(data: dict[str, Any]) -> list[remote.Query]:
-    module = data["candidate_module_name"]
+def workstation_queries(settings: WorkstationSettings) -> list[remote.Query]:
+    module = settings.candidate.module_name
     return [
         remote.Query("module", LoadedModule(), {"module": module}),
         remote.Query("stock_build", ModuleFileBuildId(), {"module": module}),
         remote.Query("xdomain", XDomainLink()),
-        remote.Query("interface", InterfaceState(), {"interface": data["link_interface"]}),
+        remote.Query("interface", InterfaceState(), {"interface": settings.link.interface}),
         remote.Query("services", RunningServices(),
-                     {"prefix": SGLANG_SERVICES, "init_system": data["serving_init_system"]}),
+                     {"prefix": SGLANG_SERVICES, "init_system": settings.serving.init_system}),
     ]
 
 
-def gateway_queries(data: dict[str, Any]) -> list[remote.Query]:
-    init_system = data["gateway_roles_init_system"]
+def gateway_queries(settings: GatewaySettings) -> list[remote.Query]:
+    roles = settings.roles
+    init_system = roles.init_system
     return [
         remote.Query("router", RunningServices(), {"prefix": ROUTER, "init_system": init_system}),
         remote.Query("proxy", RunningServices(), {"prefix": PROXY, "init_system": init_system}),
         # The running proxy's routing is the truth; the file is what it would load next.
         remote.Query("live", LiveRouting(), {
-            "url": f"http://{data['ssh_hostname']}:{data['gateway_roles_litellm_port']}",
-            "master_key_file": data["gateway_roles_master_key_file"],
+            "url": settings.proxy_url,
+            "master_key_file": roles.master_key_file,
         }),
-        remote.Query("config", ProxyConfig(), {"path": data["gateway_roles_litellm_config_file"]}),
+        remote.Query("config", ProxyConfig(), {"path": roles.litellm_config_file}),
     ]
 
 
@@ -167,9 +169,10 @@ async def server_infos(urls: list[str]) -> dict[str, dict | None]:
 
 async def observe(topology: Topology) -> Status:
     """Read every host and every server once, and judge the layers."""
-    hosts = {entry: workstation_queries(entry.data) for entry in topology.workstations}
+    hosts = {entry: workstation_queries(WorkstationSettings.of(entry))
+             for entry in topology.workstations}
     if topology.gateway:
-        hosts[topology.gateway] = gateway_queries(topology.gateway.data)
+        hosts[topology.gateway] = gateway_queries(GatewaySettings.of(topology.gateway))
     urls = [server_url(entry) for entry in topology.workstations]
     readings, infos = await asyncio.gather(remote.read_all(hosts, topology.ssh_config),
                                            server_infos(urls))
@@ -196,13 +199,7 @@ def driver_layer(topology: Topology, readings: dict[str, remote.Reading],
         if reading.error:
             seen[entry.name] = Unknown("unreachable")
             continue
-        candidate = CandidateModule(entry.data.get("candidate_path"),
-                                    entry.data.get("candidate_sha256"),
-                                    entry.data["candidate_module_name"])
-        try:
-            candidate_build = candidate.build_id
-        except (OSError, AttributeError, StopIteration):
-            candidate_build = None
+        candidate_build = WorkstationSettings.of(entry).candidate_build_id
         module = reading.values["module"]
         value, text = classify_driver(module, reading.values["stock_build"], candidate_build)
         seen[entry.name] = value
@@ -236,8 +233,8 @@ def link_rows(topology: Topology, readings: dict[str, remote.Reading],
                 + f" to {xdomain['peer']}" if xdomain else "no XDomain peer")
         carrier = "carrier" if interface["carrier"] else "no carrier"
         addresses = ", ".join(interface["addresses"]) or "no address"
-        rows.append(("link", entry.name, f"{rate}; {entry.data['link_interface']} {carrier}, "
-                                         f"{addresses}"))
+        name = WorkstationSettings.of(entry).link.interface
+        rows.append(("link", entry.name, f"{rate}; {name} {carrier}, {addresses}"))
 
 
 def serving_layer(topology: Topology, readings: dict[str, remote.Reading],

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from operations.hosts import InventoryEntry, in_group, inventory_entries, ssh_config
+from operations.settings import GatewaySettings, WorkstationSettings
 from operations.states import State
 
 
@@ -60,12 +61,12 @@ class Topology:
     @property
     def tp_size(self) -> int:
         """The TP group's size, as the site gives it to every workstation."""
-        return self.rank0.data["tp_size"]
+        return WorkstationSettings.of(self.rank0).tp_size
 
     @property
     def served_model_name(self) -> str:
         """The model every server serves: a site-wide setting, read from any workstation."""
-        return self.workstations[0].data["serving_served_model_name"]
+        return WorkstationSettings.of(self.rank0).serving.served_model_name
 
     def endpoint(self, state: State) -> Endpoint:
         """The serving endpoint of ``state``, from the inventory's addresses and ports."""
@@ -76,11 +77,10 @@ class Topology:
         servers = tuple(server_url(entry) for entry in self.workstations)
         if self.gateway is None:
             raise ValueError("the inventory has no gateway: production is served by its router")
-        data = self.gateway.data
-        router = f"http://{data['ssh_hostname']}:{data['gateway_roles_router_port']}"
+        router = GatewaySettings.of(self.gateway).router_url
         return Endpoint(router, model, servers, f"sglang-router on {self.gateway.name}")
 
 
 def server_url(workstation: InventoryEntry) -> str:
     """The SGLang server of a workstation, as the router and the probes reach it."""
-    return f"http://{workstation.data['ssh_hostname']}:{workstation.data['serving_port']}"
+    return WorkstationSettings.of(workstation).server_url

@@ -44,6 +44,7 @@ from operations.facts import EmptyMeansSomething, FileDigest, digest
 from operations.phase import elsewhere
 from operations.probes import Proofs, Proven
 from operations.services import GatewayService, Service, log_tails
+from operations.settings import GatewaySettings
 from operations.site import MASTER_KEY_ENV
 
 LAYER = Layer.GATEWAY
@@ -95,7 +96,7 @@ class Deployment:
 @dataclass(frozen=True)
 class Proxy(GatewayService):
     """
-    The LiteLLM proxy on the gateway (host data ``gateway_roles_*``) and its two roles.
+    The LiteLLM proxy on the gateway (the site's ``gateway_roles``) and its two roles.
 
     ``secret_files`` are the environment variables the service reads from files
     on the gateway when it starts, the master key first.
@@ -113,22 +114,26 @@ class Proxy(GatewayService):
         The gateway's settings; ``small`` is ``small_model`` served at ``small_url``
         (the serving layer's router, whose settings the runbook passes on).
         """
-        data = gateway.data
-        secret_files = [(MASTER_KEY_ENV, data.gateway_roles_master_key_file)]
+        settings = GatewaySettings.of(gateway)
+        roles = settings.roles
+        secret_files = [(MASTER_KEY_ENV, roles.master_key_file)]
         large_key = NO_KEY
-        if data.gateway_roles_large_api_key_file:
-            secret_files.append((LARGE_KEY_ENV, data.gateway_roles_large_api_key_file))
+        if roles.large.api_key_file:
+            secret_files.append((LARGE_KEY_ENV, roles.large.api_key_file))
             large_key = f"os.environ/{LARGE_KEY_ENV}"
-        elif data.gateway_roles_large_api_key_env:
+        elif roles.large.api_key_env:
             # A variable the site puts in the proxy's environment itself.
-            large_key = f"os.environ/{data.gateway_roles_large_api_key_env}"
+            large_key = f"os.environ/{roles.large.api_key_env}"
         return cls(
-            **GatewayService.settings(gateway, "litellm"),
-            config_file=data.gateway_roles_litellm_config_file,
-            master_key_file=data.gateway_roles_master_key_file,
+            **GatewayService.shared(settings),
+            port=roles.litellm_port,
+            venv=roles.litellm_venv,
+            user=roles.litellm_user,
+            config_file=roles.litellm_config_file,
+            master_key_file=roles.master_key_file,
             small=Deployment(DEPLOYMENTS["small"], small_model, f"{small_url}/v1", NO_KEY),
-            large=Deployment(DEPLOYMENTS["large"], data.gateway_roles_large_served_model_name,
-                             str(data.gateway_roles_large_api_base).rstrip("/"), large_key),
+            large=Deployment(DEPLOYMENTS["large"], roles.large.served_model_name,
+                             str(roles.large.api_base).rstrip("/"), large_key),
             secret_files=tuple(secret_files),
         )
 

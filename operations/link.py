@@ -155,7 +155,12 @@ class RouteInterface(FactBase):
 
 
 def trained_rate(xdomain: dict) -> tuple[float, int]:
-    """The link's rate (Gb/s, all lanes) and width: the slower direction's, the narrower's."""
+    """
+    The link's rate (Gb/s, all lanes) and width: the slower direction's, the narrower's.
+
+    The one link rate: the link layer, the ledger, the harness's status and the
+    measurement's roofline all read it here (a TP all-reduce crosses the cable both ways).
+    """
     lanes = min(xdomain["rx_lanes"], xdomain["tx_lanes"])
     return min(xdomain["rx_speed_gbps"], xdomain["tx_speed_gbps"]) * lanes, lanes
 

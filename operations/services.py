@@ -32,6 +32,7 @@ from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.operations import files, runit, server, systemd
 
 from operations.facts import EmptyMeansSomething, FileDigest, digest, digest_script
+from operations.settings import GatewaySettings, http_url
 from operations.syntax import (
     ENVIRONMENT_NAME,
     AbsolutePath,
@@ -90,9 +91,9 @@ class Service(BaseModel):
 class GatewayService:
     """
     A service of the gateway's own (sglang-router, the LiteLLM proxy): where
-    clients reach it (the host's ``ssh_hostname``), what it binds
-    (``gateway_roles_listen_address``), how it runs, and where pip finds what
-    its venv holds (``gateway_roles_pip_options``).
+    clients reach it (the gateway's ``address``), what it binds (the site's
+    ``gateway_roles.listen_address``), how it runs, and where pip finds what its
+    venv holds (``gateway_roles.pip_options``).
     """
 
     address: str
@@ -104,22 +105,15 @@ class GatewayService:
     pip_options: tuple[str, ...]
 
     @staticmethod
-    def settings(gateway: Host, key: str) -> dict[str, Any]:
-        """These fields from host data, for the service whose site keys start ``key_``."""
-        data = gateway.data
-        return {
-            "address": data.get("ssh_hostname") or gateway.name,
-            "listen_address": data.gateway_roles_listen_address,
-            "port": data.get(f"gateway_roles_{key}_port"),
-            "venv": data.get(f"gateway_roles_{key}_venv"),
-            "user": data.get(f"gateway_roles_{key}_user"),
-            "init_system": data.gateway_roles_init_system,
-            "pip_options": tuple(data.get("gateway_roles_pip_options") or ()),
-        }
+    def shared(gateway: GatewaySettings) -> dict[str, Any]:
+        """The fields every service of the gateway takes from its settings alike."""
+        roles = gateway.roles
+        return {"address": gateway.address, "listen_address": roles.listen_address,
+                "init_system": roles.init_system, "pip_options": tuple(roles.pip_options or ())}
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}:{self.port}"
+        return http_url(self.address, self.port)
 
 
 def unit_path(name: str) -> str:

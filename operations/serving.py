@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from packaging.version import InvalidVersion, Version
 from pyinfra import host, inventory, logger
@@ -40,12 +40,13 @@ from pyinfra.api import (
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.facts.files import Directory
 
-from operations import probes, services, sglang_releases, transport
+from operations import probes, services, sglang_releases, site, transport
 from operations.attempt import Layer, failing, operation, refuse
 from operations.facts import EmptyMeansSomething
 from operations.phase import elsewhere, executing
 from operations.probes import Proofs, Proven
 from operations.services import InitSystem, Service, ServiceProcess, log_tails
+from operations.settings import WorkstationSettings, http_url
 from operations.states import Serving, Speculative
 
 LAYER = Layer.SERVING
@@ -74,13 +75,14 @@ Check = Callable[..., tuple[list[str], bool]]
 @dataclass(frozen=True)
 class Sglang:
     """
-    SGLang on one workstation, as the site describes it (host data ``serving_*``).
+    SGLang on one workstation, as its settings describe it (``operations/settings.py``).
 
     ``address`` is where the router, the acceptance probes and clients reach the
-    server: the host's ``ssh_hostname``. ``link_address``, ``peer_link_address``
-    and ``rank0_link_address`` are this host's, its peer's and rank 0's
-    addresses on the Thunderbolt link, where the TP group meets and talks;
-    ``tp_size`` is the group's size, one rank a workstation of the site.
+    server: the host's settings' ``address`` (its ``ssh_hostname``).
+    ``link_address``, ``peer_link_address`` and ``rank0_link_address`` are this
+    host's, its peer's and rank 0's addresses on the Thunderbolt link, where the
+    TP group meets and talks; ``tp_size`` is the group's size, one rank a
+    workstation of the site.
     """
 
     address: str
@@ -110,41 +112,37 @@ class Sglang:
 
     @classmethod
     def from_host(cls, workstation: Host) -> Sglang:
-        """Read a workstation's host data (any inventory host, not only the current one)."""
-        data = workstation.data
+        """A workstation's settings (any inventory host, not only the current one)."""
+        settings = WorkstationSettings.of(workstation)
+        serving = settings.serving
         return cls(
-            address=data.get("ssh_hostname") or workstation.name,
-            rank=data.rank,
-            tp_size=data.tp_size,
-            link_address=data.thunderbolt_address,
-            peer_link_address=data.peer_thunderbolt_address,
-            rank0_link_address=data.rank0_thunderbolt_address,
-            interface=data.link_interface,
-            python=data.serving_python,
-            module=data.serving_sglang_module,
-            model_path=data.serving_model_path,
-            served_model_name=data.serving_served_model_name,
-            quantization=data.serving_quantization,
-            context_length=data.serving_context_length,
-            mem_fraction_static=data.serving_mem_fraction_static,
-            draft_model_path=data.serving_draft_model_path,
-            port=data.serving_port,
-            dist_init_port=data.serving_dist_init_port,
-            min_version=str(data.serving_min_sglang_version),
-            user=data.serving_user,
-            init_system=data.serving_init_system,
-            working_directory=data.serving_working_directory,
-            start_timeout=data.serving_start_timeout_seconds,
-            listen_address=data.serving_listen_address,
+            address=settings.address,
+            rank=settings.rank,
+            tp_size=settings.tp_size,
+            link_address=settings.link_address,
+            peer_link_address=settings.peer_link_address,
+            rank0_link_address=settings.rank0_link_address,
+            interface=settings.link.interface,
+            listen_address=settings.listen_address,
+            module=serving.sglang_module,
+            min_version=str(serving.min_sglang_version),
+            start_timeout=serving.start_timeout_seconds,
+            # The rest are the site's own [serving] keys, under their own names.
+            **{name: getattr(serving, name) for name in _SERVING_KEYS},
         )
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}:{self.port}"
+        return http_url(self.address, self.port)
 
     @property
     def tp_rank_name(self) -> str:
         return TP_RANKS[self.rank]
+
+
+# Sglang's fields that are [serving] keys of the site by the same name.
+_SERVING_KEYS = tuple(name for name in site.Serving.model_fields
+                      if name in {field.name for field in fields(Sglang)})
 
 
 def server_command(sglang: Sglang) -> list[str]:
@@ -410,20 +408,23 @@ def server_info_problems(info: object, tp_size: int, speculative: Speculative | 
     ]
 
 
-def server_info(url: str) -> probes.Answer:
-    """``/server_info``, or ``/get_server_info`` on releases that only have the old name."""
-    answer = probes.get(f"{url}/server_info")
+def server_info(url: str, **request: float) -> probes.Answer:
+    """
+    ``/server_info``, or ``/get_server_info`` on releases that only have the old
+    name; ``request`` is :func:`probes.get`'s (a timeout).
+    """
+    answer = probes.get(f"{url}/server_info", **request)
     if answer.status == 404:
-        answer = probes.get(f"{url}/get_server_info")
+        answer = probes.get(f"{url}/get_server_info", **request)
     return answer
 
 
 def tp_log_tails() -> str:
     """Every rank's log: a TP failure is often visible only on another rank."""
-    return log_tails([
-        (workstation, TP_RANKS[workstation.data.rank], workstation.data.serving_init_system)
-        for workstation in inventory.get_group("workstations")
-    ])
+    workstations = inventory.get_group("workstations")
+    ranks = [Sglang.from_host(workstation) for workstation in workstations]
+    return log_tails([(workstation, rank.tp_rank_name, rank.init_system)
+                      for workstation, rank in zip(workstations, ranks, strict=True)])
 
 
 def stuck(sglang: Sglang, service: Service, proofs: Proofs,

@@ -32,6 +32,7 @@ from operations.serving import (
     accept,
     process_problems,
 )
+from operations.settings import GatewaySettings
 
 # The router twinbolt installs on the gateway; requirements-lab.txt pins the same release.
 # sglang-router, hash-pinned; installed into the router's venv as it is.
@@ -40,7 +41,7 @@ ROUTER_LOCK = Path(__file__).resolve().parents[1] / "requirements-router.lock"
 
 @dataclass(frozen=True)
 class Router(GatewayService):
-    """sglang-router on the gateway (host data ``gateway_roles_router_*``) and its workers."""
+    """sglang-router on the gateway (the site's ``gateway_roles.router_*``) and its workers."""
 
     workers: tuple[str, ...]
     served_model_name: str
@@ -50,8 +51,13 @@ class Router(GatewayService):
     def from_hosts(cls, gateway: Host, workstations: list[Host]) -> Router:
         """The gateway's settings, with every workstation's replica as a worker."""
         replicas = [Sglang.from_host(workstation) for workstation in workstations]
+        settings = GatewaySettings.of(gateway)
+        roles = settings.roles
         return cls(
-            **GatewayService.settings(gateway, "router"),
+            **GatewayService.shared(settings),
+            port=roles.router_port,
+            venv=roles.router_venv,
+            user=roles.router_user,
             workers=tuple(replica.url for replica in replicas),
             served_model_name=replicas[0].served_model_name,
             start_timeout=max(replica.start_timeout for replica in replicas),

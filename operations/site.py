@@ -11,7 +11,8 @@ site as flat pyinfra host data: TOML ``[section] key`` becomes ``section_key``
 (nested tables join with ``_`` too); a host table's ``ssh_*`` keys and
 ``[ssh]`` become pyinfra's own SSH connector keys, and its ``sudo`` the data of
 :func:`sudo_data`. ``group_data/`` publishes the same names with these defaults
-(via :func:`site_default`) for the embedded lab, which has no site file.
+(via :func:`section_defaults`) for the embedded lab, which has no site file, and
+``operations/settings.py`` reads them back as one typed object per host.
 """
 
 import os
@@ -37,6 +38,8 @@ from pydantic import (
     ValidationInfo,
     model_validator,
 )
+from pydantic.fields import FieldInfo
+from pydantic_core import to_jsonable_python
 from pyinfra.api.exceptions import InventoryError
 
 from operations.connect import nodelay_data
@@ -434,20 +437,48 @@ def sudo_data(sudo: bool) -> dict[str, bool]:
     return {SUDO: True, "_sudo": True} if sudo else {}
 
 
+def flat_key(prefix: str, key: str) -> str:
+    """The host data name of a site key: ``[serving] port`` is ``serving_port``."""
+    return f"{prefix}_{key}"
+
+
+def nested_section(field: FieldInfo) -> type[BaseModel] | None:
+    """The model of a field that is a table of its own (``gateway_roles.large``), else None."""
+    annotation = field.annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
 def _flat(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in values.items():
         if isinstance(value, dict):
-            flat.update(_flat(f"{prefix}_{key}", value))
+            flat.update(_flat(flat_key(prefix, key), value))
         else:
-            flat[f"{prefix}_{key}"] = value
+            flat[flat_key(prefix, key)] = value
     return flat
 
 
 def site_default(model: type[BaseModel], field: str) -> Any:
-    """A field's default, for ``group_data/`` to publish without writing it twice."""
+    """A field's default, for code that needs one without writing it twice."""
 
     return model.model_fields[field].get_default(call_default_factory=True)
+
+
+def section_defaults(model: type[BaseModel], prefix: str) -> dict[str, Any]:
+    """
+    A section's defaults as the flat host data a site gives (``prefix_field``, as
+    JSON), for ``group_data/`` to publish: every field that has one, nested
+    sections' too, so a field added to a model is published with no other edit.
+    """
+    defaults: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        if section := nested_section(field):
+            defaults.update(section_defaults(section, flat_key(prefix, name)))
+        elif not field.is_required():
+            defaults[flat_key(prefix, name)] = to_jsonable_python(site_default(model, name))
+    return defaults
 
 
 def load_site(path: str | os.PathLike[str]) -> Site:

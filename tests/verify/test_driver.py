@@ -13,6 +13,7 @@ from operations.driver import (
     PeerCapabilities,
     build_id_from_note,
 )
+from operations.settings import WorkstationSettings
 from operations.states import State
 
 MODULE = "/sys/module/thunderbolt_net"
@@ -20,9 +21,7 @@ XDOMAIN_DEVICES = "/sys/bus/thunderbolt/devices"
 
 
 def candidate_of(workstation) -> CandidateModule:
-    data = workstation.data
-    return CandidateModule(
-        data["candidate_path"], data["candidate_sha256"], data["candidate_module_name"])
+    return WorkstationSettings.of(workstation).candidate_module
 
 
 def loaded_build_id(workstation) -> str:
@@ -33,7 +32,7 @@ def loaded_build_id(workstation) -> str:
 
 def stock_build_id(workstation) -> tuple[str, str]:
     """The file modprobe would load, and its build-id, read as the driver layer reads it."""
-    module = workstation.data["candidate_module_name"]
+    module = WorkstationSettings.of(workstation).candidate.module_name
     path = workstation.host.check_output(f"modinfo -n {module}")
     reader = ModuleFileBuildId()
     out = workstation.host.check_output(reader.command(path=path).get_raw_value())
@@ -83,7 +82,7 @@ def test_no_candidate_copy_or_option_persists(workstation, state: State) -> None
         "grep -rsl tx_e2e /etc/modprobe.d /etc/modules-load.d /etc/modules "
         "/etc/initramfs-tools").stdout.split()
     assert options == [], f"{workstation.name}: persistent tx_e2e configuration in {options}"
-    run_dir = workstation.data["run_dir"]
+    run_dir = WorkstationSettings.of(workstation).run_dir
     staged = workstation.host.file(f"{run_dir}/thunderbolt_net.ko")
     if state.driver == "stock":
         assert not staged.exists, f"{workstation.name}: {staged.path} is left behind"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from verify_helpers import InventoryView, fact
+from verify_helpers import fact
 
 from operations.gateway import (
     DEPLOYMENTS,
@@ -34,8 +34,8 @@ TOKENS = 16
 
 @pytest.fixture(scope="module")
 def proxy(gateway, workstations) -> Proxy:
-    router = Router.from_hosts(InventoryView(gateway), [InventoryView(w) for w in workstations])
-    return Proxy.from_host(InventoryView(gateway), router.served_model_name, router.url)
+    router = Router.from_hosts(gateway, workstations)
+    return Proxy.from_host(gateway, router.served_model_name, router.url)
 
 
 def test_the_config_has_the_fallbacks_the_state_declares(gateway, proxy: Proxy,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 
 from operations.link import XDOMAIN_PEERS
+from operations.settings import WorkstationSettings
 from operations.states import State
 
 
@@ -43,8 +44,8 @@ def test_exactly_one_xdomain_peer_is_connected(workstation, state: State) -> Non
 
 
 def test_link_trained_at_the_expected_rate_and_lanes(workstation, state: State) -> None:
-    expected_rate = workstation.data["link_expected_rate_gbps"]
-    expected_lanes = workstation.data["link_expected_lanes"]
+    link = WorkstationSettings.of(workstation).link
+    expected_rate, expected_lanes = link.expected_rate_gbps, link.expected_lanes
     peers = xdomain_peers(workstation)
     holds(state, bool(peers), f"{workstation.name}: no XDomain peer is connected ({DEVICES})")
     for side in ("rx", "tx") if peers else ():
@@ -58,8 +59,9 @@ def test_link_trained_at_the_expected_rate_and_lanes(workstation, state: State) 
 
 
 def test_interface_has_carrier_and_its_address(workstation, state: State) -> None:
-    address = workstation.data["thunderbolt_address"]
-    interface = workstation.host.interface(workstation.data["link_interface"])
+    settings = WorkstationSettings.of(workstation)
+    address = settings.link_address
+    interface = workstation.host.interface(settings.link.interface)
     holds(state, interface.exists, f"{workstation.name}: {interface.name} does not exist")
     if not interface.exists:
         return
@@ -71,8 +73,8 @@ def test_interface_has_carrier_and_its_address(workstation, state: State) -> Non
 
 
 def test_peer_answers_across_thunderbolt0(workstation, state: State) -> None:
-    interface = workstation.data["link_interface"]
-    peer = workstation.data["peer_thunderbolt_address"]
+    settings = WorkstationSettings.of(workstation)
+    interface, peer = settings.link.interface, settings.peer_link_address
     ping = workstation.host.run(f"ping -c 1 -i 0.2 -w 2 -I {interface} {peer}")
     holds(state, ping.rc == 0,
           f"{workstation.name}: {peer} does not answer across {interface}: {ping.stdout.strip()}")

@@ -13,7 +13,7 @@ import shlex
 
 import httpx
 import pytest
-from verify_helpers import InventoryView, fact
+from verify_helpers import fact
 
 from operations.services import Service
 from operations.serving import (
@@ -25,6 +25,7 @@ from operations.serving import (
     tp_environment,
     tp_rank_service,
 )
+from operations.settings import GatewaySettings, WorkstationSettings
 from operations.states import STATES, State
 from operations.transport import Connections, connection_problems, connections_of
 
@@ -108,9 +109,9 @@ print(json.dumps({"gpus": gpus.stdout.splitlines(), "error": (gpus.stderr + apps
                   "holders": holders}))
 """
 # Options every server declares only when the site sets them: (flag, data key).
-OPTIONAL_FLAGS = (("--quantization", "serving_quantization"),
-                  ("--context-length", "serving_context_length"),
-                  ("--mem-fraction-static", "serving_mem_fraction_static"))
+OPTIONAL_FLAGS = (("--quantization", "quantization"),
+                  ("--context-length", "context_length"),
+                  ("--mem-fraction-static", "mem_fraction_static"))
 
 
 def processes(inventory_host, init_system: str, variables: set[str],
@@ -128,19 +129,19 @@ def processes(inventory_host, init_system: str, variables: set[str],
 @pytest.fixture(scope="module")
 def servers(workstation) -> dict[str, dict | None]:
     """This workstation's SGLang services, read once for the module's checks."""
-    sglang = Sglang.from_host(InventoryView(workstation))
+    sglang = Sglang.from_host(workstation)
     variables = {*replica_service(sglang).environment,
                  *tp_environment(sglang.interface, sglang.link_address),
                  *(name for state in STATES.values()
                    for name in tp_rank_service(sglang, state.speculative).environment)}
-    return processes(workstation, workstation.data["serving_init_system"], variables,
+    return processes(workstation, sglang.init_system, variables,
                      *GPU_SERVICES)
 
 
 @pytest.fixture(scope="module")
 def declared(workstation, state: State) -> Service:
     """The server this workstation runs in ``state``, built as the deploy builds it."""
-    sglang = Sglang.from_host(InventoryView(workstation))
+    sglang = Sglang.from_host(workstation)
     if state.tensor_parallel:
         return tp_rank_service(sglang, state.speculative)
     return replica_service(sglang)
@@ -148,10 +149,6 @@ def declared(workstation, state: State) -> Service:
 
 def flag(argv: list[str], name: str) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else None
-
-
-def url(inventory_host, port_key: str) -> str:
-    return f"http://{inventory_host.data['ssh_hostname']}:{inventory_host.data[port_key]}"
 
 
 def completion_problem(base_url: str, model: str) -> str | None:
@@ -175,7 +172,7 @@ def completion_problem(base_url: str, model: str) -> str | None:
 
 def test_the_declared_sglang_servers_run_and_no_others(workstation, servers,
                                                        state: State) -> None:
-    rank = workstation.data["rank"]
+    rank = WorkstationSettings.of(workstation).rank
     wanted = service_for(state.serving, rank)
     running = {name for name, server in servers.items() if server is not None}
     assert running == {wanted}, (
@@ -186,35 +183,37 @@ def test_the_declared_sglang_servers_run_and_no_others(workstation, servers,
 
 def test_the_server_runs_with_the_declared_arguments(workstation, workstations, servers,
                                                      state: State) -> None:
-    rank = workstation.data["rank"]
+    settings = WorkstationSettings.of(workstation)
+    rank = settings.rank
     name = service_for(state.serving, rank)
     server = servers[name]
     assert server is not None, f"{workstation.name}: {name} does not run"
     argv = server["argv"]
-    data = workstation.data
-    assert argv[:3] == [data["serving_python"], "-m", data["serving_sglang_module"]], (
+    serving = settings.serving
+    assert argv[:3] == [serving.python, "-m", serving.sglang_module], (
         f"{workstation.name}: {name} runs {' '.join(argv[:3])}, not "
-        f"{data['serving_python']} -m {data['serving_sglang_module']}")
-    assert flag(argv, "--model-path") == data["serving_model_path"]
-    assert flag(argv, "--served-model-name") == data["serving_served_model_name"]
-    assert flag(argv, "--port") == str(data["serving_port"])
+        f"{serving.python} -m {serving.sglang_module}")
+    assert flag(argv, "--model-path") == serving.model_path
+    assert flag(argv, "--served-model-name") == serving.served_model_name
+    assert flag(argv, "--port") == str(serving.port)
     assert "--enable-cache-report" in argv and "--enable-metrics" in argv
     for option, key in OPTIONAL_FLAGS:
-        wanted = str(data[key]) if data[key] else None
+        value = getattr(serving, key)
+        wanted = str(value) if value else None
         assert flag(argv, option) == wanted, (
-            f"{workstation.name}: {name} has {option} {flag(argv, option)}; {key} is "
-            f"{data[key]!r}")
+            f"{workstation.name}: {name} has {option} {flag(argv, option)}; serving_{key} is "
+            f"{value!r}")
     if not state.tensor_parallel:
         assert flag(argv, "--tp-size") in (None, "1"), f"{workstation.name}: {argv}"
         assert not any(word.startswith("--speculative") for word in argv)
         return
     # One rank a workstation of the inventory, each its own node; rank 0 listed first.
-    rank0_link = workstations[0].data["thunderbolt_address"]
+    rank0_link = WorkstationSettings.of(workstations[0]).link_address
     group = str(len(workstations))
     assert (flag(argv, "--tp-size"), flag(argv, "--nnodes"), flag(argv, "--node-rank")) == (
         group, group, str(rank)), f"{workstation.name}: {' '.join(argv)}"
     assert flag(argv, "--dist-init-addr") == (
-        f"{rank0_link}:{workstation.data['serving_dist_init_port']}")
+        f"{rank0_link}:{serving.dist_init_port}")
     speculative = {word: flag(argv, word) for word in argv if word.startswith("--speculative")}
     if state.speculative is None:
         assert speculative == {}, f"{workstation.name}: {state.name} has no speculation: {argv}"
@@ -225,7 +224,7 @@ def test_the_server_runs_with_the_declared_arguments(workstation, workstations, 
         assert speculative.get("--speculative-num-draft-tokens") == str(
             state.speculative.num_draft_tokens)
         assert speculative.get("--speculative-draft-model-path") == (
-            data["serving_draft_model_path"] or None), f"{workstation.name}: {' '.join(argv)}"
+            serving.draft_model_path or None), f"{workstation.name}: {' '.join(argv)}"
 
 
 def test_the_server_runs_exactly_the_service_the_deploy_renders(workstation, servers,
@@ -243,7 +242,7 @@ def test_the_server_runs_exactly_the_service_the_deploy_renders(workstation, ser
         f"{shlex.join(declared.command)}")
     environment = {key: server["environment"].get(key) for key in declared.environment}
     assert environment == declared.environment, f"{where} has {environment}"
-    assert server["user"] == declared.user == workstation.data["serving_user"], (
+    assert server["user"] == declared.user == WorkstationSettings.of(workstation).serving.user, (
         f"{where} runs as {server['user']}, not {declared.user}")
     directory = workstation.host.check_output(
         f"realpath -m -- {shlex.quote(declared.working_directory)}")
@@ -277,7 +276,7 @@ def test_only_the_declared_server_holds_the_gpu(workstation, servers, declared: 
     assert others == [], f"{workstation.name}: other twinbolt servers hold the GPU: " + (
         described(others))
     strangers = [h for h in holders if owner(h) is None]
-    allowed = workstation.data.get("serving_foreign_gpu_memory_mib") or 0
+    allowed = WorkstationSettings.of(workstation).serving.foreign_gpu_memory_mib or 0
     assert sum(h["used_mib"] for h in strangers) <= allowed, (
         f"{workstation.name}: processes twinbolt did not start hold GPU memory beyond the "
         f"{allowed} MiB serving.foreign_gpu_memory_mib allows: {described(strangers)}")
@@ -291,7 +290,7 @@ def test_tp_ranks_talk_over_the_thunderbolt_link_only(workstation, servers,
     """Every socket of the group pinned to the link, and its connections really on it."""
     if not state.tensor_parallel:
         pytest.skip(f"{state.name} runs no TP group")
-    sglang = Sglang.from_host(InventoryView(workstation))
+    sglang = Sglang.from_host(workstation)
     server = servers[sglang.tp_rank_name]
     assert server is not None, f"{workstation.name}: {sglang.tp_rank_name} does not run"
     pins = tp_environment(sglang.interface, sglang.link_address)
@@ -305,21 +304,22 @@ def test_tp_ranks_talk_over_the_thunderbolt_link_only(workstation, servers,
 
 
 def test_clients_servers_answer_real_completions(workstations, gateway, state: State) -> None:
-    model = workstations[0].data["serving_served_model_name"]
+    settings = [WorkstationSettings.of(workstation) for workstation in workstations]
+    model = settings[0].serving.served_model_name
     if not state.tensor_parallel:
         # Each replica directly, then the route clients use.
-        targets = [url(workstation, "serving_port") for workstation in workstations]
-        targets.append(url(gateway, "gateway_roles_router_port"))
+        targets = [each.server_url for each in settings]
+        targets.append(GatewaySettings.of(gateway).router_url)
     else:
         # Rank 0 only: rank 1 serves nothing but a dummy /health.
-        targets = [url(workstations[0], "serving_port")]
+        targets = [settings[0].server_url]
     problems = [problem for target in targets
                 if (problem := completion_problem(target, model)) is not None]
     assert problems == [], "; ".join(problems)
 
 
 def test_the_router_is_ready_only_in_front_of_replicas(gateway, state: State) -> None:
-    router = processes(gateway, gateway.data["gateway_roles_init_system"], set(),
+    router = processes(gateway, GatewaySettings.of(gateway).roles.init_system, set(),
                        ROUTER)[ROUTER]
     if state.tensor_parallel:
         assert router is None, (
@@ -329,7 +329,7 @@ def test_the_router_is_ready_only_in_front_of_replicas(gateway, state: State) ->
         return
     assert router is not None, f"{gateway.name}: sglang-router does not run"
     # Its /health always says OK; /readiness needs a healthy worker.
-    readiness = httpx.get(f"{url(gateway, 'gateway_roles_router_port')}/readiness", timeout=10)
+    readiness = httpx.get(f"{GatewaySettings.of(gateway).router_url}/readiness", timeout=10)
     assert readiness.status_code == 200, f"{gateway.name}: /readiness: {readiness.text}"
 
 
@@ -337,7 +337,8 @@ def test_rank0_reports_the_declared_parallelism_and_speculation(workstations,
                                                                 state: State) -> None:
     if not state.tensor_parallel:
         pytest.skip(f"{state.name} runs no TP group")
-    info = httpx.get(f"{url(workstations[0], 'serving_port')}/server_info", timeout=10).json()
+    info = httpx.get(f"{WorkstationSettings.of(workstations[0]).server_url}/server_info",
+                     timeout=10).json()
     assert info["tp_size"] == len(workstations)
     if state.speculative is None:
         assert info.get("speculative_algorithm") is None

@@ -1,6 +1,6 @@
-"""What the verify checks share: the inventory's data read the way pyinfra reads it,
-so the layers' own settings (``Sglang.from_host``, ``Proxy.from_host``) build from it;
-and the layers' own facts, read over testinfra's SSH as pyinfra reads them."""
+"""What the verify checks share: the layers' own facts, read over testinfra's SSH as
+pyinfra reads them. (A host's settings come from ``operations/settings.py``, built
+from its inventory data as the deploy builds them.)"""
 
 from __future__ import annotations
 
@@ -9,21 +9,6 @@ from typing import Any
 from pyinfra.api import FactBase
 
 from harness import remote
-
-
-class HostData(dict):
-    """Inventory data read like pyinfra's: ``data.key`` and ``data.get(key)``."""
-
-    def __getattr__(self, key: str) -> Any:
-        return self[key]
-
-
-class InventoryView:
-    """What the layers' settings are built from: a name and its data."""
-
-    def __init__(self, inventory_host) -> None:
-        self.name = inventory_host.name
-        self.data = HostData(inventory_host.data)
 
 
 def fact(inventory_host, cls: type[FactBase], **arguments: Any) -> Any:

@@ -1,0 +1,185 @@
+"""
+A host's settings as one typed object, built from its final host data.
+
+A site reaches its hosts as flat pyinfra host data (``operations/site.py``:
+``[serving] port`` is ``serving_port``), and ``--data key=value`` overrides it
+after the inventory and ``group_data/`` have run; a rollback's carried data is
+host data too. So the settings are built here, from the data pyinfra merged,
+and this is the only code that reads the flat keys: the runbook, the layers,
+the harness and the verify checks all ask :meth:`WorkstationSettings.of` or
+:meth:`GatewaySettings.of`, given a pyinfra ``Host`` or an
+``operations.hosts.InventoryEntry`` alike.
+
+The key names are the site model's own fields (:func:`section`), so a setting
+added to a model reaches every consumer with no other edit. Values are not
+validated again: the site file was when it loaded, the lab's are its own, and
+the lab's service accounts are root, which a site's may never be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel
+
+from operations.driver import CandidateModule
+from operations.site import (
+    Candidate,
+    GatewayRoles,
+    Ledger,
+    Link,
+    Serving,
+    flat_key,
+    nested_section,
+)
+
+Section = TypeVar("Section", bound=BaseModel)
+
+
+class Data(Protocol):
+    """pyinfra's ``HostData`` and the plain dict of an inventory entry both answer this."""
+
+    def get(self, key: str, default: Any = None) -> Any: ...
+
+
+class Inventoried(Protocol):
+    """A host with its merged data: a pyinfra ``Host``, an ``InventoryEntry``."""
+
+    name: str
+
+    @property
+    def data(self) -> Data | Mapping[str, Any]: ...
+
+
+_ABSENT = object()
+
+
+def section(model: type[Section], data: Data | Mapping[str, Any], prefix: str) -> Section:
+    """
+    One site section from its flat keys, ``prefix_field`` (nested models
+    ``prefix_field_subfield``, as the site flattens them); a key no data holds
+    takes the model's default.
+    """
+    values: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        key = flat_key(prefix, name)
+        if nested := nested_section(field):
+            values[name] = section(nested, data, key)
+        elif (value := data.get(key, _ABSENT)) is not _ABSENT:
+            values[name] = value
+    return model.model_construct(**values)
+
+
+def http_url(address: str, port: int) -> str:
+    """Where a client reaches a service of twinbolt's: every base URL is built here."""
+    return f"http://{address}:{port}"
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """
+    What every host has: its name, the ``address`` clients and probes reach it
+    at, and the run directory.
+
+    ``address`` is the host's ``ssh_hostname``, else its name: pyinfra's own
+    rule for where it connects, so a service is reached where pyinfra deploys it.
+    """
+
+    name: str
+    address: str
+    run_dir: str
+
+    @classmethod
+    def of(cls, host: Inventoried) -> HostSettings:
+        return cls(**HostSettings.common(host))
+
+    @staticmethod
+    def common(host: Inventoried) -> dict[str, Any]:
+        """The fields of every host, for the kinds of host to build on."""
+        data = host.data
+        return {"name": host.name, "address": data.get("ssh_hostname") or host.name,
+                "run_dir": data.get("run_dir")}
+
+
+@dataclass(frozen=True)
+class WorkstationSettings(HostSettings):
+    """
+    A workstation's settings: its place in the TP group (``tp_group_data``) and
+    the site's sections. ``link_address``, ``peer_link_address`` and
+    ``rank0_link_address`` are this host's, its peer's and rank 0's addresses on
+    the Thunderbolt link.
+    """
+
+    rank: int
+    tp_size: int
+    link_address: str
+    peer_link_address: str
+    rank0_link_address: str
+    # Where SGLang listens (site key workstations.listen_address).
+    listen_address: str
+    link: Link
+    candidate: Candidate
+    serving: Serving
+    ledger: Ledger
+
+    @classmethod
+    def of(cls, host: Inventoried) -> WorkstationSettings:
+        data = host.data
+        return cls(
+            **HostSettings.common(host),
+            rank=data.get("rank"),
+            tp_size=data.get("tp_size"),
+            link_address=data.get("thunderbolt_address"),
+            peer_link_address=data.get("peer_thunderbolt_address"),
+            rank0_link_address=data.get("rank0_thunderbolt_address"),
+            listen_address=data.get("serving_listen_address"),
+            link=section(Link, data, "link"),
+            candidate=section(Candidate, data, "candidate"),
+            serving=section(Serving, data, "serving"),
+            ledger=section(Ledger, data, "ledger"),
+        )
+
+    @property
+    def server_url(self) -> str:
+        """This workstation's SGLang server, as the router, the probes and clients reach it."""
+        return http_url(self.address, self.serving.port)
+
+    @property
+    def candidate_module(self) -> CandidateModule:
+        return CandidateModule(self.candidate.path, self.candidate.sha256,
+                               self.candidate.module_name)
+
+    @property
+    def candidate_build_id(self) -> str | None:
+        """
+        The candidate's GNU build ID, or None when its file is missing or no ELF
+        module: a report still reads the host, and the driver layer says why.
+        """
+        try:
+            return self.candidate_module.build_id
+        except (OSError, AttributeError, StopIteration):
+            return None
+
+
+@dataclass(frozen=True)
+class GatewaySettings(HostSettings):
+    """The gateway's settings: the site's ``[gateway_roles]``."""
+
+    roles: GatewayRoles
+
+    @classmethod
+    def of(cls, host: Inventoried) -> GatewaySettings:
+        return cls(**HostSettings.common(host),
+                   roles=section(GatewayRoles, host.data, "gateway_roles"))
+
+    @property
+    def router_url(self) -> str:
+        """sglang-router, which fronts the replicas in production."""
+        return http_url(self.address, self.roles.router_port)
+
+    @property
+    def proxy_url(self) -> str:
+        """The LiteLLM proxy: the public roles small and large."""
+        return http_url(self.address, self.roles.litellm_port)
