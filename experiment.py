@@ -7,6 +7,7 @@ The experiment, from the operator's chair:
     python experiment.py measure [--window NAME ...] [--out DIR]
     python experiment.py campaign [--states A,B,...] [--no-baseline] [--out DIR]
     python experiment.py soak --minutes N [--interval S] [--out DIR]
+    python experiment.py linktest [--seconds S] [--out DIR]   # the link alone, no model
     python experiment.py compare A.json B.json ... [--baseline STATE]
 
 Window sizes default to the issue's (512 tokens single, 6 x 256 concurrent, a
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from harness import campaign, compare, matrix, report
+from harness import campaign, compare, linktest, linktest_report, matrix, report
 from harness.diagnose import diagnose
 from harness.measure import NotMeasurable, failures, measure_state
 from harness.soak import soak
@@ -115,6 +116,18 @@ async def run_soak(arguments: argparse.Namespace, topology: Topology) -> int:
     return 1 if result["stopped"] else 0
 
 
+async def run_linktest(arguments: argparse.Namespace, topology: Topology) -> int:
+    try:
+        built = await linktest.linktest(topology, arguments.seconds)
+    except linktest.NotTestable as error:
+        print(f"experiment: linktest refused: {error}", file=sys.stderr)
+        return 2
+    path = linktest_report.write(built, arguments.out)
+    print(path.with_suffix(".md").read_text())
+    print(f"chart: {path.with_suffix('.png')}; report: {path}")
+    return 0
+
+
 async def run_matrix(arguments: argparse.Namespace, topology: Topology) -> int:
     return show_matrix(arguments.ledger or matrix.ledger_path(topology))
 
@@ -131,9 +144,16 @@ def show_matrix(path: Path) -> int:
 
 
 def run_compare(arguments: argparse.Namespace) -> int:
-    reports = [report.load(path) for path in arguments.reports]
+    loaded = [json.loads(path.read_text()) for path in arguments.reports]
+    if links := [built for built in loaded if linktest_report.is_linktest(built)]:
+        print(linktest_report.comparison(links))
+    paths = [path for path, built in zip(arguments.reports, loaded, strict=True)
+             if not linktest_report.is_linktest(built)]
+    if not paths:
+        return 0
+    reports = [report.load(path) for path in paths]
     print(compare.comparison(reports, arguments.baseline))
-    chart = arguments.chart or arguments.reports[-1].parent / f"comparison-{stamp()}.png"
+    chart = arguments.chart or paths[-1].parent / f"comparison-{stamp()}.png"
     print(f"chart: {compare.chart(reports, chart)}")
     return 0
 
@@ -182,6 +202,13 @@ def parser() -> argparse.ArgumentParser:
                              help="seconds between samples (default 5)")
     soak_parser.add_argument("--out", type=Path, default=REPORTS)
 
+    linktest_parser = commands.add_parser(
+        "linktest", help="the network-only window in the current state: iperf3 flows and "
+                         "probes each way, beside the receiver errors and retransmissions")
+    linktest_parser.add_argument("--seconds", type=int, default=linktest.FLOW_SECONDS,
+                                 help="each run of flows, whole seconds (default %(default)s)")
+    linktest_parser.add_argument("--out", type=Path, default=REPORTS)
+
     compare_parser = commands.add_parser("compare", help="a table and a chart across reports")
     compare_parser.add_argument("reports", nargs="+", type=Path, metavar="REPORT.json")
     compare_parser.add_argument("--baseline", help="ratios against this state's report "
@@ -193,7 +220,8 @@ def parser() -> argparse.ArgumentParser:
 async def with_topology(arguments: argparse.Namespace) -> int:
     command = {"status": status, "diagnose": run_diagnose, "matrix": run_matrix,
                "measure": measure,
-               "campaign": run_campaign, "soak": run_soak}[arguments.command]
+               "campaign": run_campaign, "soak": run_soak,
+               "linktest": run_linktest}[arguments.command]
     with tempfile.TemporaryDirectory(prefix="twinbolt-") as directory:
         return await command(arguments, Topology.load(Path(directory)))
 
@@ -207,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             return show_matrix(arguments.ledger)
         if arguments.command in ("measure", "campaign"):
             window_settings(arguments)
+        if arguments.command == "linktest" and not 0 < arguments.seconds <= 600:
+            raise ValueError("linktest: --seconds must be in (0, 600]")
         if arguments.command == "soak" and not (0 < arguments.minutes <= 24 * 60
                                                  and arguments.interval > 0):
             raise ValueError("soak: --minutes must be in (0, 1440] and --interval above 0")

@@ -73,14 +73,30 @@ def remote_command(script: str, sudo: bool = False) -> str:
     return f"sudo -H -n sh -c {shlex.quote(script)}" if sudo else script
 
 
-async def read(host: str, queries: list[Query], ssh_config: Path,
-               timeout: float = SSH_TIMEOUT_SECONDS, sudo: bool = False) -> Reading:
-    """
-    Read ``queries`` on ``host`` (a name in ``ssh_config``) with one ``ssh``
-    command, under sudo with ``sudo``.
-    """
+@dataclass(frozen=True)
+class Ran:
+    """What one ``ssh`` command did: its exit code (``None``: no answer in time), its output."""
+
+    host: str
+    returncode: int | None
+    stdout: str
+    stderr: str
+    at: float
+
+    def error(self) -> str | None:
+        """Why the command failed, in ssh's or the command's own words; ``None`` if it did not."""
+        if self.returncode is None:
+            return f"ssh {self.host}: {self.stderr}"
+        if self.returncode != 0:
+            return f"ssh {self.host}: {self.stderr.strip() or f'exit code {self.returncode}'}"
+        return None
+
+
+async def run(host: str, command: str, ssh_config: Path,
+              timeout: float = SSH_TIMEOUT_SECONDS) -> Ran:
+    """Run ``command`` on ``host`` (named in ``ssh_config``) by one ``ssh``, within ``timeout``."""
     process = await asyncio.create_subprocess_exec(
-        "ssh", "-F", str(ssh_config), "--", host, remote_command(script(queries), sudo),
+        "ssh", "-F", str(ssh_config), "--", host, command,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -89,12 +105,21 @@ async def read(host: str, queries: list[Query], ssh_config: Path,
     except TimeoutError:
         process.kill()
         await process.wait()
-        return Reading(host, {}, time.monotonic(), f"ssh {host}: no answer within {timeout:g}s")
-    at = time.monotonic()
-    if process.returncode != 0:
-        reason = stderr.decode(errors="replace").strip() or f"exit code {process.returncode}"
-        return Reading(host, {}, at, f"ssh {host}: {reason}")
-    return Reading(host, parse(stdout.decode(errors="replace"), queries), at)
+        return Ran(host, None, "", f"no answer within {timeout:g}s", time.monotonic())
+    return Ran(host, process.returncode, stdout.decode(errors="replace"),
+               stderr.decode(errors="replace"), time.monotonic())
+
+
+async def read(host: str, queries: list[Query], ssh_config: Path,
+               timeout: float = SSH_TIMEOUT_SECONDS, sudo: bool = False) -> Reading:
+    """
+    Read ``queries`` on ``host`` (a name in ``ssh_config``) with one ``ssh``
+    command, under sudo with ``sudo``.
+    """
+    ran = await run(host, remote_command(script(queries), sudo), ssh_config, timeout)
+    if error := ran.error():
+        return Reading(host, {}, ran.at, error)
+    return Reading(host, parse(ran.stdout, queries), ran.at)
 
 
 async def read_all(hosts: dict[InventoryEntry, list[Query]],

@@ -68,8 +68,29 @@ def missing_tools() -> list[str]:
 
 def healthy() -> bool:
     return all(read_pid(name) for name in PROCESSES) and all(
-        network.netns_exists(host.name) for host in HOSTS
+        network.netns_exists(host.name) and private_mounts_in_place(host) for host in HOSTS
     )
+
+
+# The machine's files a package install replaces by renaming a new copy over them.
+ACCOUNT_FILES = ("/etc/passwd", "/etc/group", "/etc/shadow")
+
+
+def private_mounts_in_place(host: LabHost) -> bool:
+    """
+    Whether the host still sees its own accounts over the machine's. A package
+    installed on the machine may add a system user (``adduser`` renames a new
+    ``/etc/passwd`` over the old), and the kernel then detaches every mount on
+    the old file in the hosts' namespaces: the lab's operator account is gone,
+    and SSH as it fails. Such a lab is not up, whatever its processes say.
+    """
+    pid = read_pid(f"host-{host.name}")
+    try:
+        mountinfo = Path(f"/proc/{pid}/mountinfo").read_text() if pid else ""
+    except FileNotFoundError:
+        return False
+    points = {line.split()[4] for line in mountinfo.splitlines()}
+    return all(target in points for target in ACCOUNT_FILES)
 
 
 def has_remnants() -> bool:
@@ -190,8 +211,8 @@ def up(init: str | None = None) -> None:
         return
     started = time.monotonic()
     if has_remnants():
-        say("found a stale lab (namespaces without their processes) or one booting another "
-            "init system: rebuilding")
+        say("found a stale lab (namespaces without their processes, or hosts whose private "
+            "files were unmounted) or one booting another init system: rebuilding")
         down(quiet=True)
     INIT_FILE.parent.mkdir(parents=True, exist_ok=True)
     INIT_FILE.write_text(f"{init or init_system()}\n")

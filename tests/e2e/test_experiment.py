@@ -19,7 +19,7 @@ from e2e_helpers import (
     places_holding,
 )
 
-from harness import matrix
+from harness import linktest_report, matrix
 from harness.topology import Topology
 from operations import ledger
 
@@ -39,6 +39,33 @@ def measured(directory: Path, state: str) -> dict:
     (path,) = directory.glob(f"{state}-*.json")
     assert path.with_suffix(".md").exists()
     return json.loads(path.read_text())
+
+
+def linktested(directory: Path, state: str) -> tuple[Path, dict]:
+    """
+    ``experiment.py linktest`` of one-second flows in the current state: it ran
+    every run it must, and wrote its report, its Markdown and its chart.
+    """
+    result = experiment("linktest", "--seconds", "1", "--out", str(directory))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    (path,) = directory.glob(f"linktest-{state}-*.json")
+    assert path.with_suffix(".png").stat().st_size > 0
+    built = json.loads(path.read_text())
+    kinds = [(run["kind"], run["direction"], run.get("flows")) for run in built["runs"]]
+    for direction in ("wsa->wsb", "wsb->wsa"):
+        assert [kind for kind in kinds if kind[1] == direction] == [
+            ("flows", direction, 1), ("flows", direction, 2), ("flows", direction, 4),
+            ("probes", direction, None), ("load_and_ping", direction, 4)]
+    assert all(run["gbit_s"] > 0 and run["trained_gbps"] == 20.0
+               for run in built["runs"] if run["kind"] == "flows")
+    assert all(run["sent"] == 100 for run in built["runs"] if "sent" in run)
+    assert "### The field report's network-only figures beside these" in result.stdout
+    return path, built
+
+
+def path_text(directory: Path, pattern: str) -> str:
+    (path,) = directory.glob(pattern)
+    return path.read_text()
 
 
 def test_tp2_e2e_is_observed_and_measured_with_the_link_counters_in_its_window(
@@ -94,6 +121,12 @@ def test_tp2_e2e_is_observed_and_measured_with_the_link_counters_in_its_window(
     assert entry["tok_s"] == single["summary"]["output_tok_s"]
     assert [part["nhi"] for part in entry["hosts"]] == ["8086:1137", "8086:1137"]
     assert {part["parameters"].get("tx_e2e") for part in entry["hosts"]} == {"Y"}
+    # The network-only window, in the same state: under the candidate no receiver
+    # loses a frame, with or without load.
+    _, built = linktested(tmp_path, "tp2_e2e")
+    row = linktest_report.headline(built)
+    assert (row["driver"], row["receiver_errors"], row["probe_loss"]) == ("candidate", 0, 0)
+    assert "field, candidate (tx_e2e=1)" in path_text(tmp_path, "linktest-tp2_e2e-*.md")
     assert places_holding(master_key(), {"the run at -vvv": run.output,
                                          "status": status.stdout + status.stderr,
                                          "measure": result.stdout + result.stderr,
@@ -123,6 +156,15 @@ def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
     # A replica holds the whole model on one GPU and all-reduces nothing.
     bound = report["roofline"]["bound"]
     assert (bound["inputs"]["tp_size"], bound["link_ms"], bound["draft_ms"]) == (1, 0.0, 0.0)
+    # The link needs no model: production's stock driver is tested on it, the
+    # replicas untouched, and set beside the field's stock-direction control.
+    path, built = linktested(tmp_path, "production")
+    row = linktest_report.headline(built)
+    assert row["driver"] == "stock" and row["receiver_errors"] > 0 and row["retransmissions"] > 0
+    compared = experiment("compare", str(path), *map(str, tmp_path.glob("production-*.json")))
+    assert compared.returncode == 0, compared.stderr
+    assert "### Linktests" in compared.stdout and "| production | stock |" in compared.stdout
+    assert "single tok/s" in compared.stdout
     assert places_holding(master_key(), {"the way back at -vvv": run.output,
                                          "measure": result.stdout + result.stderr,
                                          **files_under(tmp_path)}) == []

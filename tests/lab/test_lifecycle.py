@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +16,7 @@ from lab_helpers import lab, ssh
 
 from lab import cgroups, network
 from lab.control import PROCESSES
-from lab.topology import HOSTS, REPO, STATE, alive, read_pid
+from lab.topology import HOSTS, OPERATOR, REPO, STATE, alive, read_pid
 
 # What a clone holds that the copy needs: everything tracked, and the operator's venv.
 NOT_IN_A_CLONE = shutil.ignore_patterns(".git", ".venv*", ".lab", "wheelhouse", "reports",
@@ -66,6 +67,23 @@ def test_down_leaves_nothing_then_up_rebuilds_a_stale_lab() -> None:
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert "stale" in rebuilt.stdout
     assert ssh("wsa", "cat /sys/module/thunderbolt_net/parameters/e2e").stdout.strip() == "Y"
+    assert lab("status").returncode == 0
+
+
+def test_up_rebuilds_a_lab_whose_hosts_lost_their_own_accounts() -> None:
+    """
+    As after ``apt install`` of a package that adds a system user on the machine:
+    its adduser renames a new /etc/passwd over the old one, which detaches the
+    hosts' own copy; here the mount is taken away directly.
+    """
+    wsa = read_pid("host-wsa")
+    subprocess.run(["nsenter", "-t", str(wsa), "-m", "umount", "/etc/passwd"], check=True)
+    assert ssh("wsa", f"getent passwd {OPERATOR}", check=False).stdout == ""
+    assert lab("status").returncode == 3
+    rebuilt = lab("up")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "unmounted" in rebuilt.stdout
+    assert ssh("wsa", f"getent passwd {OPERATOR}").stdout.startswith(f"{OPERATOR}:")
     assert lab("status").returncode == 0
 
 

@@ -1,0 +1,180 @@
+"""
+A linktest's report: JSON, Markdown beside the field report's network-only
+figures, a chart, and the table ``experiment.py compare`` shows across them.
+
+The field report's network-only section measured the stock driver's control and
+the candidate; a linktest is set beside the one its driver layer is. A figure
+the report does not give says "not reported", and nothing else does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from harness.compare import NOT_REPORTED, Reported
+from harness.counters import combined
+from harness.linktest import FLOW_COUNTS, FORMAT
+from harness.report import number, replaced, table, write_text
+
+# shared/REFERENCE.md, "Network only": (stock-direction control, candidate).
+FIELD_NETWORK: dict[str, tuple[Reported | None, Reported | None]] = {
+    "gbit_s_4_flows": (Reported(15.249, "15.249"), None),
+    "retransmissions": (Reported(25717, "25,717"), None),
+    "receiver_errors": (Reported(4346, "4,346"), None),
+    "probe_loss": (None, Reported(0.0, "0 (100 each way)")),
+    "probe_mean_ms": (None, Reported(0.285, "about 0.28 to 0.29")),
+    "loaded_probe_loss": (None, Reported(0.0, "0")),
+}
+# (figure, what the row measures, digits)
+FIGURES = (
+    ("gbit_s_4_flows", "Gbit/s delivered, 4 flows (mean of the directions)", 3),
+    ("retransmissions", "TCP retransmissions, 4-flow runs (host-wide, both hosts)", 0),
+    ("receiver_errors", "receiver errors, 4-flow runs (both receivers)", 0),
+    ("probe_loss", "loss of the low-rate probes (both directions)", 3),
+    ("probe_mean_ms", "mean probe RTT, ms (both directions)", 3),
+    ("probe_p99_ms", "p99 probe RTT, ms (worst direction)", 3),
+    ("loaded_probe_loss", "probe loss under 4 flows", 3),
+)
+CONTROL_COLUMN = {"stock": 0, "candidate": 1}
+
+
+def of_kind(report: dict[str, Any], kind: str, flows: int | None = None) -> list[dict[str, Any]]:
+    return [run for run in report["runs"]
+            if run["kind"] == kind and (flows is None or run.get("flows") == flows)]
+
+
+def mean(values: list[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return sum(known) / len(known) if known and len(known) == len(values) else None
+
+
+def headline(report: dict[str, Any]) -> dict[str, Any]:
+    """The figures set beside the field report's, and beside other linktests."""
+    loaded = of_kind(report, "flows", FLOW_COUNTS[-1])
+    idle = of_kind(report, "probes")
+
+    def total(name: str) -> int | None:
+        return combined([run["link"]["totals"][name] for run in loaded])
+
+    sent = sum(run["sent"] for run in idle)
+    return {
+        "state": report["state"],
+        "driver": report["observed"]["layers"].get("driver"),
+        "gbit_s_4_flows": mean([run["gbit_s"] for run in loaded]),
+        "retransmissions": total("retransmissions"),
+        "receiver_errors": total("receiver_errors"),
+        "probe_loss": 1 - sum(run["received"] for run in idle) / sent if sent else None,
+        "probe_mean_ms": mean([run["mean_ms"] for run in idle]),
+        "probe_p99_ms": max((run["p99_ms"] for run in idle if run["p99_ms"] is not None),
+                            default=None),
+        "loaded_probe_loss": mean([run["loss"] for run in of_kind(report, "load_and_ping")]),
+        "capped": [f"{run['direction']} x{run['flows']}" for run in of_kind(report, "flows")
+                   if run["capped"]],
+    }
+
+
+def ratio(value: float | None, field: Reported | None) -> str:
+    if value is None or field is None or not field.value:
+        return "—"
+    return f"{value / field.value:.2f}×"
+
+
+def beside_the_field(report: dict[str, Any]) -> list[str]:
+    """The report's figures beside the field's for the same driver, each with its ratio."""
+    row = headline(report)
+    column = CONTROL_COLUMN.get(row["driver"])
+    if column is None:
+        return [f"The driver layer was {row['driver']!r}: the field report measured the stock "
+                "driver and the candidate only."]
+    body = []
+    for key, title, digits in FIGURES:
+        field = FIELD_NETWORK.get(key, (None, None))[column]
+        body.append([title, number(row[key], digits), field.text if field else NOT_REPORTED,
+                     ratio(row[key], field)])
+    label = "stock-direction control" if column == 0 else "candidate (tx_e2e=1)"
+    return table(["measure", f"lab ({row['state']})", f"field, {label}", "lab / field"], body)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    runs = [[run["direction"], str(run["flows"]), number(run["gbit_s"], 3),
+             number(run["trained_gbps"], 1), str(run["retransmits"]),
+             number(run["link"]["totals"]["receiver_errors"], 0),
+             number(run["link"]["totals"]["retransmissions"], 0),
+             "**link up but capped**" if run["capped"] else ""]
+            for run in of_kind(report, "flows")]
+    pings = [[run["direction"], "idle" if run["kind"] == "probes" else f"under {run['flows']} "
+              "flows", f"{run['received']}/{run['sent']}", number(run["loss"], 3),
+              number(run["mean_ms"], 3), number(run["p99_ms"], 3)]
+             for run in report["runs"] if run["kind"] in ("probes", "load_and_ping")]
+    errors = [[run["direction"], str(run["flows"]), host,
+               ", ".join(f"{name} {value}" for name, value in delta["counters"].items()
+                         if name.startswith("rx_") and name.endswith("errors")) or "reset",
+               str(delta["sockets"]["retrans"])]
+              for run in of_kind(report, "flows") for host, delta in run["link"]["hosts"].items()]
+    return "\n".join([
+        f"## Linktest: {report['state']} ({report['observed']['verdict']})", "",
+        f"Flows of {report['seconds']:g} s each; measured {report['measured_at']}.", "",
+        *table(["direction", "flows", "Gbit/s", "trained Gb/s", "iperf3 retransmits",
+                "receiver errors", "host retransmissions", ""], runs), "",
+        *table(["direction", "probes", "replies", "loss", "mean ms", "p99 ms"], pings), "",
+        "### Receiver errors by kind, and TP-socket retransmissions, per run", "",
+        *table(["direction", "flows", "host", "receiver errors", "peer-socket retrans"],
+               errors), "",
+        "### The field report's network-only figures beside these", "",
+        *beside_the_field(report), "",
+    ]) + "\n"
+
+
+def write(report: dict[str, Any], directory: Path) -> Path:
+    """Write ``linktest-<state>-<time>.json``, its ``.md`` and its ``.png``; the JSON's path."""
+    stamp = report["measured_at"].replace(":", "").replace("+0000", "Z")
+    path = directory / f"linktest-{report['state']}-{stamp}.json"
+    write_text(path, json.dumps(report, indent=1) + "\n")
+    write_text(path.with_suffix(".md"), markdown(report))
+    chart(report, path.with_suffix(".png"))
+    return path
+
+
+def is_linktest(report: dict[str, Any]) -> bool:
+    return report.get("format") == FORMAT
+
+
+def comparison(reports: list[dict[str, Any]]) -> str:
+    """Linktests side by side: one row each, the figures the field report gives."""
+    rows = [headline(report) for report in reports]
+    body = [[row["state"], str(row["driver"]),
+             *(number(row[key], digits) for key, _, digits in FIGURES),
+             ", ".join(row["capped"]) or "—"] for row in rows]
+    header = ["state", "driver", *(title for _, title, _ in FIGURES), "capped runs"]
+    return "\n".join(["### Linktests", "", *table(header, body)]) + "\n"
+
+
+def chart(report: dict[str, Any], path: Path) -> Path:
+    """Gbit/s per direction and flow count against the trained rate, and the probes' RTT."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: over SSH and in CI
+    import matplotlib.pyplot as plt
+
+    figure, (rates, rtts) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
+    runs = of_kind(report, "flows")
+    labels = [f"{run['direction']}\nx{run['flows']}" for run in runs]
+    bars = rates.bar(range(len(runs)), [run["gbit_s"] for run in runs],
+                     color=["tab:red" if run["capped"] else "tab:blue" for run in runs])
+    rates.bar_label(bars, labels=[number(run["gbit_s"], 2) for run in runs], fontsize=8)
+    for trained in set(report["trained_gbps"].values()):
+        rates.axhline(trained, color="grey", linestyle="--", linewidth=1)
+    rates.set_xticks(range(len(runs)), labels, fontsize=8)
+    rates.set_title("delivered Gbit/s (dashed: trained rate)")
+    pings = [run for run in report["runs"] if run["kind"] in ("probes", "load_and_ping")]
+    rtts.bar(range(len(pings)), [run["mean_ms"] or 0 for run in pings], color="tab:green")
+    rtts.set_xticks(range(len(pings)), [f"{run['direction']}\n{run['kind']}" for run in pings],
+                    fontsize=8)
+    rtts.set_title("mean probe RTT, ms")
+    figure.suptitle(f"twinbolt linktest: {report['state']}")
+    with replaced(path) as temporary:
+        figure.savefig(temporary, dpi=100, format="png")
+    plt.close(figure)
+    return path
