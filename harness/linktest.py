@@ -30,7 +30,7 @@ from harness.progress import say
 from harness.report import number
 from harness.status import observe
 from harness.topology import Topology
-from operations.hosts import InventoryEntry
+from operations.settings import WorkstationSettings
 
 FORMAT = "twinbolt-linktest/1"
 FLOW_COUNTS = (1, 2, 4)
@@ -61,8 +61,8 @@ class NotTestable(RuntimeError):
 class Direction:
     """One direction across the cable: from ``sender``'s link address to ``receiver``'s."""
 
-    sender: InventoryEntry
-    receiver: InventoryEntry
+    sender: WorkstationSettings
+    receiver: WorkstationSettings
 
     @property
     def name(self) -> str:
@@ -71,9 +71,10 @@ class Direction:
 
 def directions(topology: Topology) -> list[Direction]:
     """Each workstation sending to its peer across the cable: both directions."""
-    by_address = {entry.data["thunderbolt_address"]: entry for entry in topology.workstations}
-    return [Direction(entry, by_address[entry.data["peer_thunderbolt_address"]])
-            for entry in topology.workstations]
+    workstations = [WorkstationSettings.of(entry) for entry in topology.workstations]
+    by_address = {settings.link_address: settings for settings in workstations}
+    return [Direction(settings, by_address[settings.peer_link_address])
+            for settings in workstations]
 
 
 @dataclass(frozen=True)
@@ -131,14 +132,14 @@ class Probes:
 def iperf3_server(direction: Direction, seconds: int) -> str:
     """One test's server on the receiver, at its link address; gone after it, or its bound."""
     return (f"timeout {seconds + GRACE_SECONDS:g} iperf3 --server --one-off "
-            f"--bind {direction.receiver.data['thunderbolt_address']} --port {IPERF3_PORT}")
+            f"--bind {direction.receiver.link_address} --port {IPERF3_PORT}")
 
 
 def iperf3_client(direction: Direction, flows: int, seconds: int) -> str:
     """``flows`` parallel TCP flows from the sender's link address, for ``seconds``; JSON."""
     return (f"timeout {seconds + GRACE_SECONDS:g} iperf3 --client "
-            f"{direction.receiver.data['thunderbolt_address']} --port {IPERF3_PORT} "
-            f"--bind {direction.sender.data['thunderbolt_address']} --parallel {flows} "
+            f"{direction.receiver.link_address} --port {IPERF3_PORT} "
+            f"--bind {direction.sender.link_address} --parallel {flows} "
             f"--time {seconds} --json")
 
 
@@ -148,8 +149,8 @@ def ping(direction: Direction, count: int = PROBES,
     # ping reads its deadline (-w) as whole seconds.
     deadline = math.ceil(count * interval + GRACE_SECONDS)
     return (f"ping -n -c {count} -i {interval:g} -W 1 -w {deadline} "
-            f"-I {direction.sender.data['link_interface']} "
-            f"{direction.receiver.data['thunderbolt_address']}")
+            f"-I {direction.sender.link.interface} "
+            f"{direction.receiver.link_address}")
 
 
 def capped(gbit_s: float, trained_gbps: float | None) -> bool:

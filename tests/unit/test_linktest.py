@@ -13,6 +13,7 @@ import pytest
 from harness import linktest, linktest_report
 from harness.compare import NOT_REPORTED
 from operations.hosts import InventoryEntry
+from operations.settings import WorkstationSettings
 
 
 def workstation(name: str, address: str, peer: str, interface: str = "thunderbolt0"
@@ -22,8 +23,9 @@ def workstation(name: str, address: str, peer: str, interface: str = "thunderbol
         "link_interface": interface})
 
 
-LOOPBACK = linktest.Direction(workstation("wsa", "127.0.0.1", "127.0.0.1", "lo"),
-                              workstation("wsb", "127.0.0.1", "127.0.0.1", "lo"))
+LOOPBACK = linktest.Direction(
+    WorkstationSettings.of(workstation("wsa", "127.0.0.1", "127.0.0.1", "lo")),
+    WorkstationSettings.of(workstation("wsb", "127.0.0.1", "127.0.0.1", "lo")))
 
 
 def shell(command: str) -> subprocess.CompletedProcess[str]:
