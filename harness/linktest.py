@@ -146,9 +146,10 @@ def iperf3_client(direction: Direction, flows: int, seconds: int) -> str:
 def ping(direction: Direction, count: int = PROBES,
          interval: float = PROBE_INTERVAL_SECONDS) -> str:
     """``count`` probes from the sender to the receiver's link address, out of the link."""
-    # ping reads its deadline (-w) as whole seconds.
+    # Bounded by timeout(1), not ping's own -w: with a deadline, ping sends until
+    # it has ``count`` replies, so a lossy link would get more than ``count`` probes.
     deadline = math.ceil(count * interval + GRACE_SECONDS)
-    return (f"ping -n -c {count} -i {interval:g} -W 1 -w {deadline} "
+    return (f"timeout {deadline} ping -n -c {count} -i {interval:g} -W 1 "
             f"-I {direction.sender.link.interface} "
             f"{direction.receiver.link_address}")
 

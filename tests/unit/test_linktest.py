@@ -57,6 +57,13 @@ def test_the_rendered_ping_runs_and_its_replies_are_read() -> None:
     assert probes.loss == 0 and 0 < probes.mean_ms <= probes.p99_ms < 10
 
 
+def test_exactly_the_probes_asked_for_are_sent_whatever_is_lost() -> None:
+    """ping's -w would send until it had every reply: a lossy link would get more probes."""
+    command = linktest.ping(LOOPBACK)
+    assert " -w " not in command and command.startswith("timeout ")
+    assert " -c 100 -i 0.02 " in command
+
+
 def test_lost_probes_count_as_loss() -> None:
     output = ("64 bytes from 169.254.77.2: icmp_seq=1 ttl=64 time=0.30 ms\n"
               "64 bytes from 169.254.77.2: icmp_seq=3 ttl=64 time=0.50 ms\n"
