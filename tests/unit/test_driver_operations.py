@@ -290,3 +290,85 @@ def test_the_ranks_stop_for_exactly_the_swaps_the_driver_step_makes(candidate, l
                if "modprobe" in command or "insmod" in command]
     assert answer == f"'swap planned: {swaps}'"
     assert bool(reloads) is swaps
+
+
+# Each branch of the driver judges, pinned by what it reports (issue 29 part 5).
+
+
+@pytest.mark.parametrize(("path", "sha256"), [("", ""), (None, "ab" * 32), ("set", "")])
+def test_a_candidate_without_path_or_sha256_is_not_configured(candidate, path, sha256) -> None:
+    unpinned = CandidateModule(candidate.path if path == "set" else path, sha256)
+    assert unpinned.problems(RELEASE) == ["no candidate module configured (candidate path and "
+                                          "sha256)"]
+
+
+def test_a_candidate_names_each_of_its_problems(tmp_path) -> None:
+    stock = build("stock", tmp_path / "thunderbolt_net.ko")
+    fake = CandidateModule(str(stock), hashlib.sha256(stock.read_bytes()).hexdigest())
+    assert fake.problems("5.0.0-other") == [
+        f"candidate {stock} does not declare the tx_e2e parameter",
+        f"candidate {stock} was built for kernel {RELEASE}, but this host runs 5.0.0-other"]
+
+
+def test_a_candidate_without_vermagic_says_it_names_no_kernel(tmp_path, monkeypatch) -> None:
+    from lab import modules
+    fields = modules._modinfo_fields
+    monkeypatch.setattr(modules, "_modinfo_fields", lambda variant: [
+        field for field in fields(variant) if not field.startswith("vermagic=")])
+    path = build("candidate", tmp_path / "thunderbolt_net.ko")
+    bare = CandidateModule(str(path), hashlib.sha256(path.read_bytes()).hexdigest())
+    assert bare.problems(RELEASE) == [
+        f"candidate {path} was built for kernel (none), but this host runs {RELEASE}"]
+
+
+def test_the_candidate_judge_names_a_foreign_build_id() -> None:
+    module = {"initstate": "live", "build_id": "d" * 40,
+              "parameters": {"e2e": "Y", "tx_e2e": "Y"}}
+    assert build_problems(module, "candidate", STOCK_BUILD, "c" * 40) == [
+        f"the loaded build-id {'d' * 40} is not the candidate's {'c' * 40}"]
+
+
+def test_a_clean_stock_driver_verifies(candidate) -> None:
+    # A persistent file that is not the candidate (the distribution's) is no problem.
+    assert run_operation(driver.verified, facts(candidate), loaded="stock",
+                         candidate=candidate) == []
+
+
+def test_persistent_configuration_is_named_by_its_tx_e2e_lines(candidate) -> None:
+    persistent = {"files": {}, "config": ["options thunderbolt_net tx_e2e=1",
+                                          "blacklist thunderbolt_net"]}
+    [message] = run_operation(driver.verified, facts(candidate, persistent=persistent),
+                              loaded="stock", candidate=candidate)
+    assert message == ("fail: driver layer: persistent configuration mentions tx_e2e: "
+                       "options thunderbolt_net tx_e2e=1")
+
+
+@pytest.mark.parametrize(("e2e", "shown"), [("N", "N"), (None, "None")])
+def test_verification_names_rx_e2e_off(candidate, e2e, shown) -> None:
+    [message] = run_operation(driver.verified, facts(candidate, e2e=e2e), loaded="stock",
+                              candidate=candidate)
+    assert message == f"fail: driver layer: RX E2E is off (parameters/e2e is {shown})"
+
+
+def test_a_staged_copy_is_the_candidates_own_while_it_is_loaded(candidate) -> None:
+    assert run_operation(driver.verified, facts(candidate, "candidate", staged=True),
+                         loaded="candidate", candidate=candidate) == []
+
+
+def test_verification_names_the_file_modprobe_loads(candidate) -> None:
+    [message] = run_operation(driver.verified, facts(candidate, "candidate"), loaded="stock",
+                              candidate=candidate)
+    assert f"is not that of {STOCK_FILE}, the file modprobe loads ({STOCK_BUILD})" in message
+
+
+def test_verification_with_nothing_loaded_says_only_that(candidate) -> None:
+    assert run_operation(driver.verified, facts(candidate, None), loaded="stock",
+                         candidate=candidate) == [
+        "fail: driver layer: thunderbolt_net is not loaded"]
+
+
+def test_a_candidate_build_without_tx_e2e_says_it_is_absent() -> None:
+    module = {"initstate": "live", "build_id": "c" * 40, "parameters": {"e2e": "Y"}}
+    assert build_problems(module, "candidate", STOCK_BUILD, "c" * 40) == [
+        "parameters/tx_e2e is absent, not Y (insmod ignores parameters a module does not "
+        "declare)"]

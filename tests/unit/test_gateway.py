@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 from importlib.metadata import version
@@ -615,3 +616,58 @@ def test_a_blank_master_key_file_is_replaced_like_a_missing_one() -> None:
         return False if cls is gateway.HoldsKey else facts(cls, kwargs)
     commands = run_operation(gateway.proxy, blank, proxy=PROXY, fallback=True)
     assert commands[0] == gateway.master_key_command(KEY_FILE).get_raw_value()
+
+
+# The routing and answer judges, branch by branch (issue 29 part 5)
+
+
+def test_routing_is_judged_part_by_part_in_the_values_seen_and_wanted() -> None:
+    wanted = wanted_routing(PROXY, True)
+    assert gateway.routing_problems("the running proxy", wanted, wanted, "its config has") == []
+    assert gateway.routing_problems("the config f", None, wanted, "the state declares") == [
+        "the config f does not exist"]
+    without = {**wanted, "fallbacks": {}, "context_window_fallbacks": {}}
+    assert gateway.routing_problems("the running proxy", without, wanted, "its config has") == [
+        "the running proxy has fallbacks none, but its config has small -> large",
+        "the running proxy has context_window_fallbacks none, but its config has small -> large"]
+
+
+def test_verify_names_a_config_that_routes_otherwise_than_the_state_declares(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probes, "get", lambda url, timeout=5.0: probes.Answer(url, 200))
+    monkeypatch.setattr(gateway_route, "roles_problems", lambda proxy, fallback, tokens,
+                        proofs: [])
+    live, on_disk = wanted_routing(PROXY, True), wanted_routing(PROXY, False)
+
+    def facts(cls: type, kwargs: dict) -> object:
+        if cls is services.ServiceProcess:
+            return {"running": True, "pid": 41}
+        return {ProxyConfig: on_disk, LiveRouting: live}[cls]
+    assert run_operation(gateway_route.verified, facts, proxy=PROXY, fallback=True) == [
+        f"fail: gateway layer: the config {PROXY.config_file} has fallbacks none, but the "
+        "state declares small -> large"]
+
+
+def test_an_answer_that_is_no_completion_is_not_judged_by_its_deployment() -> None:
+    error = probes.Answer("http://10.66.0.13:4000/v1/chat/completions", 500, {
+        "error": {"message": "model group 'small' failed."}})
+    assert gateway_route.answer_problems("small", error, "small-router", 8) == [
+        f"role small: no completion: {error.describe()}"]
+    assert gateway_route.answer_problems("small", completion("small-router"), "small-router",
+                                         8) == []
+
+
+def test_routing_parts_other_than_fallbacks_are_shown_as_json() -> None:
+    wanted = wanted_routing(PROXY, False)
+    moved = {**wanted, "deployments": {"small": {"id": "small-router"}}}
+    assert gateway.routing_problems("the running proxy", moved, wanted, "its config has") == [
+        'the running proxy has deployments {"small": {"id": "small-router"}}, but its config '
+        f"has {json.dumps(wanted['deployments'], sort_keys=True)}"]
+
+
+def test_an_answer_without_the_fallbacks_header_says_it_is_absent() -> None:
+    answer = completion("small-router")
+    del answer.headers["x-litellm-attempted-fallbacks"]
+    assert gateway_route.answer_problems("large", answer, "large-backend", 8) == [
+        "role large: it was served by deployment 'small-router', not 'large-backend' "
+        "(x-litellm-attempted-fallbacks: absent)"]

@@ -108,3 +108,17 @@ def test_free_accepts_memory_held_by_twinbolts_own_server() -> None:
 def test_free_refuses_a_host_without_a_gpu() -> None:
     with pytest.raises(OperationError, match="nvidia-smi lists no GPU"):
         commands(gpu.free, host_with([], [], {}), services=SERVICES, init_system="runit")
+
+
+def test_foreign_memory_is_judged_in_all_and_a_nameless_process_says_so() -> None:
+    # Each below the allowance, together above it: both are named.
+    processes = [
+        {"pid": 40, "used_mib": 600, "lineage": [40, 1], "command": ""},
+        {"pid": 50, "used_mib": 600, "lineage": [50, 1], "command": "python notebook.py"},
+    ]
+    assert gpu.foreign_problems(processes, own_pids=set(), allowed_mib=1000) == [
+        "pid 40 (command unknown) holds 600 MiB of GPU memory and was not started by twinbolt",
+        "pid 50 (python notebook.py) holds 600 MiB of GPU memory and was not started by "
+        "twinbolt",
+        "stop it, or allow it with serving.foreign_gpu_memory_mib (now 1000)"]
+    assert gpu.foreign_problems(processes, own_pids=set(), allowed_mib=1200) == []

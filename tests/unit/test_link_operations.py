@@ -256,3 +256,35 @@ def test_pyinfra_reads_the_route_fact_outside_sudo_when_told_to() -> None:
     with ctx_state.use(state), ctx_host.use(host):
         assert host.get_fact(RouteInterface, address="ssh-client") is None
         assert host.get_fact(RouteInterface, address="ssh-client", _sudo=False) == "lo"
+
+
+# The link judges, branch by branch (issue 29 part 5)
+
+
+def test_no_peer_is_worth_waiting_for() -> None:
+    assert link.cable_problems(None, 20.0, 1) == (["no XDomain peer is connected"], True)
+
+
+def test_the_rate_and_width_are_the_slower_direction() -> None:
+    uneven = {"device": "0-3", "peer": "wsb", "rx_speed_gbps": 20.0, "tx_speed_gbps": 10.0,
+              "rx_lanes": 2, "tx_lanes": 1, "others": []}
+    assert link.cable_problems(uneven, 20.0, 1) == (
+        ["the link to wsb trained at 10 Gb/s over 1 lane(s), expected 20 Gb/s over 1 "
+         "(check the cable and the ports)"], False)
+    assert link.cable_problems({**uneven, "rx_speed_gbps": 10.0, "tx_speed_gbps": 20.0,
+                                "rx_lanes": 1, "tx_lanes": 2}, 10.0, 1) == ([], True)
+
+
+def test_a_missing_interface_is_named_and_its_peer_not_asked() -> None:
+    def missing(cls, kwargs):
+        if cls is InterfaceState:
+            return {"exists": False, "carrier": False, "addresses": []}
+        return facts(answers=False)(cls, kwargs)
+    run_operation(Problems, missing)
+    assert Problems.found == ["thunderbolt0 does not exist (is the driver loaded?)"]
+
+
+def test_no_carrier_is_named_before_a_missing_address() -> None:
+    seen = {"exists": True, "carrier": False, "addresses": []}
+    assert link.interface_problems(seen, "thunderbolt0", "169.254.77.1") == [
+        "thunderbolt0 has no carrier"]

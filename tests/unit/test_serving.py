@@ -578,3 +578,56 @@ def test_the_sglang_version_is_read_as_the_serving_user_not_root(tmp_path: Path)
     finally:
         shutil.rmtree(directory)
     assert fact.process(run.stdout.splitlines()) == {"version": str(pwd.getpwnam("nobody").pw_uid)}
+
+
+@pytest.mark.parametrize("body", [
+    {"usage": {"completion_tokens": 32}},                      # no choices: KeyError
+    {"choices": [], "usage": {"completion_tokens": 32}},       # no first choice: IndexError
+    {"choices": None, "usage": {"completion_tokens": 32}},     # not a list: TypeError
+])
+def test_an_answer_that_is_no_chat_completion_says_so(body) -> None:
+    shown = answer(body)
+    assert probes.completion_problems(shown, 32) == [
+        f"not a chat completion: {shown.describe()}"]
+
+
+def test_a_completion_names_each_of_its_problems() -> None:
+    for content in (None, ""):
+        empty = {"choices": [{"message": {"content": content}}],
+                 "usage": {"completion_tokens": 2}}
+        assert probes.completion_problems(answer(empty), 32) == [
+            "the completion is empty", "the completion has 2 tokens, 32 were asked for"]
+
+
+# The serving judges, branch by branch (issue 29 part 5)
+
+
+def test_a_quantization_refused_from_its_last_release_on_names_the_older_ones() -> None:
+    # marlin is accepted before 0.5.20: 0.5.20 itself is already too new.
+    [refused] = serving.quantization_problems({"version": "0.5.20"}, "marlin", "/opt/sglang/py")
+    assert refused.endswith("or install an SGLang before 0.5.20 for /opt/sglang/py")
+
+
+def test_a_process_without_a_status_says_so() -> None:
+    service = tp_rank_service(RANK0, None)
+    assert process_problems({"running": False}, service) == [
+        "sglang-tp2-rank0 is not running (no status)"]
+
+
+@pytest.mark.parametrize("key", ["speculative_num_steps", "speculative_eagle_topk",
+                                 "speculative_num_draft_tokens"])
+def test_server_info_is_judged_by_each_speculative_setting(key: str) -> None:
+    info = {"tp_size": 2, "served_model_name": "qwen", "speculative_algorithm": "EAGLE",
+            "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": 4}
+    assert server_info_problems({**info, key: 9}, 2, NEXTN_3_1_4, "qwen") == [
+        f"/server_info reports {key}=9, expected {info[key]}"]
+
+
+def test_a_stale_process_is_named_by_pid_and_both_command_lines() -> None:
+    service = tp_rank_service(RANK0, None)
+    stale = {"running": True, "pid": 7, "argv": ["python", "-m", "old"],
+             "environment": dict(service.environment)}
+    assert process_problems(stale, service) == [
+        f"sglang-tp2-rank0 (pid 7) runs 'python -m old', not the rendered "
+        f"{' '.join(service.command)!r}"]

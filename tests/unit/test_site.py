@@ -176,6 +176,44 @@ def test_malformed_toml(write_site):
             "(top level): host names must be distinct, got ws0, ws1, ws0",
             id="duplicate host",
         ),
+        pytest.param(
+            edited("[gateway_roles.large]\n", '[gateway_roles.large]\napi_key_env = "LARGE_KEY"'
+                   '\napi_key_file = "/etc/twinbolt/large_key"\n'),
+            "gateway_roles.large: set api_key_env or api_key_file, not both",
+            id="two key sources",
+        ),
+        pytest.param(
+            edited("[gateway_roles.large]", "[gateway_roles]\nrouter_port = 4000\n\n"
+                   "[gateway_roles.large]"),
+            "gateway_roles: router_port and litellm_port must differ",
+            id="gateway port clash",
+        ),
+        pytest.param(
+            edited('ssh_port = 1\nthunderbolt_address = "169.254.77.2"',
+                   'ssh_port = 70000\nthunderbolt_address = "169.254.77.2"'),
+            "workstations.1.ssh_port: value should be less than or equal to 65535 (got 70000)",
+            id="port out of range",
+        ),
+        pytest.param(
+            edited('user = "sglang"', 'user = "sglang"\nmin_sglang_version = "0.5.x"'),
+            "serving.min_sglang_version: String should match pattern",
+            id="bad version",
+        ),
+        pytest.param(
+            MINIMAL_SITE + '\n[ledger]\npath = "records/a\\nb.jsonl"\n',
+            "ledger.path: holds the control character(s) '\\n'",
+            id="path on two lines",
+        ),
+        pytest.param(
+            edited("[candidate]", "[link]\nprefix_length = 31\n\n[candidate]"),
+            "link.prefix_length: value should be less than or equal to 30 (got 31)",
+            id="prefix too long",
+        ),
+        pytest.param(
+            edited('user = "sglang"', 'user = "sglang"\nmem_fraction_static = 1.0'),
+            "serving.mem_fraction_static: value should be less than 1 (got 1.0)",
+            id="whole memory",
+        ),
     ],
 )
 def test_a_bad_value_names_its_key_and_what_is_allowed(write_site, text, expected):
@@ -444,3 +482,9 @@ def test_a_workstation_names_where_sglang_listens_every_address_by_default(write
                                          'thunderbolt_address = "169.254.77.2"\n'
                                          'listen_address = "ws1.lan"')))
     assert line.startswith("workstations.1.listen_address: value is not a valid IPv4 or IPv6")
+
+
+def test_a_sha256_is_compared_in_lowercase_as_sha256sum_prints_it(write_site):
+    pinned = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+    site = load_site(write_site(edited(pinned, pinned.upper())))
+    assert site.candidate.sha256 == pinned

@@ -225,3 +225,34 @@ def test_the_model_shape_command_reads_a_model_directory(tmp_path: Path) -> None
     (tmp_path / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": 480}}))
     assert read()["weight_bytes"] == 480
+
+
+# The transport judge, branch by branch (issue 29 part 5)
+
+
+def test_a_connection_to_another_hosts_http_port_is_no_http_client() -> None:
+    # Only connections to this rank's own HTTP port are its clients'.
+    outbound = '0 0 10.66.0.11%eth0:41000 10.66.0.12:30000 users:(("python",pid=4250,fd=60))'
+    found = rank0_problems(*CROSS_RANK0, outbound)
+    assert len(found) == 1
+    assert "its connections 10.66.0.11:41000 -> 10.66.0.12:30000 run outside" in found[0]
+
+
+def test_a_connection_to_the_peers_link_address_from_elsewhere_is_neither_group_nor_off_link(
+        ) -> None:
+    from_lan = '0 0 10.66.0.11%eth0:41000 169.254.77.2:38000 users:(("python",pid=4250,fd=60))'
+    assert rank0_problems(*CROSS_RANK0, from_lan) == []
+    assert rank0_problems(from_lan) == [
+        "the TP group has no connection between 169.254.77.1 and 169.254.77.2 on thunderbolt0"]
+
+
+def test_all_of_loopback_is_the_hosts_own_though_ip_lists_only_127_0_0_1() -> None:
+    loopback = '0 0 127.0.0.1:35000 127.0.0.2:35001 users:(("python",pid=4250,fd=3))'
+    assert rank0_problems(*CROSS_RANK0, loopback) == []
+
+
+def test_every_connection_off_the_link_is_named() -> None:
+    other = '0 0 10.66.0.11%eth0:41001 10.66.0.13:38000 users:(("python",pid=4250,fd=61))'
+    [problem] = rank0_problems(*CROSS_RANK0, STRAY, other)
+    assert ("its connections 10.66.0.11:41000 -> 10.66.0.12:38000, "
+            "10.66.0.11:41001 -> 10.66.0.13:38000 run outside") in problem
