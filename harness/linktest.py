@@ -21,9 +21,10 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from harness import counters, remote
 from harness.progress import say
@@ -31,6 +32,8 @@ from harness.report import number
 from harness.status import observe
 from harness.topology import Topology
 from operations.settings import WorkstationSettings
+
+T = TypeVar("T")
 
 FORMAT = "twinbolt-linktest/1"
 FLOW_COUNTS = (1, 2, 4)
@@ -194,7 +197,7 @@ async def probes(topology: Topology, direction: Direction) -> Probes:
     return Probes.from_ping(ran.stdout + ran.stderr)
 
 
-async def counted(topology: Topology, run: Any) -> tuple[Any, dict[str, Any]]:
+async def counted(topology: Topology, run: Awaitable[T]) -> tuple[T, dict[str, Any]]:
     """``run``'s result, and what both links' counters did in its window."""
     before = await counters.snapshot(topology)
     result = await run

@@ -72,10 +72,6 @@ def healthy() -> bool:
     )
 
 
-# The machine's files a package install replaces by renaming a new copy over them.
-ACCOUNT_FILES = ("/etc/passwd", "/etc/group", "/etc/shadow")
-
-
 def private_mounts_in_place(host: LabHost) -> bool:
     """
     Whether the host still sees its own accounts over the machine's. A package
@@ -90,7 +86,7 @@ def private_mounts_in_place(host: LabHost) -> bool:
     except FileNotFoundError:
         return False
     points = {line.split()[4] for line in mountinfo.splitlines()}
-    return all(target in points for target in ACCOUNT_FILES)
+    return all(f"/etc/{name}" in points for name in hostfs.OPERATOR_ACCOUNT)
 
 
 def has_remnants() -> bool:

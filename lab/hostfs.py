@@ -152,6 +152,17 @@ def install_units(host: LabHost) -> None:
                 f"/etc/systemd/system/{name}")
 
 
+# The machine's account files, each host's own copy of which ends with the
+# lab's operator: these lines.
+OPERATOR_ACCOUNT = {
+    "passwd": f"{OPERATOR}:x:{OPERATOR_UID}:{OPERATOR_UID}:twinbolt lab operator:"
+              f"{OPERATOR_HOME}:/bin/bash\n",
+    "group": f"{OPERATOR}:x:{OPERATOR_UID}:\n",
+    # "*": no password to log in with, yet not locked ("!"), so SSH keys work.
+    "shadow": f"{OPERATOR}:*:20000:0:99999:7:::\n",
+}
+
+
 def accounts(root: Path) -> None:
     """
     The machine's accounts plus the lab's operator: an unprivileged user whose
@@ -160,14 +171,7 @@ def accounts(root: Path) -> None:
     """
     etc = root / "etc"
     etc.mkdir(parents=True, exist_ok=True)
-    entries = {
-        "passwd": f"{OPERATOR}:x:{OPERATOR_UID}:{OPERATOR_UID}:twinbolt lab operator:"
-                  f"{OPERATOR_HOME}:/bin/bash\n",
-        "group": f"{OPERATOR}:x:{OPERATOR_UID}:\n",
-        # "*": no password to log in with, yet not locked ("!"), so SSH keys work.
-        "shadow": f"{OPERATOR}:*:20000:0:99999:7:::\n",
-    }
-    for name, entry in entries.items():
+    for name, entry in OPERATOR_ACCOUNT.items():
         shutil.copy2(f"/etc/{name}", etc / name)
         with (etc / name).open("a") as file:
             file.write(entry)

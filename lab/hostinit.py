@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 from lab.cgroups import HIERARCHIES, cgroup_name, mount_source
-from lab.hostfs import LAB_TARGET
+from lab.hostfs import LAB_TARGET, OPERATOR_ACCOUNT
 from lab.ssh import sshd_config_path
 from lab.topology import LINK_INTERFACE, REPO, STATE, LabHost, host_named, init_system
 
@@ -44,9 +44,7 @@ def private_mounts(host: LabHost) -> list[tuple[Path, str]]:
     mounts = [
         (host.root / "hosts", "/etc/hosts"),
         (host.root / "hostname", "/etc/hostname"),
-        (host.root / "etc" / "passwd", "/etc/passwd"),
-        (host.root / "etc" / "group", "/etc/group"),
-        (host.root / "etc" / "shadow", "/etc/shadow"),
+        *((host.root / "etc" / name, f"/etc/{name}") for name in OPERATOR_ACCOUNT),
         (host.root / "etc" / "sudoers.d", "/etc/sudoers.d"),
         (host.root / "bashrc", "/root/.bashrc"),
         (host.root / "etc-sv", "/etc/sv"),
