@@ -13,7 +13,8 @@ report's discipline, one layer at a time:
 3. serving: stop what the target does not run;
 4. driver: swap only if the target's driver differs, on both workstations;
 5. link: retrained at the expected rate, the peer answering across it (a
-   warning, not a failure, in production, whose replicas do not use it);
+   warning, not a failure, in production, whose replicas do not use it and
+   whose driver is the plain stock build);
 6. serving: start the target's servers, accepted only by a real completion;
 7. gateway: the user's route answers; the fallback goes once production is proven;
 8. verify: every layer holds, with the evidence if it does not.
@@ -177,6 +178,8 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
                      needed=state.uses_link, **the_link)
 
     # 6. Serving: start the target's servers; only a real completion accepts them.
+    serving.linktest_tool(name="Serving: iperf3, the linktest's tool, is installed",
+                          sglang=sglang)
     if state.tensor_parallel:
         serving.tp_rank(name="Serving: the TP ranks run", sglang=sglang,
                         speculative=state.speculative)

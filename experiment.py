@@ -5,7 +5,7 @@ The experiment, from the operator's chair:
     python experiment.py diagnose [--json]       # every rung from the route to the cable
     python experiment.py matrix [--ledger PATH]  # the compatibility ledger as a table
     python experiment.py measure [--window NAME ...] [--out DIR]
-    python experiment.py campaign [--states A,B,...] [--no-baseline] [--out DIR]
+    python experiment.py campaign [--states A,B,...] [--no-baseline] [--no-transport] [--out DIR]
     python experiment.py soak --minutes N [--interval S] [--out DIR]
     python experiment.py linktest [--seconds S] [--out DIR]   # the link alone, no model
     python experiment.py compare A.json B.json ... [--baseline STATE]
@@ -89,7 +89,8 @@ async def run_campaign(arguments: argparse.Namespace, topology: Topology) -> int
     directory = arguments.out / f"campaign-{stamp()}"
     result = await campaign.Campaign(topology, arguments.plan, arguments.windows or list(WINDOWS),
                                      window_settings(arguments), directory,
-                                     baseline=arguments.baseline).run()
+                                     baseline=arguments.baseline,
+                                     linktest_seconds=arguments.linktest_seconds).run()
     print((directory / "campaign.md").read_text())
     if result["chart"]:
         print(f"chart: {directory / result['chart']}")
@@ -191,6 +192,14 @@ def parser() -> argparse.ArgumentParser:
     campaign_parser.add_argument("--no-baseline", dest="baseline", action="store_false",
                                  help="do not measure production; the move from it to the "
                                       "first state may then change several layers")
+    campaign_parser.add_argument(
+        "--linktest-seconds", type=int, default=linktest.FLOW_SECONDS,
+        help="each iperf3 run of the transport stage's linktests, in whole seconds (default "
+             f"{linktest.FLOW_SECONDS})")
+    campaign_parser.add_argument(
+        "--no-transport", dest="linktest_seconds", action="store_const", const=None,
+        help="skip the transport stage (production under the candidate and under e2e=0, "
+             "a linktest in each) before the model states")
     campaign_parser.add_argument("--out", type=Path, default=REPORTS)
     window_options(campaign_parser)
 
@@ -237,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
             window_settings(arguments)
         if arguments.command == "linktest" and not 0 < arguments.seconds <= 600:
             raise ValueError("linktest: --seconds must be in (0, 600]")
+        if (arguments.command == "campaign" and arguments.linktest_seconds is not None
+                and not 0 < arguments.linktest_seconds <= 600):
+            raise ValueError("campaign: --linktest-seconds must be in (0, 600]")
         if arguments.command == "soak" and not (0 < arguments.minutes <= 24 * 60
                                                  and arguments.interval > 0):
             raise ValueError("soak: --minutes must be in (0, 1440] and --interval above 0")

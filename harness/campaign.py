@@ -1,9 +1,15 @@
 """
-The campaign: a known-good control, then one layer at a time, then production
-restored and proven, then the comparison.
+The campaign: a known-good control, the transport on its own, then one layer at
+a time, then production restored and proven, then the comparison.
 
-    preflight -> measure production -> (deploy X -> verify X -> measure X) for each step
+    preflight -> linktest production
+              -> (deploy T -> verify T -> linktest T) for each transport state -> production
+              -> measure production -> (deploy X -> verify X -> measure X) for each step
               -> deploy production -> verify production -> compare
+
+The transport stage is the field report's "integrity before model speed": the
+driver changes under production's replicas, which never use the link, so the
+network-only window borrows no GPU and the user's route never falls back.
 
 Every transition is the operator's own command (``pyinfra -y inventory.py
 deploy.py --data state=X``), every proof of production the operator's own
@@ -29,7 +35,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from harness import caveats, compare, report
+from harness import caveats, compare, linktest, linktest_report, report
 from harness.measure import NotMeasurable, failures, measure_state
 from harness.progress import reporting, say
 from harness.status import observe
@@ -41,6 +47,9 @@ from operations.states import State, UnknownState, layers_changed, resolve_state
 FORMAT = "twinbolt-campaign/1"
 BASELINE = "production"
 PLAN = ("tp2_stock_nospec", "tp2_stock", "tp2_e2e", "tp2_e2e_nospec")
+# From production and back, the driver alone changing at each step: the
+# candidate, then the report's control, the stock build with receive-side E2E off.
+TRANSPORT = ("production_tx_e2e", "production_e2e_off", BASELINE)
 TAIL_LINES = 40
 REASON_LINES = 12
 HEARTBEAT_SECONDS = 15.0
@@ -147,10 +156,14 @@ class Campaign:
     """
 
     def __init__(self, topology: Topology, plan: list[State], windows: list[str],
-                 settings: WindowSettings, directory: Path, baseline: bool = True) -> None:
+                 settings: WindowSettings, directory: Path, baseline: bool = True,
+                 linktest_seconds: int | None = linktest.FLOW_SECONDS) -> None:
         self.topology = topology
         self.plan = plan
         self.baseline = baseline
+        # None: no transport stage.
+        self.linktest_seconds = linktest_seconds
+        self.linktests: list[Path] = []
         self.windows = windows
         self.settings = settings
         self.directory = directory
@@ -185,6 +198,30 @@ class Campaign:
             raise StepFailed(f"{len(failed)} request(s) failed: " + "; ".join(failed[:5]))
         return path.name
 
+    async def linktest(self, state: str) -> str:
+        try:
+            built = await linktest.linktest(self.topology, self.linktest_seconds
+                                            or linktest.FLOW_SECONDS)
+        except linktest.NotTestable as error:
+            raise StepFailed(str(error)) from None
+        if built["state"] != state:
+            raise StepFailed(f"the linktest observed the hosts in {built['state']}, not {state}")
+        path = linktest_report.write(built, self.directory)
+        self.linktests.append(path)
+        headline = linktest_report.headline(built)
+        return (f"{path.name}: {report.number(headline['gbit_s_4_flows'], 2)} Gbit/s "
+                f"with 4 flows, {headline['receiver_errors']} receiver error(s)")
+
+    async def transport(self) -> None:
+        """The network-only A/B, from production and back, one driver change a step."""
+        await self.step(f"linktest {BASELINE}", self.linktest(BASELINE))
+        for previous, state in pairwise(check_plan(TRANSPORT, baseline=True)):
+            layers = ", ".join(layers_changed(previous, state))
+            await self.step(f"deploy {state.name} (changes {layers})", self.deploy(state.name))
+            await self.step(f"verify {state.name}", self.verify(state.name))
+            if state.name != BASELINE:
+                await self.step(f"linktest {state.name}", self.linktest(state.name))
+
     # The order
 
     async def step(self, name: str, action: Awaitable[str]) -> None:
@@ -211,6 +248,8 @@ class Campaign:
             # Nothing has changed yet: there is nothing to restore.
             return self.finish(started_at, restored=None)
         try:
+            if self.linktest_seconds is not None:
+                await self.transport()
             if self.baseline:
                 await self.step(f"measure {BASELINE}", self.measure(BASELINE))
             for previous, state in pairwise(self.plan):
@@ -240,6 +279,7 @@ class Campaign:
     def finish(self, started_at: str, restored: bool | None) -> dict[str, Any]:
         self.directory.mkdir(parents=True, exist_ok=True)
         measured = [report.load(path) for path in self.reports]
+        links = [json.loads(path.read_text()) for path in self.linktests]
         table = compare.comparison(measured) if measured else ""
         chart = compare.chart(measured, self.directory / "comparison.png") if measured else None
         result = {
@@ -254,6 +294,8 @@ class Campaign:
             "failure": self.failure.detail if self.failure else None,
             "restored": restored,
             "reports": [path.name for path in self.reports],
+            "linktests": [path.name for path in self.linktests],
+            "transport": transport_tables(links) if links else "",
             "comparison": table,
             "chart": chart.name if chart else None,
             "does_not_prove": caveats.does_not_prove(measured) if measured else [],
@@ -261,6 +303,15 @@ class Campaign:
         report.write_text(self.directory / "campaign.json", json.dumps(result, indent=1) + "\n")
         report.write_text(self.directory / "campaign.md", markdown(result))
         return result
+
+
+def transport_tables(links: list[dict[str, Any]]) -> str:
+    """The linktests side by side, then each beside the field report's figures for its driver."""
+    parts = [linktest_report.comparison(links)]
+    for built in links:
+        parts += [f"#### {built['state']} beside the field report", "",
+                  "\n".join(linktest_report.beside_the_field(built)), ""]
+    return "\n".join(parts)
 
 
 def outcome(result: dict[str, Any]) -> str:
@@ -286,6 +337,9 @@ def markdown(result: dict[str, Any]) -> str:
         [[step["name"], "ok" if step["ok"] else "FAILED", f"{step['seconds']:.0f}",
           step["detail"].splitlines()[0] if step["detail"] else ""]
          for step in result["steps"]])
+    if result["transport"]:
+        lines += ["", "## Transport: the link alone, under production's replicas", "",
+                  result["transport"]]
     if result["comparison"]:
         lines += ["", "## Comparison", "", result["comparison"]]
     if result["chart"]:

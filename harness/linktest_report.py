@@ -2,14 +2,16 @@
 A linktest's report: JSON, Markdown beside the field report's network-only
 figures, a chart, and the table ``experiment.py compare`` shows across them.
 
-The field report's network-only section measured the stock driver's control and
-the candidate; a linktest is set beside the one its driver layer is. A figure
-the report does not give says "not reported", and nothing else does.
+The field report's network-only section measured the stock driver's control, the
+candidate, and the stock driver with receive-side E2E off; a linktest is set
+beside the one its driver layer is. A figure the report does not give says "not
+reported", and nothing else does.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +19,33 @@ from harness.compare import NOT_REPORTED, Reported
 from harness.counters import combined
 from harness.linktest import FLOW_COUNTS, FORMAT
 from harness.report import number, replaced, table, write_text
+from operations.states import Driver
 
-# shared/REFERENCE.md, "Network only": (stock-direction control, candidate).
-FIELD_NETWORK: dict[str, tuple[Reported | None, Reported | None]] = {
-    "gbit_s_4_flows": (Reported(15.249, "15.249"), None),
-    "retransmissions": (Reported(25717, "25,717"), None),
-    "receiver_errors": (Reported(4346, "4,346"), None),
-    "probe_loss": (None, Reported(0.0, "0 (100 each way)")),
-    "probe_mean_ms": (None, Reported(0.285, "about 0.28 to 0.29")),
-    "loaded_probe_loss": (None, Reported(0.0, "0")),
+
+@dataclass(frozen=True)
+class FieldColumn:
+    """What the field report's network-only section gives for one driver."""
+
+    label: str
+    figures: dict[str, Reported]
+
+
+# shared/REFERENCE.md, "Network only", by the driver each part measured.
+FIELD_NETWORK: dict[Driver, FieldColumn] = {
+    "stock": FieldColumn("stock-direction control", {
+        "gbit_s_4_flows": Reported(15.249, "15.249"),
+        "retransmissions": Reported(25717, "25,717"),
+        "receiver_errors": Reported(4346, "4,346"),
+    }),
+    "stock_e2e_off": FieldColumn("stock, receive-side E2E off (e2e=0)", {
+        # Words, not a count: "did not remove the errors and could make the path worse".
+        "receiver_errors": Reported(None, "not removed (no count given)"),
+    }),
+    "candidate": FieldColumn("candidate (tx_e2e=1)", {
+        "probe_loss": Reported(0.0, "0 (100 each way)"),
+        "probe_mean_ms": Reported(0.285, "about 0.28 to 0.29"),
+        "loaded_probe_loss": Reported(0.0, "0"),
+    }),
 }
 # (figure, what the row measures, digits)
 FIGURES = (
@@ -37,7 +57,6 @@ FIGURES = (
     ("probe_p99_ms", "p99 probe RTT, ms (worst direction)", 3),
     ("loaded_probe_loss", "probe loss under 4 flows", 3),
 )
-CONTROL_COLUMN = {"stock": 0, "candidate": 1}
 
 
 def of_kind(report: dict[str, Any], kind: str, flows: int | None = None) -> list[dict[str, Any]]:
@@ -84,17 +103,17 @@ def ratio(value: float | None, field: Reported | None) -> str:
 def beside_the_field(report: dict[str, Any]) -> list[str]:
     """The report's figures beside the field's for the same driver, each with its ratio."""
     row = headline(report)
-    column = CONTROL_COLUMN.get(row["driver"])
+    column = FIELD_NETWORK.get(row["driver"])
     if column is None:
-        return [f"The driver layer was {row['driver']!r}: the field report measured the stock "
-                "driver and the candidate only."]
+        return [f"The driver layer was {row['driver']!r}, which the field report did not "
+                "measure: there is no field column to set beside it."]
     body = []
     for key, title, digits in FIGURES:
-        field = FIELD_NETWORK.get(key, (None, None))[column]
+        field = column.figures.get(key)
         body.append([title, number(row[key], digits), field.text if field else NOT_REPORTED,
                      ratio(row[key], field)])
-    label = "stock-direction control" if column == 0 else "candidate (tx_e2e=1)"
-    return table(["measure", f"lab ({row['state']})", f"field, {label}", "lab / field"], body)
+    return table(["measure", f"lab ({row['state']})", f"field, {column.label}", "lab / field"],
+                 body)
 
 
 def markdown(report: dict[str, Any]) -> str:

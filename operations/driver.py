@@ -1,7 +1,9 @@
 """
 The driver layer: which ``thunderbolt_net`` build the workstations run.
 
-``stock`` is the distribution's module, loaded by ``modprobe``. ``candidate`` is
+``stock`` is the distribution's module, loaded by ``modprobe``;
+``stock_e2e_off`` is the same file loaded with ``e2e=0``, receive-side E2E off
+(a parameter read only at load, so a change of it is a reload). ``candidate`` is
 a pinned out-of-tree build that adds the opt-in ``tx_e2e`` parameter; it is
 staged in ``/run/twinbolt`` (tmpfs, gone on reboot) and loaded with ``insmod``,
 never copied under ``/lib/modules``, into the initramfs or into ``modprobe.d``.
@@ -18,7 +20,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
 
 from elftools.elf.elffile import ELFFile
 from pyinfra import host
@@ -31,10 +32,14 @@ from pyinfra.operations import files
 from operations.attempt import Layer, failing, operation, refuse
 from operations.facts import EmptyMeansSomething
 from operations.phase import executing
+from operations.states import STOCK_BUILDS, Driver
 
 LAYER = Layer.DRIVER
-Driver = Literal["stock", "candidate"]
 TBNET_E2E = 0x1
+# The RX E2E parameter each build is loaded with, as /sys/module shows it.
+RX_E2E = {"stock": "Y", "stock_e2e_off": "N", "candidate": "Y"}
+# What modprobe is given for a stock build.
+MODPROBE_OPTIONS = {"stock": (), "stock_e2e_off": ("e2e=0",)}
 
 
 def build_id_from_note(note: bytes) -> str:
@@ -325,7 +330,8 @@ def candidate_refusals(candidate: CandidateModule) -> list[str]:
     if module is not None and module["parameters"].get("e2e") != "Y":
         found.append(
             f"RX E2E is off (/sys/module/{candidate.name}/parameters/e2e is "
-            f"{module['parameters'].get('e2e')}); tx_e2e takes effect only with it on"
+            f"{module['parameters'].get('e2e')}); tx_e2e takes effect only with it on, "
+            "towards a peer that advertises it: converge production first"
         )
     peer = host.get_fact(PeerCapabilities)
     if peer is None:
@@ -333,7 +339,8 @@ def candidate_refusals(candidate: CandidateModule) -> list[str]:
     elif not peer["prtcstns"] & TBNET_E2E:
         found.append(
             f"the peer does not advertise E2E (service {peer['service']} prtcstns "
-            f"0x{peer['prtcstns']:08x}, bit 0 clear)"
+            f"0x{peer['prtcstns']:08x}, bit 0 clear): if it runs thunderbolt_net with e2e=0, "
+            "converge production first"
         )
     return found
 
@@ -358,9 +365,10 @@ def build_problems(module: dict | None, wanted: Driver, stock_build: str | None,
     :class:`LoadedModule`) is not the ``wanted`` build; empty when it is.
 
     The candidate is its build-id with ``tx_e2e=Y`` (insmod ignores parameters
-    a module does not declare); the stock driver is the build-id of the file
+    a module does not declare); a stock build is the build-id of the file
     modprobe loads (``stock_build``; ``stock_file`` names it in the evidence),
-    with no ``tx_e2e`` at all.
+    with no ``tx_e2e`` at all. Each is loaded with its own ``e2e``
+    (:data:`RX_E2E`), which only a reload changes.
     """
     if module is None or module["initstate"] != "live":
         return ["thunderbolt_net is not loaded"]
@@ -371,28 +379,32 @@ def build_problems(module: dict | None, wanted: Driver, stock_build: str | None,
         if parameters.get("tx_e2e") != "Y":
             found.append(f"parameters/tx_e2e is {parameters.get('tx_e2e', 'absent')}, not Y "
                          "(insmod ignores parameters a module does not declare)")
-        return found
-    found = [] if build == stock_build else [
-        f"the loaded build-id {build} is not that of {stock_file or 'the file'}, the file "
-        f"modprobe loads ({stock_build})"]
-    if "tx_e2e" in parameters:
-        found.append("parameters/tx_e2e exists: a candidate build is loaded")
+    else:
+        found = [] if build == stock_build else [
+            f"the loaded build-id {build} is not that of {stock_file or 'the file'}, the file "
+            f"modprobe loads ({stock_build})"]
+        if "tx_e2e" in parameters:
+            found.append("parameters/tx_e2e exists: a candidate build is loaded")
+    rx_e2e = parameters.get("e2e")
+    if rx_e2e != RX_E2E[wanted]:
+        found.append(f"RX E2E is {'on' if rx_e2e == 'Y' else 'off'} (parameters/e2e is {rx_e2e})"
+                     + ("" if RX_E2E[wanted] == "Y" else f", but {wanted} loads it with e2e=0"))
     return found
 
 
 def loaded_driver(module: dict | None, stock_build: str | None,
                   candidate_build: str | None) -> Driver | None:
     """Which build :func:`build_problems` finds loaded: ``None`` for neither."""
-    return next((driver for driver in ("stock", "candidate")
+    return next((driver for driver in RX_E2E
                  if not build_problems(module, driver, stock_build, candidate_build)), None)
 
 
 def stock_module(loaded: Driver, module_name: str) -> tuple[str | None, str | None]:
     """
     The file ``modprobe`` would load on this host, and its build-id; read only
-    when the stock driver is wanted (the candidate is judged by its own build-id).
+    when a stock build is wanted (the candidate is judged by its own build-id).
     """
-    if loaded != "stock":
+    if loaded not in STOCK_BUILDS:
         return None, None
     stock_file = host.get_fact(ModprobeTarget, module=module_name)
     return stock_file, (host.get_fact(ModuleFileBuildId, path=stock_file) if stock_file else None)
@@ -403,9 +415,7 @@ def driver_problems(loaded: Driver, candidate: CandidateModule, run_dir: str) ->
     module = host.get_fact(LoadedModule, module=candidate.name)
     stock_file, stock_build = stock_module(loaded, candidate.name)
     found = build_problems(module, loaded, stock_build, candidate.build_id, stock_file)
-    if module is not None and module["parameters"].get("e2e") != "Y":
-        found.append(f"RX E2E is off (parameters/e2e is {module['parameters'].get('e2e')})")
-    if loaded == "stock" and host.get_fact(File, path=staged_path(run_dir, candidate)):
+    if loaded in STOCK_BUILDS and host.get_fact(File, path=staged_path(run_dir, candidate)):
         found.append(f"the staged candidate {staged_path(run_dir, candidate)} is still present")
     return found + persistence_problems(candidate, run_dir)
 
@@ -430,12 +440,12 @@ def admissible(loaded: Driver, candidate: CandidateModule) -> Iterator[PyinfraCo
     """
     Refuse, before anything changes, a driver that cannot be loaded on this host.
 
-    The stock driver needs the file ``modprobe`` would load. The candidate needs
+    A stock build needs the file ``modprobe`` would load. The candidate needs
     a file whose sha256 is the pinned one, that declares ``tx_e2e`` and was built
     for the running kernel, RX E2E on, and a peer that advertises E2E: without
     those ``tx_e2e`` would load and do nothing, or stall the link.
 
-    + loaded: ``stock`` or ``candidate``
+    + loaded: ``stock``, ``stock_e2e_off`` or ``candidate``
     + candidate: the pinned ``CandidateModule``
 
     **Example:**
@@ -469,10 +479,11 @@ def module(
     Load the wanted ``thunderbolt_net`` build, swapping only if another is loaded.
 
     The candidate is staged in ``run_dir`` (tmpfs) and loaded with ``insmod
-    <file> tx_e2e=1``; the stock driver is loaded with ``modprobe`` and the staged
-    copy removed. A reload takes the link down: wait for it with ``link.trained``.
+    <file> tx_e2e=1``; a stock build is loaded with ``modprobe`` (``e2e=0`` for
+    ``stock_e2e_off``) and the staged copy removed. A reload takes the link
+    down: wait for it with ``link.trained``.
 
-    + loaded: ``stock`` or ``candidate``
+    + loaded: ``stock``, ``stock_e2e_off`` or ``candidate``
     + candidate: the pinned ``CandidateModule``
     + run_dir: where the candidate is staged; must be a tmpfs
 
@@ -509,10 +520,12 @@ def module(
     if swap:
         loaded_now = host.get_fact(LoadedModule, module=candidate.name)
         unload = ["rmmod", QuoteString(candidate.name), "&&"] if loaded_now else []
-        # Should udev load the stock module first, modprobe finds it loaded: the same end.
-        yield StringCommand(*unload, "modprobe", QuoteString(candidate.name))
+        # Should udev load the stock module first, modprobe finds it loaded; the
+        # verification then names a wrong e2e.
+        yield StringCommand(*unload, "modprobe", QuoteString(candidate.name),
+                            *MODPROBE_OPTIONS[loaded])
     else:
-        host.noop("the stock driver is loaded")
+        host.noop(f"the {loaded} driver is loaded")
     yield from files.file._inner(path=staged, present=False)
 
 
@@ -524,7 +537,7 @@ def verified(
     Prove the wanted driver is loaded, by build-id and parameters, and that no
     candidate copy or option would survive a reboot.
 
-    + loaded: ``stock`` or ``candidate``
+    + loaded: ``stock``, ``stock_e2e_off`` or ``candidate``
     + candidate: the pinned ``CandidateModule`` (its build-id and sha256)
     + run_dir: where a staged candidate would be
 

@@ -39,6 +39,8 @@ from pyinfra.api import (
 )
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.facts.files import Directory
+from pyinfra.facts.server import Which
+from pyinfra.operations import apt
 
 from operations import probes, services, sglang_releases, site, transport
 from operations.attempt import Layer, failing, operation, refuse
@@ -621,6 +623,34 @@ def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative
         refuse(LAYER, found)
     host.noop(f"SGLang can serve {serving} on this workstation")
     yield from ()
+
+
+# What the network-only window (``experiment.py linktest``) runs on a workstation:
+# Debian's package, which a desktop install rarely has.
+LINKTEST_PACKAGE = "iperf3"
+
+
+@operation(LAYER, is_idempotent=True)
+def linktest_tool(sglang: Sglang | None) -> Iterator[PyinfraCommand]:
+    """
+    Install ``iperf3`` where it is missing, as the serving layer installs what a
+    workstation needs: the linktest measures the link in any state whose link is
+    up, and refuses a workstation without it.
+
+    + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
+
+    **Example:**
+
+    .. code:: python
+
+        serving.linktest_tool(name="Serving: iperf3 is installed", sglang=Sglang.from_host(host))
+    """
+    if elsewhere(sglang, "workstation"):
+        return
+    if host.get_fact(Which, command=LINKTEST_PACKAGE):
+        host.noop(f"{LINKTEST_PACKAGE} is installed")
+        return
+    yield from apt.packages._inner(packages=[LINKTEST_PACKAGE], update=True)
 
 
 @operation(LAYER)

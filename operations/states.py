@@ -19,6 +19,12 @@ class _Value(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# What ``thunderbolt_net`` runs: the distribution's build, the same build with
+# receive-side E2E off (``e2e=0``), or the pinned candidate with ``tx_e2e=1``.
+Driver = Literal["stock", "stock_e2e_off", "candidate"]
+STOCK_BUILDS: tuple[Driver, ...] = ("stock", "stock_e2e_off")
+
+
 class Speculative(_Value):
     """
     The speculative decoder's settings, passed to SGLang as
@@ -54,19 +60,22 @@ class State(_Value):
     """
     One named state: what each layer must be for the hosts to be in it.
 
-    + driver: ``stock`` (the distribution's ``thunderbolt_net``) or ``candidate``
-      (the pinned out-of-tree module, loaded with ``tx_e2e=1``)
+    + driver: ``stock`` (the distribution's ``thunderbolt_net``), ``stock_e2e_off``
+      (the same build loaded with ``e2e=0``: receive-side E2E off, the field
+      report's control) or ``candidate`` (the pinned out-of-tree module, loaded
+      with ``tx_e2e=1``)
     + serving: ``replicas`` (one single-GPU server per workstation, behind the
       router) or ``tp2`` (one server split across the workstations)
     + speculative: the speculative decoder's settings, or ``None`` for none
 
     Everything else is derived from these three, never declared beside them:
-    a TP state is the one that uses the link and the one whose replicas are
-    down, so the gateway's temporary fallback follows from ``serving``.
+    a TP state is the one whose replicas are down, so the gateway's temporary
+    fallback follows from ``serving``; the link must hold wherever a TP group
+    crosses it or a driver other than the plain stock build is on trial.
     """
 
     name: str
-    driver: Literal["stock", "candidate"]
+    driver: Driver
     serving: Serving
     speculative: Speculative | None
 
@@ -77,8 +86,12 @@ class State(_Value):
 
     @property
     def uses_link(self) -> bool:
-        """Only a TP group talks across the Thunderbolt link; the replicas never do."""
-        return self.tensor_parallel
+        """
+        Whether the link must be up and proven, a stall of it a failure: a TP
+        group talks across it, and a driver other than the plain stock build is
+        itself the experiment, even under the replicas, which never use it.
+        """
+        return self.tensor_parallel or self.driver != "stock"
 
     @property
     def gateway_fallback(self) -> bool:
@@ -101,6 +114,22 @@ STATES: dict[str, State] = {
         State(
             name="production",
             driver="stock",
+            serving=Serving.REPLICAS,
+            speculative=None,
+        ),
+        # The transport A/B: production's replicas, which never use the link, under
+        # another driver, so that the network-only window borrows no GPU and the
+        # user's route never falls back. The candidate, and the report's control,
+        # the stock build with receive-side E2E off.
+        State(
+            name="production_tx_e2e",
+            driver="candidate",
+            serving=Serving.REPLICAS,
+            speculative=None,
+        ),
+        State(
+            name="production_e2e_off",
+            driver="stock_e2e_off",
             serving=Serving.REPLICAS,
             speculative=None,
         ),

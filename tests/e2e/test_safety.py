@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 from e2e_helpers import (
     PYTHON,
     REPO,
@@ -44,14 +45,17 @@ def assert_production_verified() -> None:
     assert checks.returncode == 0, checks.stdout[-3000:]
 
 
+# Under a TP group, and under production's replicas, which never use the link: in
+# both the candidate's driver is on trial, so a stall is a failure.
+@pytest.mark.parametrize("state", ["tp2_e2e", "production_tx_e2e"])
 def test_a_candidate_that_stalls_the_link_is_rolled_back_and_its_controllers_remembered(
-        tmp_path) -> None:
+        tmp_path, state: str) -> None:
     """The stall is recorded in the ledger, and the next candidate run on the pair is refused."""
     own_ledger = ("--data", f"ledger_path={tmp_path / 'ledger.jsonl'}")
     started = time.monotonic()
     with fault("tx_credit_stall"):
         # At -vvv: the attempt's output and its rollback's, which it prints, hold no key.
-        run = deploy("tp2_e2e", *SHORT_LINK_WAIT, *own_ledger, "-vvv")
+        run = deploy(state, *SHORT_LINK_WAIT, *own_ledger, "-vvv")
     print(f"failure to verified production: {time.monotonic() - started:.1f}s")
     assert run.returncode != 0
     assert "link layer" in run.output and "no traffic moves" in run.output
@@ -63,8 +67,8 @@ def test_a_candidate_that_stalls_the_link_is_rolled_back_and_its_controllers_rem
     # The rollback is a run of its own, and ends first.
     rollback, attempt = ledger.read(tmp_path / "ledger.jsonl")
     assert (rollback["state"], rollback["outcome"]) == ("production", "accepted")
-    assert (attempt["outcome"], attempt["layer"], attempt["stall"]) == ("rolled_back", "link",
-                                                                        True)
+    assert (attempt["state"], attempt["outcome"], attempt["layer"], attempt["stall"]) == (
+        state, "rolled_back", "link", True)
     # Recorded as it ran: the candidate loaded with tx_e2e, before the rollback.
     assert {part["parameters"].get("tx_e2e") for part in attempt["hosts"]} == {"Y"}
     assert ledger.controllers(attempt) == ["8086:1137", "8086:1137"]

@@ -190,6 +190,29 @@ def test_stock_loads_when_nothing_is_loaded_and_is_a_noop_when_loaded(candidate)
                          candidate=candidate) == []
 
 
+@pytest.mark.parametrize(("e2e", "wanted", "commands"), [
+    ("Y", "stock_e2e_off", ["rmmod thunderbolt_net && modprobe thunderbolt_net e2e=0"]),
+    ("N", "stock", ["rmmod thunderbolt_net && modprobe thunderbolt_net"]),
+    ("N", "stock_e2e_off", []),
+])
+def test_receive_side_e2e_changes_only_by_a_reload_of_the_stock_file(candidate, e2e, wanted,
+                                                                     commands) -> None:
+    # e2e is read at load (mode 0444): the stock build with another e2e is another driver.
+    assert run_operation(driver.module, facts(candidate, e2e=e2e), loaded=wanted,
+                         candidate=candidate) == commands
+
+
+def test_the_stock_build_with_e2e_off_is_judged_by_its_file_and_its_e2e(candidate) -> None:
+    e2e_off = {"initstate": "live", "parameters": {"e2e": "N"}, "build_id": STOCK_BUILD}
+    assert loaded_driver(e2e_off, STOCK_BUILD, candidate.build_id) == "stock_e2e_off"
+    assert run_operation(driver.verified, facts(candidate, e2e="N"), loaded="stock_e2e_off",
+                         candidate=candidate) == []
+    [message] = run_operation(driver.verified, facts(candidate), loaded="stock_e2e_off",
+                              candidate=candidate)
+    assert message == ("fail: driver layer: RX E2E is on (parameters/e2e is Y), but "
+                       "stock_e2e_off loads it with e2e=0")
+
+
 @pytest.mark.parametrize(("kwargs", "evidence"), [
     ({"peer": 6}, "does not advertise E2E (service 0-1.0 prtcstns 0x00000006"),
     ({"e2e": "N"}, "RX E2E is off"),

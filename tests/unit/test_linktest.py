@@ -125,19 +125,21 @@ def test_the_headline_totals_the_four_flow_runs_and_both_directions() -> None:
 
 def test_the_field_column_is_the_drivers_and_says_not_reported_only_where_it_gives_none(
         ) -> None:
-    stock = "\n".join(linktest_report.beside_the_field(report("stock", 14.0, 7)))
-    assert "field, stock-direction control" in stock
-    assert "| 15.249 | 0.92× |" in stock and "| 4,346 |" in stock and "| 25,717 |" in stock
-    candidate = "\n".join(linktest_report.beside_the_field(report("candidate", 16.0, 0)))
-    assert "about 0.28 to 0.29" in candidate and "0 (100 each way)" in candidate
-    given = {key for key, pair in linktest_report.FIELD_NETWORK.items() for field in pair
-             if field is not None}
+    texts = {driver: "\n".join(linktest_report.beside_the_field(report(driver, 14.0, 7)))
+             for driver in linktest_report.FIELD_NETWORK}
+    assert "field, stock-direction control" in texts["stock"]
+    assert "| 15.249 | 0.92× |" in texts["stock"] and "| 4,346 |" in texts["stock"]
+    assert "| 25,717 |" in texts["stock"]
+    assert "about 0.28 to 0.29" in texts["candidate"] and "0 (100 each way)" in texts["candidate"]
+    assert "field, stock, receive-side E2E off (e2e=0)" in texts["stock_e2e_off"]
+    assert "| not removed (no count given) | — |" in texts["stock_e2e_off"]
     for key, title, _ in linktest_report.FIGURES:
-        for text, column in ((stock, 0), (candidate, 1)):
+        for driver, text in texts.items():
             row = next(line for line in text.splitlines() if line.startswith(f"| {title} |"))
-            field = linktest_report.FIELD_NETWORK.get(key, (None, None))[column]
-            assert (NOT_REPORTED in row) == (field is None), (key, column)
-    assert given == set(linktest_report.FIELD_NETWORK)
+            given = key in linktest_report.FIELD_NETWORK[driver].figures
+            assert (NOT_REPORTED in row) == (not given), (key, driver)
+    every = {key for column in linktest_report.FIELD_NETWORK.values() for key in column.figures}
+    assert every <= {key for key, _, _ in linktest_report.FIGURES}
 
 
 def test_the_markdown_and_the_comparison_show_every_run(tmp_path) -> None:

@@ -52,9 +52,11 @@ def test_the_command_line_refuses_before_reading_the_inventory():
 class Rehearsal(Campaign):
     """A campaign whose steps only record that they ran, failing where told to."""
 
-    def __init__(self, directory: Path, fail: str | None = None, baseline: bool = True) -> None:
+    def __init__(self, directory: Path, fail: str | None = None, baseline: bool = True,
+                 transport: bool = False) -> None:
         super().__init__(None, campaign.check_plan(campaign.PLAN), ["single"],
-                         WindowSettings(), directory, baseline=baseline)
+                         WindowSettings(), directory, baseline=baseline,
+                         linktest_seconds=1 if transport else None)
         self.fail = fail
         self.ran: list[str] = []
 
@@ -75,6 +77,44 @@ class Rehearsal(Campaign):
 
     async def measure(self, state: str) -> str:
         return await self.act(f"measure {state}")
+
+    async def linktest(self, state: str) -> str:
+        return await self.act(f"linktest {state}")
+
+
+def test_the_transport_stage_changes_the_driver_alone_and_returns_to_production():
+    states = campaign.check_plan(campaign.TRANSPORT)
+    assert [state.name for state in states] == [
+        "production", "production_tx_e2e", "production_e2e_off", "production"]
+    assert all(campaign.layers_changed(before, after) == ["driver"]
+               for before, after in zip(states, states[1:], strict=False))
+    assert not any(state.tensor_parallel for state in states)
+
+
+def test_the_transport_is_tested_before_the_model_states_each_with_a_linktest(tmp_path):
+    rehearsal = Rehearsal(tmp_path, transport=True)
+    result = asyncio.run(rehearsal.run())
+    assert rehearsal.ran[:10] == [
+        "preflight", "linktest production",
+        "deploy production_tx_e2e", "verify production_tx_e2e", "linktest production_tx_e2e",
+        "deploy production_e2e_off", "verify production_e2e_off", "linktest production_e2e_off",
+        "deploy production", "verify production",
+    ]
+    assert rehearsal.ran[10:12] == ["measure production", "deploy tp2_stock_nospec"]
+    assert rehearsal.ran[-2:] == ["deploy production", "verify production"]
+    assert "deploy production_e2e_off (changes driver)" in [step["name"]
+                                                             for step in result["steps"]]
+    assert result["failed_step"] is None
+
+
+def test_a_transport_step_that_fails_ends_in_a_verified_production_before_any_model_state(
+        tmp_path):
+    rehearsal = Rehearsal(tmp_path, fail="linktest production_tx_e2e", transport=True)
+    result = asyncio.run(rehearsal.run())
+    assert rehearsal.ran[-3:] == ["linktest production_tx_e2e", "deploy production",
+                                  "verify production"]
+    assert not any(name.startswith(("measure", "deploy tp2")) for name in rehearsal.ran)
+    assert (result["failed_step"], result["restored"]) == ("linktest production_tx_e2e", True)
 
 
 def test_a_campaign_measures_each_state_then_restores_and_verifies_production(tmp_path):

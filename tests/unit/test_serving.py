@@ -17,7 +17,10 @@ from types import SimpleNamespace
 import pytest
 from operation_harness import a_run, run_operation
 from pyinfra.api import OperationError
+from pyinfra.facts.apt import AptSources
+from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Directory
+from pyinfra.facts.server import Which
 from pyinfra_fakes import FakeHost, commands, on
 from sglang_router.launch_router import parse_router_args
 
@@ -631,3 +634,16 @@ def test_a_stale_process_is_named_by_pid_and_both_command_lines() -> None:
     assert process_problems(stale, service) == [
         f"sglang-tp2-rank0 (pid 7) runs 'python -m old', not the rendered "
         f"{' '.join(service.command)!r}"]
+
+
+def test_iperf3_is_installed_where_it_is_missing_and_left_where_it_is() -> None:
+    """The linktest's tool comes from Debian's package, as the serving layer installs it."""
+    def facts(found: str | None):
+        values = {Which: found, DebPackages: {}, AptSources: []}
+        return lambda cls, kwargs: values.get(cls)
+
+    installing = run_operation(serving.linktest_tool, facts(None), sglang=RANK0)
+    assert any("apt-get" in command and "install" in command and "iperf3" in command
+               for command in installing), installing
+    assert run_operation(serving.linktest_tool, facts("/usr/bin/iperf3"), sglang=RANK0) == []
+    assert run_operation(serving.linktest_tool, facts(None), sglang=None) == []

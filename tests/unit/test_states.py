@@ -16,11 +16,14 @@ from operations.states import (
     resolve_state,
 )
 
-NAMES = ["production", "tp2_stock", "tp2_e2e", "tp2_stock_nospec", "tp2_e2e_nospec"]
+NAMES = ["production", "production_tx_e2e", "production_e2e_off", "tp2_stock", "tp2_e2e",
+         "tp2_stock_nospec", "tp2_e2e_nospec"]
 
 # DESIGN.md's table: driver, serving, speculative, gateway fallback.
 TABLE = {
     "production": ("stock", "replicas", None, False),
+    "production_tx_e2e": ("candidate", "replicas", None, False),
+    "production_e2e_off": ("stock_e2e_off", "replicas", None, False),
     "tp2_stock": ("stock", "tp2", NEXTN_3_1_4, True),
     "tp2_e2e": ("candidate", "tp2", NEXTN_3_1_4, True),
     "tp2_stock_nospec": ("stock", "tp2", None, True),
@@ -28,7 +31,7 @@ TABLE = {
 }
 
 
-def test_registry_holds_the_five_states_in_design_order():
+def test_registry_holds_the_seven_states_in_the_tables_order():
     assert list(STATES) == NAMES
     assert all(STATES[name].name == name for name in NAMES)
 
@@ -54,7 +57,7 @@ def test_states_are_frozen_values():
 
 
 def test_a_state_rejects_an_unknown_layer_value():
-    with pytest.raises(ValidationError, match="'stock' or 'candidate'"):
+    with pytest.raises(ValidationError, match="'stock', 'stock_e2e_off' or 'candidate'"):
         State(name="x", driver="patched", serving="tp2", speculative=None)
 
 
@@ -68,7 +71,7 @@ def test_the_fallback_follows_the_serving_layer_and_cannot_be_declared_beside_it
 
 def test_the_serving_mode_is_compared_by_member_and_still_shown_as_tp2():
     # Reports and the status show the field report's name; code compares the member.
-    assert [state.name for state in STATES.values() if state.tensor_parallel] == NAMES[1:]
+    assert [state.name for state in STATES.values() if state.tensor_parallel] == NAMES[3:]
     assert STATES["tp2_e2e"].serving is Serving.TENSOR_PARALLEL
     assert STATES["tp2_e2e"].model_dump(mode="json")["serving"] == "tp2"
     assert f"{STATES['production'].serving}" == "replicas"
@@ -168,6 +171,10 @@ def test_cli_refuses_an_unknown_state_given_to_any_command(write_site, run_pyinf
     assert "unknown state 'bogus'" in result.stderr
 
 
-def test_only_the_tp_states_use_the_link() -> None:
+def test_the_link_must_hold_under_a_tp_group_and_under_any_driver_but_plain_stock() -> None:
+    # The transport states keep the replicas, which never use the link, but their
+    # driver is the experiment: a stall there is a failure, not a warning.
     assert {name for name, state in STATES.items() if state.uses_link} == {
-        name for name in STATES if name.startswith("tp2_")}
+        name for name in STATES if name != "production"}
+    assert not State(name="x", driver="stock", serving="replicas", speculative=None).uses_link
+    assert State(name="x", driver="stock_e2e_off", serving="replicas", speculative=None).uses_link
