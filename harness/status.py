@@ -209,7 +209,10 @@ def driver_layer(topology: Topology, readings: dict[str, remote.Reading],
 
 def classify_driver(module: dict | None, stock_build: str | None,
                     candidate_build: str | None) -> tuple[Any, str]:
-    """``stock``, ``candidate`` or :class:`Unknown`, by the driver layer's judge; what was seen."""
+    """
+    ``stock``, ``stock_e2e_off``, ``candidate`` or :class:`Unknown`, by the driver
+    layer's judge; what was seen.
+    """
     if module is None:
         return Unknown("not loaded"), "thunderbolt_net is not loaded"
     parameters = " ".join(f"{key}={value}" for key, value in sorted(module["parameters"].items()))
@@ -217,7 +220,8 @@ def classify_driver(module: dict | None, stock_build: str | None,
     driver = loaded_driver(module, stock_build, candidate_build)
     if driver is None:
         return (Unknown(f"build {module['build_id']}"),
-                f"neither the stock nor the candidate build  {seen}")
+                f"none of the declared builds (stock, with e2e on or off, or the candidate)"
+                f"  {seen}")
     return driver, f"{driver}  {seen}"
 
 
