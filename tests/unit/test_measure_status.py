@@ -39,9 +39,11 @@ def test_the_driver_is_named_by_build_id_and_parameters():
     assert status.classify_driver(module(STOCK), STOCK, CANDIDATE)[0] == "stock"
     assert status.classify_driver(module(CANDIDATE, tx_e2e="Y"), STOCK, CANDIDATE)[0] == \
         "candidate"
-    # The candidate without tx_e2e=Y is neither state's driver.
+    # The stock file loaded with e2e=0 is the field report's control, a build of its own.
+    assert status.classify_driver(module(STOCK, e2e="N"), STOCK, CANDIDATE)[0] == "stock_e2e_off"
+    # The candidate without tx_e2e=Y is no declared build.
     value, seen = status.classify_driver(module(CANDIDATE, tx_e2e="N"), STOCK, CANDIDATE)
-    assert isinstance(value, Unknown) and "neither" in seen
+    assert isinstance(value, Unknown) and "none of the declared builds" in seen
     assert isinstance(status.classify_driver(None, STOCK, CANDIDATE)[0], Unknown)
 
 
