@@ -83,12 +83,16 @@ def delete_link(name: str) -> bool:
     return deleted.returncode == 0
 
 
-def shape_sender(host: LabHost, gbps: float) -> None:
+def shape_sender(host: LabHost, gbps: float | None) -> None:
     """
     How fast the host's frames leave: tbf on its ``thunderbolt0`` (this kernel
-    has no netem), whose bucket is the TX ring, sent back to back. A queue here
-    is the sender's, so it pushes back on the socket and loses nothing.
+    has no netem), whose bucket is the TX ring, sent back to back; ``None``, as
+    fast as the host hands them over. A queue here is the sender's, so it
+    pushes back on the socket and loses nothing.
     """
+    if gbps is None:
+        in_netns(host.name, "tc", "qdisc", "del", "dev", LINK_INTERFACE, "root", check=False)
+        return
     in_netns(
         host.name, "tc", "qdisc", "replace", "dev", LINK_INTERFACE, "root", "tbf",
         "rate", f"{gbps:g}gbit", "burst", f"{RING_BYTES}b", "latency", "50ms",

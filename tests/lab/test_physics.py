@@ -107,7 +107,7 @@ def flows(sender: str, receiver: str, parallel: int = 4,
     """``parallel`` TCP flows for ``seconds``: Gbit/s delivered, and the counters' deltas."""
     def run() -> tuple[float, int]:
         out = in_netns(sender, "iperf3", "-J", "-c", address(receiver), "-p", str(IPERF_PORT),
-                       "-Z", "-P", str(parallel), "-t", str(seconds), timeout=seconds + 30).stdout
+                       "-P", str(parallel), "-t", str(seconds), timeout=seconds + 30).stdout
         received = json.loads(out)["end"]["sum_received"]
         return received["bits_per_second"] / 1e9, int(received["bytes"])
     gbps, deltas = deltas_while(run, sender, receiver)
@@ -117,11 +117,11 @@ def flows(sender: str, receiver: str, parallel: int = 4,
 
 def held_at_the_sender(host: str) -> None:
     """
-    Hold what ``host`` sends in its own queue (its tbf at a trickle, long enough
+    Hold what ``host`` sends in its own queue (a tbf at a trickle, long enough
     for a burst), so that a burst leaves at the wire's rate once let go: a loop
     in Python writes a 60 KB datagram no faster than the lab drains it.
     """
-    in_netns(host, "tc", "qdisc", "change", "dev", LINK_INTERFACE, "root", "tbf", "rate",
+    in_netns(host, "tc", "qdisc", "replace", "dev", LINK_INTERFACE, "root", "tbf", "rate",
              "1mbit", "burst", f"{RING_BYTES}b", "limit", f"{64 * RING_BYTES}b")
 
 
@@ -141,11 +141,13 @@ def burst(datagrams: int) -> tuple[int, dict[str, int]]:
                 in_netns("wsa", str(PYTHON), "-c", BURST_SCRIPT, "send", address("wsb"),
                          str(BURST_PORT), str(datagrams), str(DATAGRAM_BYTES))
             finally:
-                # The lab kernel's own shaping, applied again: the queue leaves at its rate.
+                # Let go at the wire's rate (the tbf changed in place keeps its queue).
                 network.shape_sender(host_named("wsa"), LINK_SPEED_GBPS)
             arrived = int(receiver.communicate(timeout=30)[0])
         finally:
             receiver.kill()
+            # Back to the lab kernel's own stock sender on a 20 Gb/s wire: not shaped.
+            network.shape_sender(host_named("wsa"), None)
         return arrived, arrived * DATAGRAM_BYTES
     arrived, deltas = deltas_while(run, "wsa", "wsb")
     print(f"burst of {datagrams} x {DATAGRAM_BYTES} B: {arrived} arrived, {deltas}")
