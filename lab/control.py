@@ -20,6 +20,8 @@ from pathlib import Path
 
 from lab import cgroups, faults, hostfs, hostinit, modules, network, ssh
 from lab.topology import (
+    BRIDGE,
+    CABLE,
     HOSTS,
     INIT_FILE,
     LINK_INTERFACE,
@@ -67,9 +69,9 @@ def missing_tools() -> list[str]:
 
 
 def healthy() -> bool:
-    return all(read_pid(name) for name in PROCESSES) and all(
-        network.netns_exists(host.name) and private_mounts_in_place(host) for host in HOSTS
-    )
+    return (all(read_pid(name) for name in PROCESSES) and network.netns_exists(CABLE)
+            and all(network.netns_exists(host.name) and private_mounts_in_place(host)
+                    for host in HOSTS))
 
 
 def private_mounts_in_place(host: LabHost) -> bool:
@@ -92,8 +94,9 @@ def private_mounts_in_place(host: LabHost) -> bool:
 def has_remnants() -> bool:
     return (
         any(network.netns_exists(host.name) for host in HOSTS)
+        or network.netns_exists(CABLE)
         or any(network.netns_exists(network.parking(host)) for host in WORKSTATIONS)
-        or network.link_exists("tblab0")
+        or network.link_exists(BRIDGE)
         or any(pid_file(name).exists() for name in PROCESSES)
     )
 

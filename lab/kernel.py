@@ -16,13 +16,19 @@ module state asks for with what the network shows:
 - each host's controller is a PCI device with a real NHI's ids under
   ``/sys/bus/pci/devices``, ``domain0`` its child: an Intel JHL8540, or on wsb
   under ``asm4242`` an ASMedia ASM4242, which never returns TX credits;
-- the stock driver's receiver drops frames at a small rate (iptables
-  ``statistic``), so TCP really retransmits; the candidate with ``tx_e2e=1``
-  towards a peer that advertises E2E drops nothing; under ``tx_credit_stall``,
-  or with an ASM4242 at either end, it transmits nothing;
+- each receiver empties its ring of 256 4 KiB frames at the rate its receive
+  path drains (:data:`lab.topology.RX_DRAIN_GBPS`, below the trained rate);
+  a sender on the wire's rate outruns it once its arrivals no longer fit, and
+  what does not fit is lost on the cable, so TCP really retransmits and the
+  receiver counts the packets it lost as missed frames (:mod:`lab.network`);
+- the candidate with ``tx_e2e=1`` towards a peer that advertises E2E waits for
+  the receiver's credits: it sends no faster than the receiver drains, at most
+  one ring ahead, and nothing is lost; ``e2e=0`` sends as stock does; under
+  ``tx_credit_stall``, or with an ASM4242 at either end, it transmits nothing;
+- each side has carrier while the other's link is up;
 - ``/sys/class/net/thunderbolt0/statistics`` shows the veth's real byte and
   packet counters since the driver loaded, plus receiver errors equal to the
-  frames really dropped.
+  packets its ring really lost.
 """
 
 from __future__ import annotations
@@ -35,10 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab import faults, network
-from lab.network import in_netns, set_link_rate
+from lab.network import in_netns
 from lab.topology import (
     DEGRADED_SPEED_GBPS,
-    IPTABLES_CHAINS,
     LINK_INTERFACE,
     LINK_LANES,
     LINK_PREFIX,
@@ -46,6 +51,7 @@ from lab.topology import (
     MODULE_NAME,
     NHI_SLOT,
     RETRAIN_SECONDS,
+    RX_DRAIN_GBPS,
     WORKSTATIONS,
     LabHost,
     host_named,
@@ -96,9 +102,14 @@ class HostLink:
     replugged_at: float = 0.0
     # When the link last came up, until the network manager has applied the address.
     up_at: float | None = None
-    rules: tuple[float, bool] | None = None
+    # How this side sends, as last applied to a device that still exists.
+    sending: Sending | None = None
+    # Whether this side's receive ring can overrun, and whether its peer sees carrier.
+    overruns: bool | None = None
+    peer_carrier: bool | None = None
     base: dict[str, int] = field(default_factory=dict)
-    # Drops counted by rules already flushed, by the current rules, and at the last load.
+    # Packets the ring lost under shapings since replaced, under the current one,
+    # and by the last load.
     dropped_carried: int = 0
     dropped_current: int = 0
     dropped_at_load: int = 0
@@ -108,6 +119,18 @@ class HostLink:
     @property
     def dropped(self) -> int:
         return self.dropped_carried + self.dropped_current
+
+
+@dataclass(frozen=True)
+class Sending:
+    """
+    How one side's frames go out: its pace (``None``: as fast as the host hands
+    them over), whether it waits for credits, whether it stalls.
+    """
+
+    gbps: float | None
+    credits: bool
+    stalled: bool
 
 
 def advertises_e2e(module: ModuleState) -> bool:
@@ -205,26 +228,53 @@ def write_xdomain(link: HostLink, peer: LabHost, peer_module: ModuleState,
         link.written = {k: v for k, v in link.written.items() if not k.startswith(str(service))}
 
 
-def apply_rules(link: HostLink, rx_drop: float, tx_stall: bool) -> None:
-    if link.rules == (rx_drop, tx_stall):
+def sending(link: HostLink, module: ModuleState, peer: LabHost, peer_module: ModuleState,
+            speed_gbps: float) -> Sending:
+    """
+    With TX E2E in effect the sender holds each frame until the receiver's ring
+    has room: it goes no faster than the receiver drains, and stalls outright
+    when credits never come back. Otherwise a wire slower than the drain is
+    shaped at its trained rate, and a faster one is not shaped at all: the
+    receiver's ring, not the wire, is then the bottleneck, and this machine
+    hands frames over at about the drain's rate (14 to 16 Gbit/s through the
+    cable), so a tbf at the wire's 20 Gb/s would only cost the CPU it needs.
+    """
+    credits = tx_e2e_active(module, peer_module)
+    withheld = (faults.is_on("tx_credit_stall") or not controller(link.host).returns_tx_credits
+                or not controller(peer).returns_tx_credits)
+    if credits:
+        gbps: float | None = min(speed_gbps, RX_DRAIN_GBPS)
+    else:
+        gbps = speed_gbps if speed_gbps < RX_DRAIN_GBPS else None
+    return Sending(gbps=gbps, credits=credits, stalled=credits and withheld)
+
+
+def apply_sending(link: HostLink, wanted: Sending) -> None:
+    """Shape the host's own side: only while its device is up, and only on a change."""
+    if not link.up or link.sending == wanted:
         return
-    link.dropped_carried += read_dropped(link.host)
+    network.shape_sender(link.host, wanted.gbps)
+    network.stall_transmit(link.host, wanted.stalled)
+    link.sending = wanted
+
+
+def apply_ring(link: HostLink, overruns: bool) -> None:
+    """The host's receive ring, which overruns unless its peer waits for credits."""
+    if link.overruns == overruns:
+        return
+    # Replacing the ring's shaping resets its counter: carry what it counted.
+    link.dropped_carried += network.ring_drops(link.host)
     link.dropped_current = 0
-    name = link.host.name
-    for chain in IPTABLES_CHAINS.values():
-        in_netns(name, "iptables", "-w", "-F", chain)
-    if rx_drop > 0:
-        in_netns(name, "iptables", "-w", "-A", IPTABLES_CHAINS["INPUT"], "-m", "statistic",
-                 "--mode", "random", "--probability", f"{rx_drop}", "-j", "DROP")
-    if tx_stall:
-        in_netns(name, "iptables", "-w", "-A", IPTABLES_CHAINS["OUTPUT"], "-j", "DROP")
-    link.rules = (rx_drop, tx_stall)
+    network.shape_ring(link.host, overruns)
+    link.overruns = overruns
 
 
-def read_dropped(host: LabHost) -> int:
-    """Frames the receiver lost: the packet counter of the RX chain's DROP rule."""
-    out = in_netns(host.name, "iptables", "-w", "-nvxL", IPTABLES_CHAINS["INPUT"]).stdout
-    return sum(int(line.split()[0]) for line in out.splitlines()[2:] if "DROP" in line)
+def apply_carrier(link: HostLink, peer: HostLink) -> None:
+    """A side has carrier while the other side's link is up, as across a real cable."""
+    wanted = bool(peer.up)
+    if link.peer_carrier != wanted:
+        network.set_carrier(link.host, wanted)
+        link.peer_carrier = wanted
 
 
 def net_dev(host: LabHost) -> dict[str, dict[str, int]] | None:
@@ -257,23 +307,24 @@ def write_statistics(link: HostLink, module: ModuleState) -> None:
         link.base, link.loaded_at = dict(counters), module.loaded_at
         link.dropped_at_load = link.dropped
     if counters["rx_packets"] != link.last_rx_packets:
-        # Drops only happen to received frames: skip iptables when nothing arrived.
-        link.dropped_current = read_dropped(link.host)
+        # The ring loses only what arrives: skip tc while nothing did.
+        link.dropped_current = network.ring_drops(link.host)
         link.last_rx_packets = counters["rx_packets"]
     dropped = link.dropped - link.dropped_at_load
-    crc = dropped // 5
     values = {
         name: counters[name] - link.base.get(name, 0)
         for name in ("rx_bytes", "rx_packets", "tx_bytes", "tx_packets")
     }
-    values.update(rx_crc_errors=crc, rx_missed_errors=dropped - crc, rx_length_errors=0,
+    # A packet the ring lost leaves the next frame out of sequence: thunderbolt_net
+    # counts it a missed frame (tbnet_check_frame).
+    values.update(rx_crc_errors=0, rx_missed_errors=dropped, rx_length_errors=0,
                   rx_over_errors=0, rx_errors=dropped, tx_errors=0, rx_dropped=0, tx_dropped=0)
     statistics = link.host.root / "statistics"
     for name, value in values.items():
         write_if_changed(statistics / name, str(value), link.written)
 
 
-def set_up(link: HostLink, module: ModuleState, up: bool, speed_gbps: float) -> None:
+def set_up(link: HostLink, module: ModuleState, up: bool) -> None:
     """
     The host's ``thunderbolt0`` as its driver makes it: absent while unloaded (the
     peer losing carrier), created anew, without an address, by each load (even an
@@ -291,15 +342,14 @@ def set_up(link: HostLink, module: ModuleState, up: bool, speed_gbps: float) -> 
     link.device_loaded_at = module.loaded_at
     if present and not exists:
         network.plug(host)
-        link.up = None
+        link.up, link.sending = None, None
         bind_statistics(host)
     if not present and exists:
         network.unplug(host)
-        link.up = None
+        link.up, link.sending = None, None
     if not present or up == link.up:
         return
     if up:
-        set_link_rate(host.name, speed_gbps)
         link.up_at = time.time()
     in_netns(host.name, "ip", "link", "set", LINK_INTERFACE, "up" if up else "down")
     link.up = up
@@ -344,17 +394,15 @@ def tick(links: dict[str, HostLink], speeds: dict[str, float]) -> None:
         if trained and not link.up:
             # Training happens now, so a fault switched on before it bites here.
             speeds[name] = DEGRADED_SPEED_GBPS if faults.is_on("link_10g") else LINK_SPEED_GBPS
-        set_up(link, module, trained, speeds[name])
+        set_up(link, module, trained)
         network_manager(link)
         write_device_routers(link)
         write_xdomain(link, peer, peer_module, speeds[name])
-        rx_drop = 0.0 if tx_e2e_active(peer_module, module) else link.host.stock_rx_drop
-        credits_withheld = (faults.is_on("tx_credit_stall")
-                            or not controller(link.host).returns_tx_credits
-                            or not controller(peer).returns_tx_credits)
-        tx_stall = tx_e2e_active(module, peer_module) and credits_withheld
-        apply_rules(link, rx_drop, tx_stall)
-        write_statistics(link, module)
+        apply_sending(link, sending(link, module, peer, peer_module, speeds[name]))
+        apply_ring(link, overruns=not tx_e2e_active(peer_module, module))
+    for name, link in links.items():
+        apply_carrier(link, links[link.host.peer or ""])
+        write_statistics(link, modules[name])
 
 
 def main() -> None:

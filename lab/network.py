@@ -1,13 +1,26 @@
-"""Namespaces, the management bridge and the ``thunderbolt0`` veth pair.
+"""Namespaces, the management bridge and the Thunderbolt cable.
 
 Management traffic (SSH, the gateway reaching the replicas) crosses a bridge in
 the machine's own namespace; the workstations' TP traffic crosses only the
-veth pair named ``thunderbolt0``, so a driver reload never cuts the operator's
-session, as on a real site where management has its own network.
+cable, so a driver reload never cuts the operator's session, as on a real site
+where management has its own network.
+
+The cable is a namespace of its own: each workstation's ``thunderbolt0`` is a
+veth whose other end is a port of the cable's bridge. What a driver decides
+about a frame in flight is shaped there, by :mod:`lab.kernel`:
+
+- the sender's side, on its ``thunderbolt0``: the wire's rate, or the pace of
+  the credits its peer returns; a queue there is the sender's own, so a full one
+  holds the socket back and loses nothing;
+- the receiver's ring, on its port of the cable: frames drain at the rate the
+  receive path empties it, into a ring of :data:`RING_BYTES`; what arrives
+  while it is full is lost on the way, so the sender's TCP really retransmits,
+  as it does when a real receiver overruns.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,11 +28,16 @@ from pathlib import Path
 from lab.topology import (
     BRIDGE,
     BRIDGE_ADDRESS,
+    CABLE,
+    CABLE_BRIDGE,
+    FRAME_BYTES,
     HOSTS,
-    IPTABLES_CHAINS,
     LINK_INTERFACE,
     LINK_PREFIX,
-    LINK_SPEED_GBPS,
+    NAPI_POLL_WEIGHT,
+    RING_BYTES,
+    RX_DRAIN_GBPS,
+    TX_STALL_CHAIN,
     WORKSTATIONS,
     LabHost,
 )
@@ -65,12 +83,54 @@ def delete_link(name: str) -> bool:
     return deleted.returncode == 0
 
 
-def set_link_rate(namespace: str, gbps: float) -> None:
-    """Cap the veth at the trained rate; tbf is what this kernel has (no netem)."""
+def shape_sender(host: LabHost, gbps: float | None) -> None:
+    """
+    How fast the host's frames leave: tbf on its ``thunderbolt0`` (this kernel
+    has no netem), whose bucket is the TX ring, sent back to back; ``None``, as
+    fast as the host hands them over. A queue here is the sender's, so it
+    pushes back on the socket and loses nothing.
+    """
+    if gbps is None:
+        in_netns(host.name, "tc", "qdisc", "del", "dev", LINK_INTERFACE, "root", check=False)
+        return
     in_netns(
-        namespace, "tc", "qdisc", "replace", "dev", LINK_INTERFACE, "root", "tbf",
-        "rate", f"{gbps:g}gbit", "burst", "16mb", "latency", "50ms",
+        host.name, "tc", "qdisc", "replace", "dev", LINK_INTERFACE, "root", "tbf",
+        "rate", f"{gbps:g}gbit", "burst", f"{RING_BYTES}b", "latency", "50ms",
     )
+
+
+def shape_ring(host: LabHost, overruns: bool) -> None:
+    """
+    The host's receive ring, on its port of the cable. Overrunning: a tbf that
+    drains at the receive path's rate, one NAPI poll's frames at a time, and
+    holds one ring of frames; what does not fit is lost. Otherwise (the sender
+    waits for credits) nothing is held here.
+    """
+    if overruns:
+        in_netns(CABLE, "tc", "qdisc", "replace", "dev", host.cable_port, "root", "tbf",
+                 "rate", f"{RX_DRAIN_GBPS:g}gbit", "burst", f"{NAPI_POLL_WEIGHT * FRAME_BYTES}b",
+                 "limit", f"{RING_BYTES}b")
+    else:
+        in_netns(CABLE, "tc", "qdisc", "del", "dev", host.cable_port, "root", check=False)
+
+
+def ring_drops(host: LabHost) -> int:
+    """The frames the host's receive ring lost since its shaping was last set."""
+    out = in_netns(CABLE, "tc", "-s", "-j", "qdisc", "show", "dev", host.cable_port).stdout
+    return sum(qdisc.get("drops", 0) for qdisc in json.loads(out or "[]")
+               if qdisc.get("root"))
+
+
+def set_carrier(host: LabHost, on: bool) -> None:
+    """The host's ``thunderbolt0`` has carrier while the cable's end of it is up."""
+    in_netns(CABLE, "ip", "link", "set", host.cable_port, "up" if on else "down")
+
+
+def stall_transmit(host: LabHost, stalled: bool) -> None:
+    """A controller that returns no TX credits: the host's frames never leave."""
+    in_netns(host.name, "iptables", "-w", "-F", TX_STALL_CHAIN)
+    if stalled:
+        in_netns(host.name, "iptables", "-w", "-A", TX_STALL_CHAIN, "-j", "DROP")
 
 
 def parking(host: LabHost) -> str:
@@ -101,22 +161,29 @@ def create() -> None:
     run("ip", "link", "set", BRIDGE, "up")
     for host in HOSTS:
         _create_host(host)
+    _create_cable()
     for host in WORKSTATIONS:
         run("ip", "netns", "add", parking(host))
-    first, second = WORKSTATIONS
-    in_netns(
-        first.name, "ip", "link", "add", LINK_INTERFACE, "mtu", "65520", "type", "veth",
-        "peer", "name", LINK_INTERFACE, "mtu", "65520", "netns", f"{NETNS_DIR / second.name}",
-    )
-    for host in WORKSTATIONS:
+        # Down until the lab kernel sees the peer's link up: the cable's end of
+        # a veth carries the peer's carrier to this one.
+        in_netns(CABLE, "ip", "link", "add", host.cable_port, "mtu", "65520", "type", "veth",
+                 "peer", "name", LINK_INTERFACE, "mtu", "65520",
+                 "netns", f"{NETNS_DIR / host.name}")
+        in_netns(CABLE, "ip", "link", "set", host.cable_port, "master", CABLE_BRIDGE)
         in_netns(host.name, "ip", "addr", "add", f"{host.link_address}/{LINK_PREFIX}",
                  "dev", LINK_INTERFACE)
-        set_link_rate(host.name, LINK_SPEED_GBPS)
-        for hook, chain in IPTABLES_CHAINS.items():
-            direction = "-i" if hook == "INPUT" else "-o"
-            in_netns(host.name, "iptables", "-w", "-N", chain)
-            in_netns(host.name, "iptables", "-w", "-A", hook, direction, LINK_INTERFACE,
-                     "-j", chain)
+        in_netns(host.name, "iptables", "-w", "-N", TX_STALL_CHAIN)
+        in_netns(host.name, "iptables", "-w", "-A", "OUTPUT", "-o", LINK_INTERFACE,
+                 "-j", TX_STALL_CHAIN)
+
+
+def _create_cable() -> None:
+    """The cable's namespace and bridge; no address, and no IPv6 of its own to talk with."""
+    run("ip", "netns", "add", CABLE)
+    for scope in ("all", "default"):
+        in_netns(CABLE, "sysctl", "-qw", f"net.ipv6.conf.{scope}.disable_ipv6=1")
+    in_netns(CABLE, "ip", "link", "add", CABLE_BRIDGE, "type", "bridge")
+    in_netns(CABLE, "ip", "link", "set", CABLE_BRIDGE, "up")
 
 
 def _create_host(host: LabHost) -> None:
@@ -132,6 +199,10 @@ def _create_host(host: LabHost) -> None:
 def destroy(hosts: Sequence[LabHost] = HOSTS) -> list[str]:
     """Remove whatever of the lab's network exists; a half-built lab is fine."""
     removed = []
+    if netns_exists(CABLE):
+        # The cable's veths go with it, and so do their ends in the workstations.
+        run("ip", "netns", "delete", CABLE)
+        removed.append(f"netns {CABLE}")
     for host in hosts:
         if host.workstation and netns_exists(parking(host)):
             run("ip", "netns", "delete", parking(host))

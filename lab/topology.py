@@ -18,13 +18,35 @@ BRIDGE = "tblab0"
 BRIDGE_ADDRESS = "10.66.0.1/24"
 LINK_INTERFACE = "thunderbolt0"
 LINK_PREFIX = 16
-IPTABLES_CHAINS = {"INPUT": "TBLAB_RX", "OUTPUT": "TBLAB_TX"}
+# Where a transmitting side's frames are held back when its TX credits never return.
+TX_STALL_CHAIN = "TBLAB_TX"
+# The cable: a namespace of its own whose bridge joins the workstations'
+# thunderbolt0 veths, so that what happens to a frame on its way (the receiver's
+# ring overrunning) happens neither in the sender's stack nor in the receiver's.
+CABLE = "tbcable"
+CABLE_BRIDGE = "cable0"
 
 # The field report's link: one USB4 lane trained at 20 Gb/s.
 LINK_SPEED_GBPS = 20.0
 DEGRADED_SPEED_GBPS = 10.0
 LINK_LANES = 1
 RETRAIN_SECONDS = 1.0
+
+# thunderbolt_net's rings (drivers/net/thunderbolt/main.c): TBNET_RING_SIZE
+# frames of TBNET_FRAME_SIZE bytes each, on the TX side and on the RX side; a
+# 64 KiB packet travels as 16 frames. The NHI puts what its TX ring holds on the
+# wire back to back, so a sender runs up to one ring ahead of the wire's rate.
+RING_FRAMES = 256
+FRAME_BYTES = 4096
+RING_BYTES = RING_FRAMES * FRAME_BYTES
+# How fast a receiver empties its ring: one NAPI poll takes at most
+# NAPI_POLL_WEIGHT frames (the kernel's default, which thunderbolt_net uses), and
+# the NHI raises the ring's interrupt at most once per 128 us (nhi.c's interrupt
+# throttling). So 64 frames per 128 us: 16.384 Gbit/s, below the 20 Gb/s the
+# lane trained at, which is how a sender can outrun its receiver.
+NAPI_POLL_WEIGHT = 64
+RX_INTERRUPT_THROTTLE_SECONDS = 128e-6
+RX_DRAIN_GBPS = NAPI_POLL_WEIGHT * FRAME_BYTES * 8 / RX_INTERRUPT_THROTTLE_SECONDS / 1e9
 
 MODULE_NAME = "thunderbolt_net"
 # Each workstation's Thunderbolt controller, a PCI device: domain0 is its child,
@@ -70,9 +92,6 @@ class LabHost:
     workstation: bool
     link_address: str | None = None
     peer: str | None = None
-    # The stock driver's receiver drops frames at this rate; uneven on purpose,
-    # as on the field report's pair where one direction corrupted more.
-    stock_rx_drop: float = 0.0
     unique_id: str = ""
     ssh_user: str = "root"
 
@@ -85,14 +104,19 @@ class LabHost:
     def management_veth(self) -> str:
         return f"tblab-{self.name}"
 
+    @property
+    def cable_port(self) -> str:
+        """The cable's end of the host's ``thunderbolt0``: the host's receive ring sits on it."""
+        return f"tb-{self.name}"
+
 
 HOSTS: tuple[LabHost, ...] = (
     LabHost(
-        "wsa", "10.66.0.11", True, "169.254.77.1", "wsb", 0.004,
+        "wsa", "10.66.0.11", True, "169.254.77.1", "wsb",
         "d1e5a000-0000-4a00-8000-00000000a0a0", OPERATOR,
     ),
     LabHost(
-        "wsb", "10.66.0.12", True, "169.254.77.2", "wsa", 0.012,
+        "wsb", "10.66.0.12", True, "169.254.77.2", "wsa",
         "d1e5b000-0000-4b00-8000-00000000b0b0",
     ),
     LabHost("gw", "10.66.0.13", False, ssh_user=OPERATOR),
