@@ -74,7 +74,9 @@ def test_switching_link_10g_off_reseats_the_cable_and_the_link_retrains_at_20g()
     wait_until(lambda: not carrier("wsa"), timeout=2)
     wait_until(lambda: read("wsa", "/sys/bus/thunderbolt/devices/0-3/rx_speed") == "20.0 Gb/s")
     wait_until(lambda: carrier("wsa"))
-    assert "rate 20Gbit" in ssh("wsa", "tc qdisc show dev thunderbolt0").stdout
+    # No longer held to 10 Gb/s: on a wire faster than the receiver's drain, a stock
+    # sender is not shaped at all (lab.kernel.sending).
+    assert "tbf" not in ssh("wsa", "tc qdisc show dev thunderbolt0").stdout
 
 
 def test_server_faults_are_visible_to_every_host() -> None:
