@@ -42,7 +42,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 from pyinfra.api.exceptions import InventoryError
 
-from operations.connect import nodelay_data
+from operations.connect import connection_data
 from operations.sglang_releases import QUANTIZATIONS
 from operations.syntax import (
     AbsolutePath,
@@ -400,7 +400,7 @@ class Site(_Section):
         return {
             **{key: value for key, value in data.items() if value is not None},
             **sudo_data(host.sudo),
-            **nodelay_data(host.ssh_hostname, host.ssh_port),
+            **connection_data(host.ssh_hostname, host.ssh_port),
         }
 
 
