@@ -25,6 +25,13 @@ leaves the hosts as they are instead), then a non-zero exit naming the host,
 the layer and the evidence; and the compatibility ledger, which records what
 each run met and how it ended, and refuses the candidate on controllers it has
 seen stall (``--data force_candidate=yes`` overrides).
+
+Every remote command is bounded, so that a host whose connection drops silently
+fails its step instead of hanging the run: by the site's ``[ssh]
+command_timeout_seconds``, pyinfra's own ``_timeout`` in host data, which every
+operation and fact takes by default; a step that waits longer (a serving start,
+the link's retraining, the proxy's restart) by its own wait and one command more;
+the rollback by every wait of a production converge.
 """
 
 from functools import partial
@@ -75,6 +82,7 @@ if workstation:
         prefix_length=settings.link.prefix_length,
         timeout=settings.link.wait_seconds,
     )
+    link_bound = settings.bound(settings.link.wait_seconds)
 
 # Serving runs on both kinds of host; each gets its own settings and None for the
 # other kind. Every serving step is called on every host (a no-op where it has no
@@ -84,6 +92,18 @@ router = (serving_router.Router.from_hosts(host, inventory.get_group("workstatio
           if on_gateway else None)
 proxy = (gateway.Proxy.from_host(host, router.served_model_name, router.url)
          if on_gateway else None)
+
+# The steps that wait longer than one command, each bounded by its own wait (a
+# serving start waits as long on the gateway, for the router, as on a workstation).
+start_bound = settings.bound((sglang or router).start_timeout)
+proxy_bound = settings.bound(gateway.START_TIMEOUT_SECONDS)
+request_bound = settings.bound(gateway_route.REQUEST_TIMEOUT_SECONDS)
+# The rollback converges production: the replicas start, then the router in front
+# of them, the link retrains, the proxy restarts without the fallback.
+pair = WorkstationSettings.of(inventory.get_group("workstations")[0])
+rollback_timeout = attempt.rollback_timeout(pair.command_timeout, (
+    pair.serving.start_timeout_seconds, pair.serving.start_timeout_seconds,
+    pair.link.wait_seconds, gateway.START_TIMEOUT_SECONDS))
 
 if workstation:
     # However the run ends, the compatibility ledger on this machine gets one record.
@@ -123,7 +143,7 @@ if workstation:
     serving.admissible(name=f"Preflight: SGLang can serve {state.name} here", sglang=sglang,
                        serving=state.serving, speculative=state.speculative)
 gateway_route.admissible(name="Preflight: the large role answers, so small can fall back to it",
-                         proxy=proxy, fallback=state.gateway_fallback)
+                         proxy=proxy, fallback=state.gateway_fallback, _timeout=request_bound)
 
 # Taken only now, so that a run refused in preflight leaves nothing behind.
 lock.held(name="Lock: held by this run", run_dir=settings.run_dir, owner=this_run)
@@ -134,9 +154,10 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
     # 2. Gateway: the temporary fallback exists, and is proven, before the GPUs are borrowed.
     if state.gateway_fallback:
         gateway.proxy(name="Gateway: the temporary fallback small -> large is present",
-                      proxy=proxy, fallback=True, proofs=run.proofs)
+                      proxy=proxy, fallback=True, proofs=run.proofs, _timeout=proxy_bound)
         gateway_route.fallback_proven(
-            name="Gateway: a forced fallback through small is served by large", proxy=proxy)
+            name="Gateway: a forced fallback through small is served by large", proxy=proxy,
+            _timeout=request_bound)
 
     # 3. Serving: stop what the target does not run; a GPU holds a replica or a rank, never both.
     if state.tensor_parallel:
@@ -158,7 +179,8 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
         # The outage has begun: the user's route must survive it before the GPUs are borrowed.
         gateway_route.roles_proven(
             name="Gateway: small answers through the fallback while the replicas are down",
-            proxy=proxy, fallback=state.gateway_fallback, proofs=run.proofs)
+            proxy=proxy, fallback=state.gateway_fallback, proofs=run.proofs,
+            _timeout=request_bound)
     else:
         serving.tp_rank(name="Serving: the TP ranks are stopped", sglang=sglang, present=False)
 
@@ -175,7 +197,7 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
     if workstation:
         # Production's replicas do not use the link: a rollback is not failed by a cable.
         link.trained(name="Link: trained at the expected rate, the peer answers",
-                     needed=state.uses_link, **the_link)
+                     needed=state.uses_link, _timeout=link_bound, **the_link)
 
     # 6. Serving: start the target's servers; only a real completion accepts them.
     serving.linktest_tool(name="Serving: iperf3, the linktest's tool, is installed",
@@ -184,22 +206,23 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
         serving.tp_rank(name="Serving: the TP ranks run", sglang=sglang,
                         speculative=state.speculative)
         serving.tp_accepted(name="Serving: rank 0 serves a real completion as declared",
-                            sglang=sglang, proofs=run.proofs, speculative=state.speculative)
+                            sglang=sglang, proofs=run.proofs, speculative=state.speculative,
+                            _timeout=start_bound)
     else:
         serving.replica(name="Serving: the replicas run", sglang=sglang, proofs=run.proofs)
         serving.replica_accepted(name="Serving: each replica serves a real completion",
-                                 sglang=sglang, proofs=run.proofs)
+                                 sglang=sglang, proofs=run.proofs, _timeout=start_bound)
         serving_router.router(name="Serving: the router fronts the replicas", router=router)
         serving_router.router_accepted(name="Serving: the router serves a real completion",
-                                       router=router, proofs=run.proofs)
+                                       router=router, proofs=run.proofs, _timeout=start_bound)
 
     # 7. Gateway: the fallback goes only once production is proven, then both roles are proven.
     if not state.gateway_fallback:
         gateway.proxy(name="Gateway: the temporary fallback is removed", proxy=proxy,
-                      fallback=False, proofs=run.proofs)
+                      fallback=False, proofs=run.proofs, _timeout=proxy_bound)
         gateway_route.roles_proven(
             name="Gateway: small is served by the Qwen deployment, large by large", proxy=proxy,
-            fallback=False, proofs=run.proofs)
+            fallback=False, proofs=run.proofs, _timeout=request_bound)
 
     # 8. Verify: every layer holds.
     if workstation:
@@ -219,7 +242,8 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
         present=not state.tensor_parallel,
     )
     gateway_route.verified(name=f"Verify: the gateway routes as {state.name} declares",
-                           proxy=proxy, fallback=state.gateway_fallback, proofs=run.proofs)
+                           proxy=proxy, fallback=state.gateway_fallback, proofs=run.proofs,
+                           _timeout=request_bound)
 
 if workstation:
     # Before any rollback: a failed attempt is recorded with what it ran.
@@ -233,8 +257,8 @@ spokesman = workstation_names[0]
 # A failed rollback is reported by the conclusion, not by pyinfra's abort.
 attempt.rolled_back(name="Rollback: production is converged and proven if the attempt failed",
                     attempt=run.attempt, on_failure=on_failure, runner=spokesman,
-                    carried=(lock.inheriting(this_run),),
-                    _ignore_errors=True)
+                    carried=(lock.inheriting(this_run),), timeout=rollback_timeout,
+                    _ignore_errors=True, _timeout=settings.bound(rollback_timeout))
 lock.released(name="Lock: released", run_dir=settings.run_dir, owner=this_run,
               inherited=bool(inherited_lock))
 attempt.concluded(name="Conclusion: did the attempt succeed, and what was restored",

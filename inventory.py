@@ -14,7 +14,7 @@ between its hosts; the rest is ``group_data/``.
 import os
 
 from operations.attempt import carried_data
-from operations.connect import nodelay_data
+from operations.connect import connection_data
 from operations.site import SITE_ENV, load_site, sudo_data, tp_group_data
 
 if os.environ.get(SITE_ENV):
@@ -43,7 +43,7 @@ else:
             "ssh_known_hosts_file": str(_lab.STATE / "ssh" / "known_hosts"),
             "ssh_strict_host_key_checking": "yes",
             **sudo_data(host.ssh_user != "root"),
-            **nodelay_data(host.management_address, _SSH_PORT),
+            **connection_data(host.management_address, _SSH_PORT),
         }
 
     def _lab_workstation(rank: int, host: _lab.LabHost) -> dict[str, object]:

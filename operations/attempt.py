@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -90,6 +91,8 @@ class Attempt:
     # The run's other --data items, which the rollback gets in its environment.
     rollback_data: list[str] = field(default_factory=list)
     rollback_exit: int | None = None
+    # The rollback's bound, once it expired: the rollback was stopped, not finished.
+    rollback_expired: float | None = None
     dry: bool = False
     # Said again when the run concludes, however it ends (a forced refusal, say).
     caveats: list[str] = field(default_factory=list)
@@ -260,7 +263,26 @@ def carried_data() -> dict[str, Any]:
             for key, _, value in (item.partition("=") for item in items)}
 
 
-def run_rollback(state: Any, host: Any, command: list[str], carried: list[str]) -> bool:
+# Beyond its waits, a production converge runs a few dozen short commands, each
+# bounded by the command bound and done in seconds: this many bounds are slack.
+ROLLBACK_SLACK_COMMANDS = 4
+
+
+def rollback_timeout(command_timeout: int, waits: Iterable[float]) -> int:
+    """
+    The bound of the rollback's run: ``waits``, every wait of a production
+    converge, in full, and :data:`ROLLBACK_SLACK_COMMANDS` commands' bounds more.
+
+    Each of its steps is bounded already (it reads the same site); this bounds
+    the process as a whole, so that a rollback that never ends (a connect that
+    never completes, a pyinfra that never exits) still ends this run, non-zero,
+    rather than holding the operator's terminal and the hosts' lock.
+    """
+    return math.ceil(sum(waits)) + ROLLBACK_SLACK_COMMANDS * command_timeout
+
+
+def run_rollback(state: Any, host: Any, command: list[str], carried: list[str],
+                 timeout: float | None = None) -> bool:
     attempt = of(state)
     if not command:
         return fail(state, host, Layer.ROLLBACK, ["no pyinfra command line to run again"])
@@ -268,14 +290,23 @@ def run_rollback(state: Any, host: Any, command: list[str], carried: list[str]) 
     host.log_styled(f"rollback: converging production: {' '.join(command)}"
                     + (f" (carrying --data {', '.join(keys)})" if keys else ""), fg="yellow",
                     log_func=logger.warning)
-    attempt.rollback_exit = subprocess.run(
-        command, stdin=subprocess.DEVNULL, env=attempt.rollback_environment(carried)).returncode
+    try:
+        attempt.rollback_exit = subprocess.run(
+            command, stdin=subprocess.DEVNULL, env=attempt.rollback_environment(carried),
+            timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        # subprocess.run has killed it: the hosts are as after an interrupted run.
+        attempt.rollback_expired = timeout
+        return fail(state, host, Layer.ROLLBACK, [
+            f"the rollback to production did not end within its bound of {timeout:g}s "
+            f"and was stopped: {' '.join(command)}"])
     return attempt.rollback_exit == 0
 
 
 @operation(Layer.ROLLBACK)
 def rolled_back(attempt: Attempt, on_failure: str, runner: str,
-                carried: tuple[str, ...] = ()) -> Iterator[PyinfraCommand]:
+                carried: tuple[str, ...] = (),
+                timeout: float | None = None) -> Iterator[PyinfraCommand]:
     """
     If the attempt failed, converge production with a new run, once for all hosts.
 
@@ -283,6 +314,8 @@ def rolled_back(attempt: Attempt, on_failure: str, runner: str,
     + on_failure: ``rollback`` or ``stop`` (leave the hosts as they are)
     + runner: the host whose step starts the run (the others only wait for it)
     + carried: more ``key=value`` data for the new run (the host lock it inherits)
+    + timeout: seconds the new run may take before it is stopped and counts as
+      failed (:func:`rollback_timeout`); the step's own ``_timeout`` must be longer
 
     **Example:**
 
@@ -296,7 +329,8 @@ def rolled_back(attempt: Attempt, on_failure: str, runner: str,
     elif host.name != runner:
         host.noop(f"the rollback runs in {runner}'s step")
     else:
-        yield FunctionCommand(run_rollback, (attempt.rollback_command, list(carried)), {})
+        yield FunctionCommand(run_rollback,
+                              (attempt.rollback_command, list(carried), timeout), {})
 
 
 @operation(Layer.ROLLBACK, is_idempotent=True)
@@ -327,9 +361,10 @@ def concluded(attempt: Attempt, on_failure: str, runner: str) -> Iterator[Pyinfr
         elif attempt.rollback_exit == 0:
             outcome, after = "rolled_back", "production was restored and verified"
         else:
+            how = (f"stopped after {attempt.rollback_expired:g}s"
+                   if attempt.rollback_expired is not None else f"exit {attempt.rollback_exit}")
             outcome, after = "rollback_failed", (
-                f"the rollback to production failed too (exit {attempt.rollback_exit}): "
-                "the hosts need an operator")
+                f"the rollback to production failed too ({how}): the hosts need an operator")
         layer = next((layer for layer in attempt.layers if layer), None)
         attempt.end(Ending(outcome, layer, " | ".join(messages)))
         raise OperationError(" | ".join([*messages, after, *attempt.caveats]))

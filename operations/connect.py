@@ -15,9 +15,19 @@ pyinfra passes ``ssh_paramiko_connect_kwargs`` to paramiko's
 it, so loading the inventory connects nothing, and a failed attempt leaves it
 ready to try again (pyinfra's ``ssh_connect_retries``).
 
+The same socket bounds a connection that drops silently (a cable pulled, a
+host suspended, a firewall that forgets the flow): TCP keepalive probes it while
+it is idle, and ``TCP_USER_TIMEOUT`` aborts it when what was sent stays
+unacknowledged, so every wait on it ends in an error within
+:data:`DEAD_AFTER_SECONDS`, instead of the kernel's retransmissions' quarter of
+an hour. pyinfra 3.10 offers no keepalive of its own (only an ssh_config's
+``ServerAliveInterval``, which sends but never gives up), and bounds a
+command's output with ``_timeout`` but not the channel it opens first:
+paramiko's ``channel_timeout``, an hour by default, is bounded here too.
+
 A host that the operator's ``~/.ssh/config`` sends elsewhere (``HostName``,
 ``Port``, ``ProxyJump``, ``ProxyCommand``) keeps pyinfra's own connection: that
-path is the operator's to choose.
+path is the operator's to choose; only the channel's bound applies to it.
 """
 
 from __future__ import annotations
@@ -32,11 +42,30 @@ SSH_CONFIG = Path("~/.ssh/config")
 # ssh_config keywords that change where, or through what, the connection goes.
 REROUTING = ("hostname", "port", "proxyjump", "proxycommand")
 CONNECT_TIMEOUT_SECONDS = 10.0
+# Probes after this much silence, then this often, this many times unanswered;
+# data unacknowledged for as long is given up on too. Half a minute: a live host
+# answers a probe from its kernel, however busy its sshd or its GPU.
+KEEPALIVE_IDLE_SECONDS = 15
+KEEPALIVE_INTERVAL_SECONDS = 5
+KEEPALIVE_PROBES = 3
+DEAD_AFTER_SECONDS = KEEPALIVE_IDLE_SECONDS + KEEPALIVE_INTERVAL_SECONDS * KEEPALIVE_PROBES
+# Opening a session on a live connection takes milliseconds.
+CHANNEL_TIMEOUT_SECONDS = 30.0
+# The TCP options that bound a dead connection, where the platform has them
+# (TCP_USER_TIMEOUT and TCP_KEEPIDLE are Linux's; SO_KEEPALIVE is everywhere).
+KEEPALIVE_OPTIONS = (
+    (socket.SOL_SOCKET, "SO_KEEPALIVE", 1),
+    (socket.IPPROTO_TCP, "TCP_KEEPIDLE", KEEPALIVE_IDLE_SECONDS),
+    (socket.IPPROTO_TCP, "TCP_KEEPINTVL", KEEPALIVE_INTERVAL_SECONDS),
+    (socket.IPPROTO_TCP, "TCP_KEEPCNT", KEEPALIVE_PROBES),
+    (socket.IPPROTO_TCP, "TCP_USER_TIMEOUT", DEAD_AFTER_SECONDS * 1000),
+)
 
 
 class NoDelaySocket:
     """
-    A TCP connection to ``address:port`` with ``TCP_NODELAY`` set, opened on first use.
+    A TCP connection to ``address:port`` with ``TCP_NODELAY`` and the
+    :data:`KEEPALIVE_OPTIONS` set, opened on first use.
 
     Everything paramiko asks of a socket is delegated to the real one. Special
     names are not: ``copy`` and ``pickle`` probing for ``__deepcopy__`` must not
@@ -60,6 +89,9 @@ class NoDelaySocket:
     def _open(self) -> socket.socket:
         opened = socket.create_connection((self.address, self.port), timeout=self.timeout)
         opened.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for level, option, value in KEEPALIVE_OPTIONS:
+            if hasattr(socket, option):
+                opened.setsockopt(level, getattr(socket, option), value)
         return opened
 
     def __repr__(self) -> str:
@@ -80,11 +112,14 @@ def rerouted(address: str, ssh_config: Path = SSH_CONFIG) -> bool:
                                                          and found[key] == address))
 
 
-def nodelay_data(address: str, port: int, ssh_config: Path = SSH_CONFIG) -> dict[str, Any]:
+def connection_data(address: str, port: int, ssh_config: Path = SSH_CONFIG) -> dict[str, Any]:
     """
     The host data that has pyinfra connect to ``address:port`` over a
-    :class:`NoDelaySocket`; none where the operator's ssh_config reroutes the host.
+    :class:`NoDelaySocket`, its channels opened within
+    :data:`CHANNEL_TIMEOUT_SECONDS`; only the channels' bound where the
+    operator's ssh_config reroutes the host.
     """
-    if rerouted(address, ssh_config):
-        return {}
-    return {"ssh_paramiko_connect_kwargs": {"sock": NoDelaySocket(address, port)}}
+    bounded: dict[str, Any] = {"channel_timeout": CHANNEL_TIMEOUT_SECONDS}
+    if not rerouted(address, ssh_config):
+        bounded["sock"] = NoDelaySocket(address, port)
+    return {"ssh_paramiko_connect_kwargs": bounded}

@@ -18,6 +18,7 @@ the lab's service accounts are root, which a site's may never be.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -26,13 +27,16 @@ from pydantic import BaseModel
 
 from operations.driver import CandidateModule
 from operations.site import (
+    COMMAND_TIMEOUT,
     Candidate,
     GatewayRoles,
     Ledger,
     Link,
     Serving,
+    Ssh,
     flat_key,
     nested_section,
+    site_default,
 )
 
 Section = TypeVar("Section", bound=BaseModel)
@@ -81,7 +85,8 @@ def http_url(address: str, port: int) -> str:
 class HostSettings:
     """
     What every host has: its name, the ``address`` clients and probes reach it
-    at, and the run directory.
+    at, the run directory, and ``command_timeout``, the bound on one remote
+    command (``[ssh] command_timeout_seconds``, pyinfra's ``_timeout``).
 
     ``address`` is the host's ``ssh_hostname``, else its name: pyinfra's own
     rule for where it connects, so a service is reached where pyinfra deploys it.
@@ -90,6 +95,7 @@ class HostSettings:
     name: str
     address: str
     run_dir: str
+    command_timeout: int
 
     @classmethod
     def of(cls, host: Inventoried) -> HostSettings:
@@ -100,7 +106,19 @@ class HostSettings:
         """The fields of every host, for the kinds of host to build on."""
         data = host.data
         return {"name": host.name, "address": data.get("ssh_hostname") or host.name,
-                "run_dir": data.get("run_dir")}
+                "run_dir": data.get("run_dir"),
+                "command_timeout": data.get(COMMAND_TIMEOUT)
+                or site_default(Ssh, "command_timeout_seconds")}
+
+    def bound(self, wait: float) -> int:
+        """
+        pyinfra's ``_timeout`` for a step that waits up to ``wait`` seconds (a
+        start, a retraining, a request): the wait, and one command's bound more
+        for the check under way when it ends. pyinfra bounds a step's commands
+        and its Python callbacks, a wait among them, by one ``_timeout`` each:
+        the run's own would cut a legitimate wait that is longer.
+        """
+        return math.ceil(wait) + self.command_timeout
 
 
 @dataclass(frozen=True)

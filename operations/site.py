@@ -9,9 +9,11 @@ surfacing halfway through a transition with production already stopped.
 The models' defaults are the only place a default is written. Each host gets the
 site as flat pyinfra host data: TOML ``[section] key`` becomes ``section_key``
 (nested tables join with ``_`` too); a host table's ``ssh_*`` keys and
-``[ssh]`` become pyinfra's own SSH connector keys, and its ``sudo`` the data of
-:func:`sudo_data`. ``group_data/`` publishes the same names with these defaults
-(via :func:`section_defaults`) for the embedded lab, which has no site file, and
+``[ssh]`` become pyinfra's own SSH connector keys, ``[ssh]
+command_timeout_seconds`` pyinfra's ``_timeout`` (:func:`command_timeout_data`),
+and a host's ``sudo`` the data of :func:`sudo_data`. ``group_data/`` publishes
+the same names with these defaults (via :func:`section_defaults`) for the
+embedded lab, which has no site file, and
 ``operations/settings.py`` reads them back as one typed object per host.
 """
 
@@ -42,7 +44,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 from pyinfra.api.exceptions import InventoryError
 
-from operations.connect import nodelay_data
+from operations.connect import connection_data
 from operations.sglang_releases import QUANTIZATIONS
 from operations.syntax import (
     AbsolutePath,
@@ -64,6 +66,9 @@ MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 # The host data key twinbolt's own SSH readers (the harness, testinfra) consult;
 # pyinfra's is its global argument ``_sudo``. Both come from :func:`sudo_data`.
 SUDO = "sudo"
+# pyinfra's global argument that bounds each command of an operation or a fact:
+# where the site's [ssh] command_timeout_seconds lands (command_timeout_data).
+COMMAND_TIMEOUT = "_timeout"
 
 
 class SiteError(InventoryError):
@@ -181,6 +186,12 @@ class Ssh(_Section):
     # twinbolt swaps kernel modules as root: a host key never seen before is a
     # reason to stop. pyinfra's own default would be "accept-new".
     strict_host_key_checking: Literal["yes", "accept-new"] = "yes"
+    # The bound on one remote command (pyinfra's _timeout: command_timeout_data).
+    # pyinfra's own is none: a host whose connection drops silently would hold
+    # the run until TCP gives up, with production's GPUs borrowed. Above the
+    # longest single command twinbolt runs (a pip install on the gateway); a step
+    # that waits longer (a serving start) is bounded by its own wait instead.
+    command_timeout_seconds: PositiveInt = 300
 
 
 class Link(_Section):
@@ -393,14 +404,16 @@ class Site(_Section):
     def _ssh_data(self, host: Host) -> dict[str, Any]:
         data = {
             **host.model_dump(mode="json", include=set(Host.model_fields) - {"name", "sudo"}),
-            **_flat("ssh", self.ssh.model_dump(mode="json")),
+            **_flat("ssh", self.ssh.model_dump(mode="json",
+                                               exclude={"command_timeout_seconds"})),
         }
         # pyinfra type-checks its connector keys and refuses None: an unset
         # key must be absent so that pyinfra's own default applies.
         return {
             **{key: value for key, value in data.items() if value is not None},
             **sudo_data(host.sudo),
-            **nodelay_data(host.ssh_hostname, host.ssh_port),
+            **command_timeout_data(self.ssh.command_timeout_seconds),
+            **connection_data(host.ssh_hostname, host.ssh_port),
         }
 
 
@@ -435,6 +448,19 @@ def sudo_data(sudo: bool) -> dict[str, bool]:
     would override ``pyinfra --sudo``, and the lab's root hosts need no key.
     """
     return {SUDO: True, "_sudo": True} if sudo else {}
+
+
+def command_timeout_data(seconds: int) -> dict[str, int]:
+    """
+    The host data that bounds each remote command of a host to ``seconds``:
+    pyinfra's own global argument :data:`COMMAND_TIMEOUT`, the default of every
+    operation and fact of the run, as ``_sudo`` is (:func:`sudo_data`), the
+    rollback's new run included. An operation given its own ``_timeout`` (a
+    step that waits longer) keeps it. ``--data _timeout=N`` overrides it for a
+    run, for pyinfra and for twinbolt's derived bounds alike
+    (``operations/settings.py``).
+    """
+    return {COMMAND_TIMEOUT: seconds}
 
 
 def flat_key(prefix: str, key: str) -> str:

@@ -1,4 +1,7 @@
-"""pyinfra's SSH connection with Nagle's algorithm off, opened only when paramiko uses it."""
+"""
+pyinfra's SSH connection with Nagle's algorithm off, opened only when paramiko
+uses it, and bounded when it drops silently.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from operations.connect import NoDelaySocket, nodelay_data, rerouted
+from operations.connect import (
+    CHANNEL_TIMEOUT_SECONDS,
+    DEAD_AFTER_SECONDS,
+    KEEPALIVE_IDLE_SECONDS,
+    NoDelaySocket,
+    connection_data,
+    rerouted,
+)
 
 
 @pytest.fixture
@@ -71,8 +81,25 @@ def test_a_host_the_operators_ssh_config_reroutes_keeps_pyinfras_connection(
                       "Host moved\n    Port 2222\nHost *\n    ServerAliveInterval 30\n")
     for address in ("jumped", "renamed", "moved"):
         assert rerouted(address, config)
-        assert nodelay_data(address, 22, config) == {}
+        # Only the channels' bound: the path and its socket are the operator's.
+        assert connection_data(address, 22, config) == {
+            "ssh_paramiko_connect_kwargs": {"channel_timeout": CHANNEL_TIMEOUT_SECONDS}}
     assert not rerouted("10.66.0.11", config)
-    plain = nodelay_data("10.66.0.11", 22, config)["ssh_paramiko_connect_kwargs"]["sock"]
+    plain = connection_data("10.66.0.11", 22, config)["ssh_paramiko_connect_kwargs"]["sock"]
     assert (plain.address, plain.port) == ("10.66.0.11", 22)
     assert not rerouted("10.66.0.11", tmp_path / "absent")
+
+
+def test_a_connection_that_drops_silently_is_given_up_on_by_the_kernel(listener) -> None:
+    port, _ = listener
+    lazy = NoDelaySocket("127.0.0.1", port)
+    assert lazy.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+    assert lazy.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == KEEPALIVE_IDLE_SECONDS
+    assert (lazy.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
+            == DEAD_AFTER_SECONDS * 1000)
+    lazy.close()
+
+
+def test_pyinfras_channels_open_within_a_bound_not_paramikos_hour() -> None:
+    kwargs = connection_data("10.66.0.11", 22, Path("/nonexistent"))["ssh_paramiko_connect_kwargs"]
+    assert kwargs["channel_timeout"] == CHANNEL_TIMEOUT_SECONDS

@@ -156,6 +156,16 @@ def test_malformed_toml(write_site):
             id="strict checking off",
         ),
         pytest.param(
+            edited("[candidate]", "[ssh]\ncommand_timeout_seconds = 0\n\n[candidate]"),
+            "ssh.command_timeout_seconds: value should be greater than 0 (got 0)",
+            id="unbounded commands",
+        ),
+        pytest.param(
+            edited("[candidate]", "[ssh]\ncommand_timeout_seconds = -30\n\n[candidate]"),
+            "ssh.command_timeout_seconds: value should be greater than 0 (got -30)",
+            id="negative bound",
+        ),
+        pytest.param(
             edited("[candidate]", "[link]\nexpected_lanes = 4\n\n[candidate]"),
             "link.expected_lanes: value should be 1 or 2 (got 4)",
             id="bad lanes",
