@@ -25,9 +25,11 @@ WHERE = {
         "is the simulator's, not a GPU's.",
         f"A {CANDIDATE} / {CONTROL} ratio here says the harness sees the difference the lab "
         "builds in between the two drivers, not that the candidate driver helps real hardware.",
-        "The lab's link never corrupts a frame: the stock driver's losses are injected (iptables "
-        "drops at a fixed rate per workstation). Fewer retransmissions and receiver errors with "
-        "the candidate show that the harness counts them, not that the driver is right.",
+        "The lab's link never corrupts a frame: its losses are a simulated receive ring "
+        "overrunning (thunderbolt_net's 256 frames of 4 KiB, drained at 16.384 Gbit/s), not "
+        "this hardware's receive path. Fewer retransmissions and receiver errors with the "
+        "candidate show that the harness counts them and that credits stop an overrun, not "
+        "that the driver is right.",
         "The lab's simulated GPU takes exactly the roofline's compute time, so a measured rate's "
         "share of its roofline here is what the lab's real link and the simulator cost, not what "
         "a GPU's kernels would.",
@@ -42,8 +44,8 @@ WHERE = {
         "These reports do not record where they ran. If on the embedded lab, its GPUs and "
         "SGLang servers are simulated, so tok/s are the simulator's, not a GPU's; a ratio says "
         "the harness sees the difference, not that the candidate driver helps real hardware; "
-        "and the stock driver's losses there are injected, so fewer retransmissions with the "
-        "candidate do not validate the driver.",
+        "and its losses there are a simulated receive ring overrunning, so fewer "
+        "retransmissions with the candidate do not validate the driver.",
     ],
 }
 ONCE = ("Each state was measured once, and its single-stream window is one request: no "

@@ -394,7 +394,7 @@ def test_what_this_does_not_prove_says_whose_figures_they_are():
     assert any("ran on the embedded lab" in bullet and "simulator's, not a GPU's" in bullet
                for bullet in lab)
     assert any("not that the candidate driver helps real hardware" in bullet for bullet in lab)
-    assert any("losses are injected (iptables drops" in bullet for bullet in lab)
+    assert any("its losses are a simulated receive ring overrunning" in bullet for bullet in lab)
     site = caveats.does_not_prove(stock_and_candidate(inventory()))
     assert any("ran on a site's workstations" in bullet for bullet in site)
     assert not any("simulat" in bullet for bullet in site)
