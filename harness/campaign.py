@@ -198,10 +198,9 @@ class Campaign:
             raise StepFailed(f"{len(failed)} request(s) failed: " + "; ".join(failed[:5]))
         return path.name
 
-    async def linktest(self, state: str) -> str:
+    async def linktest(self, state: str, seconds: int) -> str:
         try:
-            built = await linktest.linktest(self.topology, self.linktest_seconds
-                                            or linktest.FLOW_SECONDS)
+            built = await linktest.linktest(self.topology, seconds)
         except linktest.NotTestable as error:
             raise StepFailed(str(error)) from None
         if built["state"] != state:
@@ -212,15 +211,15 @@ class Campaign:
         return (f"{path.name}: {report.number(headline['gbit_s_4_flows'], 2)} Gbit/s "
                 f"with 4 flows, {headline['receiver_errors']} receiver error(s)")
 
-    async def transport(self) -> None:
+    async def transport(self, seconds: int) -> None:
         """The network-only A/B, from production and back, one driver change a step."""
-        await self.step(f"linktest {BASELINE}", self.linktest(BASELINE))
+        await self.step(f"linktest {BASELINE}", self.linktest(BASELINE, seconds))
         for previous, state in pairwise(check_plan(TRANSPORT, baseline=True)):
             layers = ", ".join(layers_changed(previous, state))
             await self.step(f"deploy {state.name} (changes {layers})", self.deploy(state.name))
             await self.step(f"verify {state.name}", self.verify(state.name))
             if state.name != BASELINE:
-                await self.step(f"linktest {state.name}", self.linktest(state.name))
+                await self.step(f"linktest {state.name}", self.linktest(state.name, seconds))
 
     # The order
 
@@ -249,7 +248,7 @@ class Campaign:
             return self.finish(started_at, restored=None)
         try:
             if self.linktest_seconds is not None:
-                await self.transport()
+                await self.transport(self.linktest_seconds)
             if self.baseline:
                 await self.step(f"measure {BASELINE}", self.measure(BASELINE))
             for previous, state in pairwise(self.plan):

@@ -78,8 +78,8 @@ class Rehearsal(Campaign):
     async def measure(self, state: str) -> str:
         return await self.act(f"measure {state}")
 
-    async def linktest(self, state: str) -> str:
-        return await self.act(f"linktest {state}")
+    async def linktest(self, state: str, seconds: int) -> str:
+        return await self.act(f"linktest {state} ({seconds} s)")
 
 
 def test_the_transport_stage_changes_the_driver_alone_and_returns_to_production():
@@ -95,9 +95,10 @@ def test_the_transport_is_tested_before_the_model_states_each_with_a_linktest(tm
     rehearsal = Rehearsal(tmp_path, transport=True)
     result = asyncio.run(rehearsal.run())
     assert rehearsal.ran[:10] == [
-        "preflight", "linktest production",
-        "deploy production_tx_e2e", "verify production_tx_e2e", "linktest production_tx_e2e",
-        "deploy production_e2e_off", "verify production_e2e_off", "linktest production_e2e_off",
+        "preflight", "linktest production (1 s)",
+        "deploy production_tx_e2e", "verify production_tx_e2e", "linktest production_tx_e2e (1 s)",
+        "deploy production_e2e_off", "verify production_e2e_off",
+        "linktest production_e2e_off (1 s)",
         "deploy production", "verify production",
     ]
     assert rehearsal.ran[10:12] == ["measure production", "deploy tp2_stock_nospec"]
@@ -109,9 +110,9 @@ def test_the_transport_is_tested_before_the_model_states_each_with_a_linktest(tm
 
 def test_a_transport_step_that_fails_ends_in_a_verified_production_before_any_model_state(
         tmp_path):
-    rehearsal = Rehearsal(tmp_path, fail="linktest production_tx_e2e", transport=True)
+    rehearsal = Rehearsal(tmp_path, fail="linktest production_tx_e2e (1 s)", transport=True)
     result = asyncio.run(rehearsal.run())
-    assert rehearsal.ran[-3:] == ["linktest production_tx_e2e", "deploy production",
+    assert rehearsal.ran[-3:] == ["linktest production_tx_e2e (1 s)", "deploy production",
                                   "verify production"]
     assert not any(name.startswith(("measure", "deploy tp2")) for name in rehearsal.ran)
     assert (result["failed_step"], result["restored"]) == ("linktest production_tx_e2e", True)
