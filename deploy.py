@@ -57,16 +57,23 @@ from operations.settings import GatewaySettings, WorkstationSettings
 from operations.states import resolve_state
 
 state = resolve_state(host.data.get("state"))
-# The pair is one unit: a run that leaves a host out is refused before anything.
-scope.whole_pair(inventory, pyinfra.state.is_host_in_limit, state.name)
+# A rollback holds the lock of the failed run that started it.
+inherited_lock = host.data.get(lock.INHERITED_KEY)
+# The pair is one unit: a run that leaves a host out is refused before anything,
+# but for a rollback, which leaves out the hosts its failed run lost.
+scope.whole_pair(inventory, pyinfra.state.is_host_in_limit, state.name,
+                 lost=scope.lost_hosts(host.data.get(attempt.LOST_HOSTS_KEY), inherited_lock,
+                                       state.name))
 on_failure = host.data.get("on_failure") or "rollback"
 workstation = "workstations" in host.groups
 on_gateway = "gateway" in host.groups
-# A rollback holds the lock of the failed run that started it.
-inherited_lock = host.data.get(lock.INHERITED_KEY)
 run = runs.begin(pyinfra.state, state.name, inherited_lock)
 this_run = run.owner
 workstation_names = [member.name for member in inventory.get_group("workstations")]
+# The hosts this run reaches, workstations first: the first not lost speaks for it.
+in_run = [member for group in scope.PAIR_GROUPS for member in inventory.get_group(group)
+          if pyinfra.state.is_host_in_limit(member)]
+speakers = tuple(member.name for member in in_run)
 
 # The host's settings, built once from its final data (--data included).
 settings = WorkstationSettings.of(host) if workstation else GatewaySettings.of(host)
@@ -88,7 +95,8 @@ if workstation:
 # other kind. Every serving step is called on every host (a no-op where it has no
 # part): pyinfra orders operations across hosts only through the ones they share.
 sglang = serving.Sglang.from_host(host) if workstation else None
-router = (serving_router.Router.from_hosts(host, inventory.get_group("workstations"))
+router = (serving_router.Router.from_hosts(
+    host, [member for member in in_run if "workstations" in member.groups])
           if on_gateway else None)
 proxy = (gateway.Proxy.from_host(host, router.served_model_name, router.url)
          if on_gateway else None)
@@ -245,21 +253,23 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
                            proxy=proxy, fallback=state.gateway_fallback, proofs=run.proofs,
                            _timeout=request_bound)
 
-if workstation:
-    # Before any rollback: a failed attempt is recorded with what it ran.
-    ledger.observed(name="Ledger: the controller, kernel and driver the attempt ran",
-                    run=run, module=settings.candidate.module_name)
-
-# One host speaks for the run: the rollback is one run, the conclusion one message.
-spokesman = workstation_names[0]
-# A failed attempt ends in a verified production: a new run converges it, holding
-# this run's lock, so that no other run moves the hosts in between.
-# A failed rollback is reported by the conclusion, not by pyinfra's abort.
-attempt.rolled_back(name="Rollback: production is converged and proven if the attempt failed",
-                    attempt=run.attempt, on_failure=on_failure, runner=spokesman,
-                    carried=(lock.inheriting(this_run),), timeout=rollback_timeout,
-                    _ignore_errors=True, _timeout=settings.bound(rollback_timeout))
-lock.released(name="Lock: released", run_dir=settings.run_dir, owner=this_run,
-              inherited=bool(inherited_lock))
+# From here on every step runs on every host whatever the attempt met, and a host
+# lost in it (its connection dead) only adds to the conclusion, never ends the
+# run first: the rollback, the ledger's record and the locks must still happen.
+with host.arguments(_ignore_errors=True):
+    if workstation:
+        # Before any rollback: a failed attempt is recorded with what it ran.
+        ledger.observed(name="Ledger: the controller, kernel and driver the attempt ran",
+                        run=run, module=settings.candidate.module_name)
+    # One host speaks for the run: the rollback is one run, the conclusion one message.
+    # A failed attempt ends in a verified production: a new run converges it, holding
+    # this run's lock, so that no other run moves the hosts in between.
+    # A failed rollback is reported by the conclusion, not by pyinfra's abort.
+    attempt.rolled_back(name="Rollback: production is converged and proven if the attempt failed",
+                        attempt=run.attempt, on_failure=on_failure, speakers=speakers,
+                        carried=(lock.inheriting(this_run),), timeout=rollback_timeout,
+                        _timeout=settings.bound(rollback_timeout))
+    lock.released(name="Lock: released", run_dir=settings.run_dir, owner=this_run,
+                  inherited=bool(inherited_lock))
 attempt.concluded(name="Conclusion: did the attempt succeed, and what was restored",
-                  attempt=run.attempt, on_failure=on_failure, runner=spokesman)
+                  attempt=run.attempt, on_failure=on_failure, speakers=speakers)

@@ -48,8 +48,10 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, OperationError
 from pyinfra.api import operation as pyinfra_operation
 from pyinfra.api.command import PyinfraCommand
+from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback
 
+from operations import connect
 from operations.phase import executing
 
 
@@ -71,12 +73,14 @@ class Ending:
     """
     How a run ended: ``accepted``, ``refused`` (before any change), or after a
     failure ``rolled_back``, ``rollback_failed`` or ``stopped`` (``on_failure=stop``);
-    the layer that failed or refused, and its evidence.
+    the layer that failed or refused, its evidence, and the hosts it lost.
     """
 
     outcome: str
     layer: Layer | None = None
     evidence: str = ""
+    # The hosts whose connection died during the run (:func:`lose`).
+    lost: tuple[str, ...] = ()
 
 
 @dataclass
@@ -85,6 +89,8 @@ class Attempt:
 
     failures: dict[tuple[str, str | None], str] = field(default_factory=dict)
     layers: list[Layer | None] = field(default_factory=list)
+    # The hosts whose connection died, each with the step that met it, in order.
+    lost: dict[str, str] = field(default_factory=dict)
     # The layer each operation of this run declared, by its hash (:func:`operation`).
     layer_of: dict[str | None, Layer] = field(default_factory=dict)
     rollback_command: list[str] = field(default_factory=list)
@@ -130,6 +136,18 @@ class Attempt:
             self.failures[host_name, op_hash] = message
             self.layers.append(layer)
 
+    def lose(self, host_name: str, step: str, layer: Layer | None) -> None:
+        """Record, once, that ``host_name``'s connection died in ``step``: a failure."""
+        if host_name not in self.lost:
+            self.lost[host_name] = step
+            self.record(host_name, LOST, f"{host_name}: {layer or 'a'} layer: the connection to "
+                        f"{host_name} was lost during {step!r}; nothing more was done there",
+                        layer)
+
+    def speaker(self, hosts: Iterable[str]) -> str | None:
+        """The first of ``hosts`` still reachable: it speaks for the run (``None``: none is)."""
+        return next((name for name in hosts if name not in self.lost), None)
+
     def messages(self) -> list[str]:
         return list(self.failures.values())
 
@@ -154,6 +172,15 @@ def of(pyinfra_state: Any) -> Attempt:
     return getattr(pyinfra_state, RUN_ATTRIBUTE).attempt
 
 
+# The failure key of a host's loss, which counts once whatever step met it.
+LOST = "lost"
+
+
+def step_name(state: Any, op_hash: str | None) -> str:
+    """An operation's title, as pyinfra prints it."""
+    return ", ".join(sorted(state.get_op_meta(op_hash).names)) or "an operation"
+
+
 class RecordFailedOperations(BaseStateCallback):
     """Remote commands that fail (an ``insmod`` refused, a service that will not
     start) count as failures too, under the layer their operation declared, even
@@ -161,11 +188,13 @@ class RecordFailedOperations(BaseStateCallback):
 
     @staticmethod
     def operation_host_error(state: Any, host: Any, op_hash: str, *_: Any) -> None:
-        names = sorted(state.get_op_meta(op_hash).names)
         run = of(state)
-        run.record(host.name, op_hash,
-                   f"{host.name}: {', '.join(names) or 'an operation'}: a command failed",
-                   run.layer_of.get(op_hash))
+        if connect.lost(host):
+            run.lose(host.name, step_name(state, op_hash), run.layer_of.get(op_hash))
+        else:
+            run.record(host.name, op_hash,
+                       f"{host.name}: {step_name(state, op_hash)}: a command failed",
+                       run.layer_of.get(op_hash))
 
 
 def operation(layer: Layer, **options: Any) -> Callable[[Callable[..., Iterator[Any]]], Any]:
@@ -174,13 +203,32 @@ def operation(layer: Layer, **options: Any) -> Callable[[Callable[..., Iterator[
     declares its layer to the run, so that a plain command of it that fails is
     recorded under that layer. An operation another one calls (``_inner``)
     belongs to the caller's layer.
+
+    While operations execute, a step never crashes the run, whatever it meets:
+
+    - on a host whose connection has died, it runs nothing and records the loss
+      (:meth:`Attempt.lose`);
+    - any exception its body raises but pyinfra's own (a refusal, an
+      ``OperationError``: the run stops before any change) fails the step with
+      the exception as its evidence, so that after the first change it ends in
+      the rollback like any other failure.
     """
 
     def decorate(body: Callable[..., Iterator[Any]]) -> Any:
         @functools.wraps(body)
         def declared(*args: Any, **kwargs: Any) -> Iterator[Any]:
             of(state).layer_of.setdefault(host.current_op_hash, layer)
-            yield from body(*args, **kwargs)
+            if not executing():
+                yield from body(*args, **kwargs)
+            elif connect.lost(host):
+                yield FunctionCommand(lose, (layer,), {})
+            else:
+                try:
+                    yield from body(*args, **kwargs)
+                except PyinfraError:
+                    raise
+                except Exception as error:  # noqa: BLE001 - any error is a failure to roll back
+                    yield failing(layer, [f"{type(error).__name__}: {error}"])
 
         return pyinfra_operation(**options)(declared)
 
@@ -196,13 +244,27 @@ def fail(state: Any, host: Any, layer: Layer, found: list[str]) -> bool:
     """
     Record and print the evidence of a failure on ``host``; False, which fails
     the operation (called by pyinfra as a ``FunctionCommand``: see :func:`failing`).
+    On a host whose connection has died, the evidence (facts read as their
+    defaults) is not the host's: the loss is recorded instead.
 
     pyinfra passes the state and the host to a ``FunctionCommand`` only when its
     function names them exactly ``state`` and ``host``.
     """
+    if connect.lost(host):
+        return lose(state, host, layer)
     message = failure(host.name, layer, found)
     of(state).record(host.name, host.executing_op_hash, message, layer)
     host.log_styled(message, fg="red", log_func=logger.error)
+    return False
+
+
+def lose(state: Any, host: Any, layer: Layer) -> bool:
+    """Record and print that ``host``'s connection died in this step; False, as :func:`fail`."""
+    run = of(state)
+    first = host.name not in run.lost
+    run.lose(host.name, step_name(state, host.executing_op_hash), layer)
+    if first:
+        host.log_styled(run.failures[host.name, LOST], fg="red", log_func=logger.error)
     return False
 
 
@@ -281,11 +343,30 @@ def rollback_timeout(command_timeout: int, waits: Iterable[float]) -> int:
     return math.ceil(sum(waits)) + ROLLBACK_SLACK_COMMANDS * command_timeout
 
 
+# The data item that tells a rollback which hosts its failed run lost: it
+# leaves them out (``--exclude``) and restores production on the rest.
+LOST_HOSTS_KEY = "lost_hosts"
+
+
+def rollback_reach(attempt: Attempt) -> tuple[list[str], list[str]]:
+    """
+    The command-line options and the data items that have a rollback leave out
+    the hosts the attempt lost, which it could not reach.
+    """
+    lost = list(attempt.lost)
+    if not lost:
+        return [], []
+    return ([part for name in lost for part in ("--exclude", name)],
+            [f"{LOST_HOSTS_KEY}={json.dumps(lost)}"])
+
+
 def run_rollback(state: Any, host: Any, command: list[str], carried: list[str],
                  timeout: float | None = None) -> bool:
     attempt = of(state)
     if not command:
         return fail(state, host, Layer.ROLLBACK, ["no pyinfra command line to run again"])
+    excluded, lost = rollback_reach(attempt)
+    command, carried = [*command, *excluded], [*carried, *lost]
     keys = [item.partition("=")[0] for item in [*attempt.rollback_data, *carried]]
     host.log_styled(f"rollback: converging production: {' '.join(command)}"
                     + (f" (carrying --data {', '.join(keys)})" if keys else ""), fg="yellow",
@@ -304,15 +385,17 @@ def run_rollback(state: Any, host: Any, command: list[str], carried: list[str],
 
 
 @operation(Layer.ROLLBACK)
-def rolled_back(attempt: Attempt, on_failure: str, runner: str,
+def rolled_back(attempt: Attempt, on_failure: str, speakers: tuple[str, ...],
                 carried: tuple[str, ...] = (),
                 timeout: float | None = None) -> Iterator[PyinfraCommand]:
     """
-    If the attempt failed, converge production with a new run, once for all hosts.
+    If the attempt failed, converge production with a new run, once for all
+    hosts but those the attempt lost, which it leaves out.
 
     + attempt: the run's :class:`Attempt`
     + on_failure: ``rollback`` or ``stop`` (leave the hosts as they are)
-    + runner: the host whose step starts the run (the others only wait for it)
+    + speakers: the run's hosts, in order; the first not lost starts the new run
+      in its step (the others only wait for it)
     + carried: more ``key=value`` data for the new run (the host lock it inherits)
     + timeout: seconds the new run may take before it is stopped and counts as
       failed (:func:`rollback_timeout`); the step's own ``_timeout`` must be longer
@@ -322,51 +405,56 @@ def rolled_back(attempt: Attempt, on_failure: str, runner: str,
     .. code:: python
 
         attempt.rolled_back(name="Rollback: production is restored if the attempt failed",
-                            attempt=run.attempt, on_failure="rollback", runner="wsa")
+                            attempt=run.attempt, on_failure="rollback",
+                            speakers=("wsa", "wsb", "gw"))
     """
+    speaker = attempt.speaker(speakers)
     if not executing() or attempt.healthy() or on_failure == "stop":
         host.noop("nothing to roll back")
-    elif host.name != runner:
-        host.noop(f"the rollback runs in {runner}'s step")
+    elif host.name != speaker:
+        host.noop(f"the rollback runs in {speaker}'s step")
     else:
         yield FunctionCommand(run_rollback,
                               (attempt.rollback_command, list(carried), timeout), {})
 
 
 @operation(Layer.ROLLBACK, is_idempotent=True)
-def concluded(attempt: Attempt, on_failure: str, runner: str) -> Iterator[PyinfraCommand]:
+def concluded(attempt: Attempt, on_failure: str,
+              speakers: tuple[str, ...]) -> Iterator[PyinfraCommand]:
     """
     End the run non-zero if the attempt failed, saying what happened after.
 
     + attempt: the run's :class:`Attempt`
     + on_failure: ``rollback`` (production was converged and proven) or ``stop``
       (the hosts were left as they were, for debugging)
-    + runner: the host that says it, once for the whole run
+    + speakers: the run's hosts, in order; the first not lost says it, once for
+      the whole run
 
     **Example:**
 
     .. code:: python
 
         attempt.concluded(name="The attempt succeeded", attempt=run.attempt,
-                          on_failure="rollback", runner="wsa")
+                          on_failure="rollback", speakers=("wsa", "wsb", "gw"))
     """
-    if not executing() or host.name != runner:
-        host.noop("the attempt succeeded" if attempt.healthy() else f"{runner} concludes")
+    speaker = attempt.speaker(speakers)
+    if not executing() or host.name != speaker:
+        host.noop("the attempt succeeded" if attempt.healthy() else f"{speaker} concludes")
     elif attempt.failed():
         messages = attempt.messages()
         if on_failure == "stop":
             outcome, after = "stopped", (
                 "on_failure=stop: THE HOSTS WERE LEFT AS THEY ARE for debugging; "
-                "restore with: pyinfra inventory.py deploy.py --data state=production")
+                f"restore with: {RESTORE}")
         elif attempt.rollback_exit == 0:
-            outcome, after = "rolled_back", "production was restored and verified"
+            outcome, after = "rolled_back", restored(attempt, speakers)
         else:
             how = (f"stopped after {attempt.rollback_expired:g}s"
                    if attempt.rollback_expired is not None else f"exit {attempt.rollback_exit}")
             outcome, after = "rollback_failed", (
                 f"the rollback to production failed too ({how}): the hosts need an operator")
         layer = next((layer for layer in attempt.layers if layer), None)
-        attempt.end(Ending(outcome, layer, " | ".join(messages)))
+        attempt.end(Ending(outcome, layer, " | ".join(messages), tuple(attempt.lost)))
         raise OperationError(" | ".join([*messages, after, *attempt.caveats]))
     else:
         attempt.end(Ending("accepted"))
@@ -374,3 +462,17 @@ def concluded(attempt: Attempt, on_failure: str, runner: str) -> Iterator[Pyinfr
             host.log_styled(caveat, fg="red", log_func=logger.warning)
         host.noop("the attempt succeeded")
     yield from ()
+
+
+RESTORE = "pyinfra inventory.py deploy.py --data state=production"
+
+
+def restored(attempt: Attempt, speakers: Iterable[str]) -> str:
+    """What a rollback that passed restored: everything, or all but the hosts lost."""
+    if not attempt.lost:
+        return "production was restored and verified"
+    reached = [name for name in speakers if name not in attempt.lost]
+    lost = ", ".join(attempt.lost)
+    return (f"production was restored and verified on {', '.join(reached)}, without {lost}, "
+            f"which the rollback could not reach and which may still run what the attempt "
+            f"left there; once {lost} answers again, converge the whole pair: {RESTORE}")

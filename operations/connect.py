@@ -28,6 +28,15 @@ paramiko's ``channel_timeout``, an hour by default, is bounded here too.
 A host that the operator's ``~/.ssh/config`` sends elsewhere (``HostName``,
 ``Port``, ``ProxyJump``, ``ProxyCommand``) keeps pyinfra's own connection: that
 path is the operator's to choose; only the channel's bound applies to it.
+
+However it dies, a connection must end the step that meets it as a failed
+command, which the run records and rolls back from, not as a crash. paramiko
+reports a dead transport as the exception its reader thread met: an ``OSError``
+or an ``SSHException``, both of which pyinfra handles, or an ``EOFError`` (the
+peer closed, as a rebooted host's kernel does), which pyinfra does not, and
+which would end the run without a rollback, a conclusion or a ledger record.
+:class:`LossAwareTransport` reports that one as an ``SSHException`` too, and
+:func:`lost` tells whether a host's connection has died.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import paramiko
+from pyinfra.api import Host
 
 SSH_CONFIG = Path("~/.ssh/config")
 # ssh_config keywords that change where, or through what, the connection goes.
@@ -102,6 +112,28 @@ class NoDelaySocket:
         return f"tcp://{self.address}:{self.port} with TCP_NODELAY"
 
 
+class LossAwareTransport(paramiko.Transport):
+    """paramiko's transport, reporting a connection closed under it as an ``SSHException``."""
+
+    def get_exception(self) -> Exception | None:
+        error = super().get_exception()
+        if isinstance(error, EOFError):
+            return paramiko.SSHException("the connection was closed by the other end")
+        return error
+
+
+def loss_aware_transport(sock: Any, **options: Any) -> LossAwareTransport:
+    """paramiko's ``transport_factory``: a function, which host data can show as JSON."""
+    return LossAwareTransport(sock, **options)
+
+
+def lost(host: Host) -> bool:
+    """Whether ``host``'s SSH connection was made and has since died (never, off SSH)."""
+    client = getattr(host.connector, "client", None)
+    transport = client.get_transport() if client is not None else None
+    return transport is not None and not transport.is_active()
+
+
 def rerouted(address: str, ssh_config: Path = SSH_CONFIG) -> bool:
     """Whether the operator's ssh_config decides where a connection to ``address`` goes."""
     path = ssh_config.expanduser()
@@ -115,11 +147,12 @@ def rerouted(address: str, ssh_config: Path = SSH_CONFIG) -> bool:
 def connection_data(address: str, port: int, ssh_config: Path = SSH_CONFIG) -> dict[str, Any]:
     """
     The host data that has pyinfra connect to ``address:port`` over a
-    :class:`NoDelaySocket`, its channels opened within
-    :data:`CHANNEL_TIMEOUT_SECONDS`; only the channels' bound where the
-    operator's ssh_config reroutes the host.
+    :class:`NoDelaySocket` and a :class:`LossAwareTransport`, its channels
+    opened within :data:`CHANNEL_TIMEOUT_SECONDS`; only the transport and the
+    channels' bound where the operator's ssh_config reroutes the host.
     """
-    bounded: dict[str, Any] = {"channel_timeout": CHANNEL_TIMEOUT_SECONDS}
+    bounded: dict[str, Any] = {"channel_timeout": CHANNEL_TIMEOUT_SECONDS,
+                               "transport_factory": loss_aware_transport}
     if not rerouted(address, ssh_config):
         bounded["sock"] = NoDelaySocket(address, port)
     return {"ssh_paramiko_connect_kwargs": bounded}

@@ -134,11 +134,12 @@ def host_entry(name: str, values: dict[str, Any]) -> dict[str, Any]:
 
 def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
            layer: str | None = None, evidence: str = "", forced: bool = False,
-           tok_s: float | None = None) -> dict[str, Any]:
+           tok_s: float | None = None, lost: tuple[str, ...] = ()) -> dict[str, Any]:
     """
     One ledger line. ``stall`` is the judgement :func:`stall_reports` acts on: the
     candidate's run failed at the link layer because nothing crossed a link that
-    trained, which is what a TX ring that never gets credits does.
+    trained, which is what a TX ring that never gets credits does. ``lost``: the
+    hosts whose connection died during the run, which its rollback left out.
     """
     if outcome not in OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r}; outcomes are: {', '.join(OUTCOMES)}")
@@ -153,6 +154,7 @@ def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
         "forced": forced,
         "tok_s": tok_s,
         "evidence": evidence,
+        "lost": list(lost),
         "hosts": hosts,
     }
 
@@ -303,7 +305,7 @@ def keep(run: Run, path: str, state: str, driver: str) -> None:
     def write(ending: attempt.Ending) -> None:
         append(Path(path), record(state, driver, ending.outcome, list(observed.hosts.values()),
                                   layer=ending.layer, evidence=ending.evidence,
-                                  forced=observed.forced))
+                                  forced=observed.forced, lost=ending.lost))
 
     run.attempt.listeners.append(write)
 

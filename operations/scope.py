@@ -39,8 +39,26 @@ def refusal(missing: list[str], state_name: str) -> str:
             "at a subset")
 
 
-def whole_pair(hosts: Iterable[Host], in_limit: Callable[[Host], bool], state_name: str) -> None:
-    """Raise :class:`PartialRun` unless every host of the pair is in this run."""
-    missing = left_out(hosts, in_limit)
+def lost_hosts(value: object, inherited_lock: object, state_name: str) -> list[str]:
+    """
+    The hosts a rollback may leave out: those its failed run lost (``--data
+    lost_hosts``, a JSON list the failed run sets), which it cannot reach. Only
+    a rollback (a run to production that inherits a lock) may; any other run
+    moves the pair.
+    """
+    if not inherited_lock or state_name != "production" or value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise PartialRun(f"lost_hosts must be a JSON list of host names, not {value!r}")
+    return value
+
+
+def whole_pair(hosts: Iterable[Host], in_limit: Callable[[Host], bool], state_name: str,
+               lost: Iterable[str] = ()) -> None:
+    """
+    Raise :class:`PartialRun` unless every host of the pair is in this run, or
+    ``lost`` (:func:`lost_hosts`); a rollback restores production on the rest.
+    """
+    missing = [name for name in left_out(hosts, in_limit) if name not in lost]
     if missing:
         raise PartialRun(refusal(missing, state_name))

@@ -31,6 +31,7 @@ from pyinfra.api.util import get_template
 from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.operations import files, runit, server, systemd
 
+from operations import connect
 from operations.facts import EmptyMeansSomething, FileDigest, digest, digest_script
 from operations.settings import GatewaySettings, http_url
 from operations.syntax import (
@@ -628,13 +629,19 @@ def log_tails(workstations: list[tuple[Host, str, InitSystem]]) -> str:
 
     HTTP access lines are left out: the acceptance probes' own requests would
     push out what the server said about loading, joining and crashing.
+    A host whose connection has died is said to be, not read: its loss is the
+    evidence, and a failed read would fail that host in the middle of another's step.
     """
     sections = []
     for other, name, init_system in workstations:
-        lines = other.get_fact(ServiceLog, service=name, init_system=init_system,
-                               lines=LOG_LINES * 20)
-        lines = [line for line in lines if not ACCESS_LOG_LINE.search(line)][-LOG_LINES:]
         where = SUPERVISORS[init_system].log_location(name)
+        if connect.lost(other):
+            sections.append(f"  {other.name} {name}: not read, the connection to "
+                            f"{other.name} was lost")
+            continue
+        lines = other.get_fact(ServiceLog, service=name, init_system=init_system,
+                               lines=LOG_LINES * 20, _ignore_errors=True)
+        lines = [line for line in lines if not ACCESS_LOG_LINE.search(line)][-LOG_LINES:]
         body = "\n".join(f"    | {line}" for line in lines) or "    (empty)"
         sections.append(f"  {other.name} {name}, last lines of {where} (requests left out):"
                         f"\n{body}")

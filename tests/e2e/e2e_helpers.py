@@ -13,8 +13,9 @@ import json
 import re
 import shlex
 import subprocess
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,37 @@ def deploy(state: str | None, *extra: str, timeout: float = 600) -> DeployRun:
     except json.JSONDecodeError:
         results = {}
     return DeployRun(result.returncode, results or {}, result.stdout + result.stderr)
+
+
+def deploy_meanwhile(state: str, marker: str, meanwhile: Callable[[], object], *extra: str,
+                     timeout: float = 600) -> DeployRun:
+    """
+    A deploy to ``state`` during which ``meanwhile`` is done, as soon as the run
+    prints ``marker`` (the title of the step it has reached); what it printed,
+    without pyinfra's JSON results.
+    """
+    with tempfile.TemporaryFile("w+") as printed:
+        running = subprocess.Popen(
+            [str(PYINFRA), "-y", "inventory.py", "deploy.py", "--data", f"state={state}",
+             *extra], cwd=REPO, stdout=printed, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, text=True)
+        try:
+            deadline = time.monotonic() + timeout
+            while running.poll() is None and time.monotonic() < deadline:
+                printed.seek(0)
+                if marker in printed.read():
+                    meanwhile()
+                    break
+                time.sleep(0.2)
+            returncode = running.wait(timeout=max(deadline - time.monotonic(), 1))
+        finally:
+            if running.poll() is None:
+                running.kill()
+                running.wait()
+        printed.seek(0)
+        output = printed.read()
+    assert marker in output, f"the run never reached {marker!r}: {output[-3000:]}"
+    return DeployRun(returncode, {}, output)
 
 
 def refused_for_a_recorded_stall(pairing: str, *extra: str) -> DeployRun:

@@ -13,6 +13,7 @@ from typing import Any
 
 from operation_harness import a_run, run_arguments
 from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringCommand
+from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
 from operations.attempt import RUN_ATTRIBUTE
@@ -34,6 +35,8 @@ class FakeHost:
         self.data = SimpleNamespace(**(data or {}))
         self.current_op_global_arguments: dict[str, Any] = {}
         self.current_op_hash: str | None = None
+        # Never connected: never lost (operations.connect.lost).
+        self.connector = None
 
     def get_fact(self, fact: type, *args: Any, **kwargs: Any) -> Any:
         if fact not in self.facts:
@@ -65,7 +68,8 @@ def describe(command: object) -> str:
 def on(host: FakeHost, run: Run | None = None) -> Iterator[FakeHost]:
     """Operations called inside run on ``host``, in ``run`` (a new one unless given)."""
     state = SimpleNamespace(cwd=None, inventory=None, config=SimpleNamespace(DIFF=False),
-                            is_executing=True, **{RUN_ATTRIBUTE: run or a_run()})
+                            is_executing=True, current_stage=StateStage.Execute,
+                            **{RUN_ATTRIBUTE: run or a_run()})
     with ctx_state.use(state), ctx_host.use(host):
         yield host
 

@@ -103,7 +103,7 @@ def failed_attempt() -> attempt.Attempt:
 
 def test_a_rollback_past_its_bound_is_stopped_and_named(failed_attempt, monkeypatch) -> None:
     logged: list[str] = []
-    fake_host = SimpleNamespace(name="wsa", executing_op_hash="rollback",
+    fake_host = SimpleNamespace(name="wsa", executing_op_hash="rollback", connector=None,
                                 log_styled=lambda message, **_: logged.append(message))
     pyinfra_state = SimpleNamespace(**{attempt.RUN_ATTRIBUTE: SimpleNamespace(
         attempt=failed_attempt)})
@@ -119,7 +119,7 @@ def test_a_rollback_past_its_bound_is_stopped_and_named(failed_attempt, monkeypa
                        match=r"the rollback to production failed too \(stopped after 0.5s\): "
                              "the hosts need an operator"):
         run_operation(attempt.concluded, lambda cls, kwargs: None, attempt=failed_attempt,
-                      on_failure="rollback", runner="wsa")
+                      on_failure="rollback", speakers=("wsa",))
 
 
 def test_the_rollback_step_gives_its_run_the_bound(failed_attempt, monkeypatch) -> None:
@@ -132,7 +132,7 @@ def test_the_rollback_step_gives_its_run_the_bound(failed_attempt, monkeypatch) 
                         lambda function, args, kwargs: given.append(args) or real(function, args,
                                                                                   kwargs))
     assert run_operation(attempt.rolled_back, lambda cls, kwargs: None, run=run,
-                         on_failure="rollback", runner="wsa", timeout=2400) == [
+                         on_failure="rollback", speakers=("wsa",), timeout=2400) == [
         "call run_rollback"]
     [(_, _, timeout)] = given
     assert timeout == 2400

@@ -9,7 +9,9 @@ import copy
 import socket
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
+import paramiko
 import pytest
 
 from operations.connect import (
@@ -18,6 +20,8 @@ from operations.connect import (
     KEEPALIVE_IDLE_SECONDS,
     NoDelaySocket,
     connection_data,
+    loss_aware_transport,
+    lost,
     rerouted,
 )
 
@@ -81,9 +85,11 @@ def test_a_host_the_operators_ssh_config_reroutes_keeps_pyinfras_connection(
                       "Host moved\n    Port 2222\nHost *\n    ServerAliveInterval 30\n")
     for address in ("jumped", "renamed", "moved"):
         assert rerouted(address, config)
-        # Only the channels' bound: the path and its socket are the operator's.
+        # Only the channels' bound and the transport: the path and its socket are the
+        # operator's.
         assert connection_data(address, 22, config) == {
-            "ssh_paramiko_connect_kwargs": {"channel_timeout": CHANNEL_TIMEOUT_SECONDS}}
+            "ssh_paramiko_connect_kwargs": {"channel_timeout": CHANNEL_TIMEOUT_SECONDS,
+                                            "transport_factory": loss_aware_transport}}
     assert not rerouted("10.66.0.11", config)
     plain = connection_data("10.66.0.11", 22, config)["ssh_paramiko_connect_kwargs"]["sock"]
     assert (plain.address, plain.port) == ("10.66.0.11", 22)
@@ -103,3 +109,33 @@ def test_a_connection_that_drops_silently_is_given_up_on_by_the_kernel(listener)
 def test_pyinfras_channels_open_within_a_bound_not_paramikos_hour() -> None:
     kwargs = connection_data("10.66.0.11", 22, Path("/nonexistent"))["ssh_paramiko_connect_kwargs"]
     assert kwargs["channel_timeout"] == CHANNEL_TIMEOUT_SECONDS
+
+
+def test_a_connection_closed_under_the_transport_fails_a_command_as_pyinfra_handles_it() -> None:
+    """
+    A rebooted host's kernel closes the connection: paramiko's reader thread
+    meets an EOFError, which pyinfra does not catch; the transport reports it
+    as the SSHException pyinfra fails the command with.
+    """
+    ours, theirs = socket.socketpair()
+    transport = loss_aware_transport(ours)
+    transport.saved_exception = EOFError()
+    error = transport.get_exception()
+    assert isinstance(error, paramiko.SSHException)
+    assert "closed by the other end" in str(error)
+    # Any other error is reported as paramiko met it.
+    transport.saved_exception = TimeoutError("timed out")
+    assert isinstance(transport.get_exception(), TimeoutError)
+    transport.close()
+    theirs.close()
+
+
+def test_a_host_is_lost_once_its_transport_has_died_and_never_before_it_connects() -> None:
+    def host_with(transport: object) -> SimpleNamespace:
+        client = SimpleNamespace(get_transport=lambda: transport)
+        return SimpleNamespace(connector=SimpleNamespace(client=client))
+
+    assert not lost(SimpleNamespace(connector=None))
+    assert not lost(host_with(None))
+    assert not lost(host_with(SimpleNamespace(is_active=lambda: True)))
+    assert lost(host_with(SimpleNamespace(is_active=lambda: False)))

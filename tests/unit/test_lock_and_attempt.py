@@ -214,7 +214,7 @@ def no_facts(cls, kwargs):
 
 def test_a_failing_command_runs_as_pyinfra_runs_it_and_records_the_evidence() -> None:
     logged: list[str] = []
-    wsb = SimpleNamespace(name="wsb", executing_op_hash="op1",
+    wsb = SimpleNamespace(name="wsb", executing_op_hash="op1", connector=None,
                           log_styled=lambda message, **_: logged.append(message))
     command = attempt.failing(attempt.Layer.LINK, ["thunderbolt0 has no carrier"])
     pyinfra_state = SimpleNamespace(**{attempt.RUN_ATTRIBUTE: a_run()})
@@ -227,7 +227,7 @@ def test_a_failing_command_runs_as_pyinfra_runs_it_and_records_the_evidence() ->
 
 def test_conclusion_is_silent_after_success(fresh_attempt) -> None:
     assert run_operation(attempt.concluded, no_facts, attempt=fresh_attempt,
-                         on_failure="rollback", runner="wsa") == []
+                         on_failure="rollback", speakers=("wsa",)) == []
 
 
 def test_conclusion_names_the_failure_and_the_restoration(fresh_attempt) -> None:
@@ -235,31 +235,31 @@ def test_conclusion_names_the_failure_and_the_restoration(fresh_attempt) -> None
     fresh_attempt.rollback_exit = 0
     with pytest.raises(OperationError) as error:
         run_operation(attempt.concluded, no_facts, attempt=fresh_attempt,
-                      on_failure="rollback", runner="wsa")
+                      on_failure="rollback", speakers=("wsa",))
     assert str(error.value) == ("wsa: link layer: the link to wsb trained at 10 Gb/s | "
                                 "production was restored and verified")
     with pytest.raises(OperationError, match="LEFT AS THEY ARE"):
         run_operation(attempt.concluded, no_facts, attempt=fresh_attempt,
-                      on_failure="stop", runner="wsa")
+                      on_failure="stop", speakers=("wsa",))
     fresh_attempt.rollback_exit = 1
     with pytest.raises(OperationError, match=r"the rollback to production failed too \(exit 1"):
         run_operation(attempt.concluded, no_facts, attempt=fresh_attempt,
-                      on_failure="rollback", runner="wsa")
+                      on_failure="rollback", speakers=("wsa",))
     assert run_operation(attempt.concluded, no_facts, attempt=fresh_attempt,
-                         on_failure="rollback", runner="gw") == []
+                         on_failure="rollback", speakers=("gw",)) == []
 
 
 def test_the_rollback_runs_once_and_only_after_a_failure(fresh_attempt) -> None:
     assert run_operation(attempt.rolled_back, no_facts, attempt=fresh_attempt,
-                         on_failure="rollback", runner="wsa") == []
+                         on_failure="rollback", speakers=("wsa",)) == []
     fresh_attempt.record("wsb", "op1", "wsb: link layer: no carrier")
     assert run_operation(attempt.rolled_back, no_facts, attempt=fresh_attempt,
-                         on_failure="stop", runner="wsa") == []
+                         on_failure="stop", speakers=("wsa",)) == []
     assert run_operation(attempt.rolled_back, no_facts, attempt=fresh_attempt,
-                         on_failure="rollback", runner="gw") == []
+                         on_failure="rollback", speakers=("gw",)) == []
     assert run_operation(attempt.rolled_back, no_facts, attempt=fresh_attempt,
                          executing=False,
-                         on_failure="rollback", runner="wsa") == []
+                         on_failure="rollback", speakers=("wsa",)) == []
 
 
 def test_a_data_secret_reaches_the_rollback_in_its_environment_not_its_command_line(
@@ -294,7 +294,7 @@ def test_the_rollback_holds_the_failed_runs_lock_and_leaves_it_to_that_run(fresh
     fresh_attempt.rollback_command = ["pyinfra", "-y", "inventory.py", "deploy.py"]
     fresh_attempt.record("wsb", "op1", "wsb: link layer: no carrier")
     assert run_operation(attempt.rolled_back, no_facts, attempt=fresh_attempt,
-                         on_failure="rollback", runner="wsa",
+                         on_failure="rollback", speakers=("wsa",),
                          carried=(lock.inheriting(OWNER),)) == ["call run_rollback"]
     # The rollback is the owner it was given: the lock is its own, not another run's.
     inherited = lock.run_owner("production", OWNER.line())
