@@ -1,7 +1,7 @@
 """
 The compatibility ledger read back: ``experiment.py matrix`` prints controller
-pairing x kernel x driver x E2E setting -> outcomes, and ``measure`` adds its
-tok/s to the ledger.
+pairing (each NHI with its NVM firmware) x kernel x driver x E2E setting ->
+outcomes, and ``measure`` adds its tok/s to the ledger.
 
 The records are written by the runs themselves (``operations/ledger.py``); this
 only groups them. The driver column is the declared driver with the build-ids
@@ -43,7 +43,7 @@ def row_key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
         f"tx {part.get('parameters', {}).get('tx_e2e', '-')}"
         for part in hosts
     })
-    return (" + ".join(ledger.controllers(entry)), ", ".join(kernels),
+    return (ledger.describe_pairing(ledger.controllers(entry)), ", ".join(kernels),
             " ".join([entry["driver"], *build_ids]), ", ".join(settings))
 
 
@@ -61,7 +61,8 @@ def render(records: list[dict[str, Any]]) -> str:
          f"{best[key]:.1f}" if key in best else "-"]
         for key, counted in outcomes.items()
     ]
-    header = ["controllers (NHI)", "kernel", "driver", "E2E (rx, tx)", "outcomes", "best tok/s"]
+    header = ["controllers (NHI, NVM)", "kernel", "driver", "E2E (rx, tx)", "outcomes",
+              "best tok/s"]
     return "\n".join(table(header, rows))
 
 

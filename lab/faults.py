@@ -14,7 +14,9 @@ from lab.topology import HOSTS, LARGE_BACKEND_SERVICE, STATE, host_named, init_s
 FAULTS_DIR = STATE / "faults"
 
 FAULTS: dict[str, str] = {
-    "tx_credit_stall": "with tx_e2e=1 the controller never returns TX credits: nothing moves",
+    "tx_credit_stall": "the controllers run an NVM firmware of their own (the host router's "
+                       "nvm_version changes) that never returns TX credits: with tx_e2e=1 "
+                       "nothing moves",
     "peer_no_e2e": "each workstation's peer advertises prtcstns without bit 0 (TBNET_E2E)",
     "link_10g": "the link retrains at 10 Gb/s",
     "draft_init_crash": "a TP rank exits while the draft model initializes",

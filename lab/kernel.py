@@ -15,7 +15,9 @@ module state asks for with what the network shows:
   capabilities (``prtcstns``);
 - each host's controller is a PCI device with a real NHI's ids under
   ``/sys/bus/pci/devices``, ``domain0`` its child: an Intel JHL8540, or on wsb
-  under ``asm4242`` an ASMedia ASM4242, which never returns TX credits;
+  under ``asm4242`` an ASMedia ASM4242, which never returns TX credits; its host
+  router ``0-0`` shows the NVM firmware it runs (``nvm_version``), which under
+  ``tx_credit_stall`` is a firmware of its own that never returns TX credits;
 - each receiver empties its ring of 256 4 KiB frames at the rate its receive
   path drains (:data:`lab.topology.RX_DRAIN_GBPS`, below the trained rate);
   a sender on the wire's rate outruns it once its arrivals no longer fit, and
@@ -23,8 +25,8 @@ module state asks for with what the network shows:
   receiver counts the packets it lost as missed frames (:mod:`lab.network`);
 - the candidate with ``tx_e2e=1`` towards a peer that advertises E2E waits for
   the receiver's credits: it sends no faster than the receiver drains, at most
-  one ring ahead, and nothing is lost; ``e2e=0`` sends as stock does; under
-  ``tx_credit_stall``, or with an ASM4242 at either end, it transmits nothing;
+  one ring ahead, and nothing is lost; ``e2e=0`` sends as stock does; with a
+  controller at either end that returns no credits, it transmits nothing;
 - each side has carrier while the other's link is up;
 - ``/sys/class/net/thunderbolt0/statistics`` shows the veth's real byte and
   packet counters since the driver loaded, plus receiver errors equal to the
@@ -37,7 +39,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lab import faults, network
@@ -170,34 +172,55 @@ DEVICE_ROUTERS = {
 
 @dataclass(frozen=True)
 class Controller:
-    """A Thunderbolt/USB4 host controller: its NHI's PCI ids and its host router's."""
+    """
+    A Thunderbolt/USB4 host controller: its NHI's PCI ids, its host router's, the
+    NVM firmware the router runs (``nvm_version``, the kernel's ``%x.%x``), and the
+    firmware of its own it runs under ``tx_credit_stall``, one that never returns
+    TX credits: a stall the ledger records is then that firmware's, and the
+    controller back on its healthy firmware is not refused for it.
+    """
 
     vendor: str
     device: str
     router: dict[str, str]
+    nvm_version: str
+    stalling_nvm_version: str
     returns_tx_credits: bool = True
 
 
 # Maple Ridge's NHI (8086:1137, as lspci -n shows it); the ASM4242 is the USB4
-# host that upstream's revert of TX E2E names (1881f2efbf7f).
+# host that upstream's revert of TX E2E names (1881f2efbf7f). The NVM versions
+# are the lab's own.
 JHL8540 = Controller("0x8086", "0x1137", {"vendor": "0x8087", "device": "0x1137",
-                                          "vendor_name": "Intel", "device_name": "JHL8540"})
+                                          "vendor_name": "Intel", "device_name": "JHL8540"},
+                     nvm_version="36.0", stalling_nvm_version="35.0")
 ASM4242 = Controller("0x1b21", "0x2425", {"vendor": "0x1b21", "device": "0x2425",
                                           "vendor_name": "ASMedia", "device_name": "ASM4242"},
-                     returns_tx_credits=False)
+                     nvm_version="2.1", stalling_nvm_version="2.0", returns_tx_credits=False)
 
 
 def controller(host: LabHost) -> Controller:
-    """The host's controller: rank 1's is an ASM4242 while ``asm4242`` is on."""
-    return ASM4242 if host is WORKSTATIONS[1] and faults.is_on("asm4242") else JHL8540
+    """
+    The host's controller: rank 1's is an ASM4242 while ``asm4242`` is on; under
+    ``tx_credit_stall`` it runs its firmware that never returns TX credits.
+    """
+    chip = ASM4242 if host is WORKSTATIONS[1] and faults.is_on("asm4242") else JHL8540
+    if faults.is_on("tx_credit_stall"):
+        return replace(chip, nvm_version=chip.stalling_nvm_version, returns_tx_credits=False)
+    return chip
 
 
 def write_device_routers(link: HostLink) -> None:
+    """
+    The NHI's ids and the routers, each tick: a fault switched changes the
+    controller and its firmware before the next fact reads them.
+    """
     chip = controller(link.host)
     nhi = link.host.root / "sys-bus" / "pci" / "devices" / NHI_SLOT
     write_if_changed(nhi / "vendor", chip.vendor, link.written)
     write_if_changed(nhi / "device", chip.device, link.written)
-    for device, values in {**DEVICE_ROUTERS, "0-0": chip.router}.items():
+    host_router = {**chip.router, "nvm_version": chip.nvm_version}
+    for device, values in {**DEVICE_ROUTERS, "0-0": host_router}.items():
         for name, value in values.items():
             write_if_changed(xdomain_dir(link.host) / device / name, value, link.written)
 
@@ -240,8 +263,8 @@ def sending(link: HostLink, module: ModuleState, peer: LabHost, peer_module: Mod
     cable), so a tbf at the wire's 20 Gb/s would only cost the CPU it needs.
     """
     credits = tx_e2e_active(module, peer_module)
-    withheld = (faults.is_on("tx_credit_stall") or not controller(link.host).returns_tx_credits
-                or not controller(peer).returns_tx_credits)
+    withheld = not (controller(link.host).returns_tx_credits
+                    and controller(peer).returns_tx_credits)
     if credits:
         gbps: float | None = min(speed_gbps, RX_DRAIN_GBPS)
     else:

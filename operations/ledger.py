@@ -9,7 +9,8 @@ layer anyway, so every run appends one JSON line to a ledger on the operator's
 machine (site key ``ledger.path``):
 
 - each workstation's controller (its NHI's PCI ``vendor:device``, as
-  ``lspci -n`` prints it, and its host router), kernel release,
+  ``lspci -n`` prints it, its host router and the router's NVM firmware
+  version), kernel release,
   ``thunderbolt_net`` build-id and parameters, the peer's capabilities and the
   trained rate x lanes;
 - the declared driver, and the outcome: ``accepted``, ``refused`` or, after a
@@ -19,7 +20,12 @@ machine (site key ``ledger.path``):
 A candidate run that failed at the link layer with nothing crossing it is a
 stall. Preflight refuses the candidate on a controller pairing with a recorded
 stall, the upstream report included (:data:`SEEDED`); ``--data
-force_candidate=yes`` overrides that, loudly.
+force_candidate=yes`` overrides that, loudly. A pairing is keyed by controller
+and firmware (:class:`Controller`): the field report infers no safety from a
+device ID, because two controllers with the same ID can still differ by
+firmware, so a stall refuses the firmware it ran on, not every controller with
+its ID. A record without firmware (the upstream report, records written before
+the ledger kept it) counts for every firmware.
 
 The deploy reads the hosts twice (:func:`observed`): before preflight, so that a
 refused run is recorded with what it met, and after the attempt, before any
@@ -33,9 +39,9 @@ import fcntl
 import json
 import os
 import time
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import permutations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,13 +68,22 @@ FORCE_KEY = "force_candidate"
 class ThunderboltController(FactBase):
     """
     The controller of the Thunderbolt domain the peer is on (domain 0 without a
-    peer): its NHI's PCI ids and its host router; ``None`` on a host without one.
+    peer): its NHI's PCI ids, its host router and the router's NVM firmware
+    version; ``None`` on a host without one.
 
-    ``domainN`` links to its NHI's PCI device, so ``domainN/..`` is the NHI.
+    ``domainN`` links to its NHI's PCI device, so ``domainN/..`` is the NHI. The
+    host router ``N-0`` shows its firmware as ``nvm_version``, ``major.minor`` in
+    the kernel's ``%x.%x``. Where it shows none, the version is ``None``, never an
+    error: older kernels and controllers whose NVM the kernel cannot read (Apple's)
+    have no file or fail the read, and a router in safe mode answers ``ENODATA``.
+    Only this end's firmware is in this host's sysfs: an XDomain shows no
+    ``nvm_version`` (``xdomain_attrs`` in ``drivers/thunderbolt/xdomain.c``), so the
+    peer's firmware is the one its own host reads, in its own entry of the record.
 
     .. code:: python
 
-        {"domain": "domain0", "nhi": "8086:1137", "router": "Intel JHL8540 (8087:1137)"}
+        {"domain": "domain0", "nhi": "8086:1137", "router": "Intel JHL8540 (8087:1137)",
+         "nvm_version": "36.0"}
     """
 
     def command(self) -> str:
@@ -76,19 +91,21 @@ class ThunderboltController(FactBase):
             "peer=$(" + XDOMAIN_PEERS + 'echo "${d##*/}"; break; done); n=${peer%%-*}; '
             'n=${n:-0}; tb=/sys/bus/thunderbolt/devices; nhi="$tb/domain$n/.."; r="$tb/$n-0"; '
             'echo "domain$n|$(cat "$nhi/vendor")|$(cat "$nhi/device")|$(cat "$r/vendor")'
-            '|$(cat "$r/device")|$(cat "$r/vendor_name")|$(cat "$r/device_name")"'
+            '|$(cat "$r/device")|$(cat "$r/vendor_name")|$(cat "$r/device_name")'
+            '|$(cat "$r/nvm_version" 2>/dev/null)"'
         )
 
     def process(self, output: list[str]) -> dict | None:
         if not output:
             return None
-        domain, vendor, device, router_vendor, router_device, vendor_name, device_name = (
-            output[0].split("|"))
+        (domain, vendor, device, router_vendor, router_device, vendor_name, device_name,
+         nvm_version) = output[0].split("|")
         if not vendor:
             return None
         ids = f"{pci_id(router_vendor)}:{pci_id(router_device)}"
         return {"domain": domain, "nhi": f"{pci_id(vendor)}:{pci_id(device)}",
-                "router": f"{vendor_name} {device_name} ({ids})".strip()}
+                "router": f"{vendor_name} {device_name} ({ids})".strip(),
+                "nvm_version": nvm_version.strip() or None}
 
 
 def pci_id(value: str) -> str:
@@ -123,6 +140,7 @@ def host_entry(name: str, values: dict[str, Any]) -> dict[str, Any]:
         "host": name,
         "nhi": controller["nhi"] if controller else None,
         "router": controller["router"] if controller else None,
+        "nvm_version": controller["nvm_version"] if controller else None,
         "kernel": values.get("kernel"),
         "build_id": module["build_id"] if module else None,
         "parameters": module["parameters"] if module else {},
@@ -160,7 +178,8 @@ def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
 
 
 # The upstream report the refusal starts from: the revert names the controller,
-# not the one at the other end, so the pairing is any that includes it.
+# neither the one at the other end nor a firmware, so the pairing is any that
+# includes it, on any firmware.
 SEEDED = [{
     **record("tx_e2e (upstream)", "candidate", "rolled_back",
              [{"host": "upstream report", "nhi": "1b21:2425", "router": "ASMedia ASM4242"}],
@@ -249,25 +268,68 @@ def append(path: Path, entry: dict[str, Any]) -> None:
         os.close(descriptor)
 
 
-def controllers(entry: dict[str, Any]) -> list[str]:
-    """A record's NHIs, ``unknown`` where a host's could not be read."""
-    return sorted(part.get("nhi") or "unknown" for part in entry["hosts"])
+@dataclass(frozen=True)
+class Controller:
+    """
+    A controller as the ledger keys a pairing: its NHI's ``vendor:device`` and its
+    host router's NVM firmware version, ``None`` where that is not known (a host
+    router that shows none, the upstream report, a record written before the
+    ledger kept firmware).
+    """
+
+    nhi: str
+    nvm_version: str | None = None
+
+    @classmethod
+    def of(cls, part: dict[str, Any]) -> Controller:
+        """A host entry's controller, NHI ``unknown`` where it could not be read."""
+        return cls(part.get("nhi") or "unknown", part.get("nvm_version"))
+
+    def __str__(self) -> str:
+        return f"{self.nhi} (NVM {self.nvm_version})" if self.nvm_version else self.nhi
+
+    def covers(self, other: Controller) -> bool:
+        """
+        Whether a stall recorded on this controller counts for ``other``: the same
+        NHI, on the same firmware unless either is unknown. A stall without firmware
+        counts for every firmware, and a firmware that cannot be read may be the one
+        that stalled.
+        """
+        return self.nhi == other.nhi and (
+            None in (self.nvm_version, other.nvm_version) or self.nvm_version == other.nvm_version)
 
 
-def stall_reports(records: list[dict[str, Any]], pairing: list[str]) -> list[dict[str, Any]]:
+def controllers(entry: dict[str, Any]) -> list[Controller]:
+    """A record's controllers, in the order :func:`describe_pairing` shows them."""
+    return sorted((Controller.of(part) for part in entry["hosts"]), key=str)
+
+
+def describe_pairing(pairing: list[Controller]) -> str:
+    """``8086:1137 (NVM 36.0) + 8086:1137 (NVM 36.0)``; a controller without firmware as its NHI."""
+    return " + ".join(map(str, pairing))
+
+
+def covered(stalled: list[Controller], pairing: list[Controller]) -> bool:
+    """Whether each stalled controller covers a different one of ``pairing``."""
+    return any(all(map(Controller.covers, stalled, chosen))
+               for chosen in permutations(pairing, len(stalled)))
+
+
+def stall_reports(records: list[dict[str, Any]], pairing: list[Controller]
+                  ) -> list[dict[str, Any]]:
     """
-    The recorded stalls, seeded ones first, whose controllers are all in ``pairing``
-    (the two NHIs): a record of one controller covers every pairing with it.
+    The recorded stalls, seeded ones first, whose controllers each cover one of
+    ``pairing`` (the workstations' controllers): a record of one controller covers
+    every pairing with it, and a record without firmware every firmware.
     """
-    found = Counter(pairing)
     return [entry for entry in [*SEEDED, *records]
-            if entry["stall"] and not Counter(controllers(entry)) - found]
+            if entry["stall"] and covered(controllers(entry), pairing)]
 
 
 def describe_stall(entry: dict[str, Any]) -> str:
     if entry["time"] == "upstream":
         return entry["evidence"]
-    return (f"{entry['time']}: {entry['state']} on {' + '.join(controllers(entry))} "
+    return (f"{entry['time']}: {entry['state']} on {describe_pairing(controllers(entry))} "
             f"failed at the {entry['layer']} layer ({entry['outcome']}): {entry['evidence']}")
 
 
@@ -282,14 +344,14 @@ class Observations:
     forced: bool = False
     kept: bool = False
 
-    def pairing(self, names: list[str]) -> list[str] | None:
+    def pairing(self, names: list[str]) -> list[Controller] | None:
         """
-        The NHIs of the named workstations, once each has been observed this run
-        (``"unknown"`` for one whose controller could not be read).
+        The controllers of the named workstations, once each has been observed
+        this run, in the order :func:`describe_pairing` shows them.
         """
         if any(name not in self.hosts for name in names):
             return None
-        return sorted(self.hosts[name]["nhi"] or "unknown" for name in names)
+        return sorted((Controller.of(self.hosts[name]) for name in names), key=str)
 
 
 def keep(run: Run, path: str, state: str, driver: str) -> None:
@@ -332,7 +394,7 @@ def observed(run: Run, module: str) -> Iterator[PyinfraCommand]:
     """
     entry = run.observed.hosts[host.name] = host_entry(
         host.name, host.get_fact(HostIdentity, module=module))
-    host.noop(f"controller {entry['nhi']}, kernel {entry['kernel']}, "
+    host.noop(f"controller {Controller.of(entry)}, kernel {entry['kernel']}, "
               f"{module} {entry['build_id'] or 'not loaded'}")
     yield from ()
 
@@ -343,7 +405,8 @@ def no_recorded_stall(run: Run, path: str, workstations: list[str], force: bool 
     """
     Refuse the candidate on a controller pairing with a recorded stall, before any change.
 
-    The ledger at ``path`` and the upstream report (:data:`SEEDED`) are the record.
+    The ledger at ``path`` and the upstream report (:data:`SEEDED`) are the record;
+    a stall counts for its controllers on the firmware it ran (:meth:`Controller.covers`).
     Judged once every workstation has been observed: at execute time, or earlier
     when pyinfra predicts changes host by host and both are known.
 
@@ -364,7 +427,7 @@ def no_recorded_stall(run: Run, path: str, workstations: list[str], force: bool 
     if controllers_now is None:
         host.noop("the pairing is judged once both workstations are observed")
         return
-    if "unknown" in controllers_now:
+    if any(controller.nhi == "unknown" for controller in controllers_now):
         # Not a reason to refuse, but the operator must know the check saw nothing.
         host.log_styled("no Thunderbolt controller could be read (/sys/bus/thunderbolt/devices/"
                         "domainN/../vendor): recorded stalls cannot be matched to it",
@@ -373,7 +436,7 @@ def no_recorded_stall(run: Run, path: str, workstations: list[str], force: bool 
     for warning in skipped:
         host.log_styled(f"ledger: {warning}", fg="yellow", log_func=logger.warning)
     stalls = stall_reports(records, controllers_now)
-    pair = " + ".join(controllers_now)
+    pair = describe_pairing(controllers_now)
     if stalls and not force:
         attempt.refuse(attempt.Layer.DRIVER, [
             f"the candidate's TX E2E has stalled on the controller pairing {pair}",

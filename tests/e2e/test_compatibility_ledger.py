@@ -22,12 +22,15 @@ from e2e_helpers import (
 
 from operations import ledger
 
+# wsb's ASM4242 and wsa's JHL8540, each on the lab's firmware for it.
+PAIRING = "1b21:2425 (NVM 2.1) + 8086:1137 (NVM 36.0)"
+
 
 def test_the_asm4242_is_refused_and_a_forced_run_is_rolled_back_and_recorded(tmp_path) -> None:
     path = tmp_path / "ledger.jsonl"
     own_ledger = ("--data", f"ledger_path={path}")
     with fault("asm4242"):
-        refused = refused_for_a_recorded_stall("1b21:2425 + 8086:1137", *own_ledger)
+        refused = refused_for_a_recorded_stall(PAIRING, *own_ledger)
         assert "upstream revert 1881f2efbf7f" in refused.output
 
         started = time.monotonic()
@@ -35,16 +38,16 @@ def test_the_asm4242_is_refused_and_a_forced_run_is_rolled_back_and_recorded(tmp
                         "--data", "force_candidate=yes")
         print(f"forced run to verified production: {time.monotonic() - started:.1f}s")
     assert forced.returncode != 0
-    assert forced.output.count("FORCED: THE CANDIDATE RUNS ON THE CONTROLLER PAIRING "
-                               "1b21:2425 + 8086:1137") >= 2, "said at preflight and at the end"
+    assert forced.output.count(f"FORCED: THE CANDIDATE RUNS ON THE CONTROLLER PAIRING "
+                               f"{PAIRING}") >= 2, "said at preflight and at the end"
     assert "link layer" in forced.output and "no traffic moves" in forced.output
     assert "production was restored and verified" in forced.output
 
     refusal, rollback, stall = ledger.read(path)
     assert (refusal["outcome"], refusal["layer"], refusal["forced"]) == ("refused", "driver",
                                                                          False)
-    assert {part["host"]: part["nhi"] for part in refusal["hosts"]} == {
-        "wsa": "8086:1137", "wsb": "1b21:2425"}
+    assert {part["host"]: (part["nhi"], part["nvm_version"]) for part in refusal["hosts"]} == {
+        "wsa": ("8086:1137", "36.0"), "wsb": ("1b21:2425", "2.1")}
     assert (rollback["state"], rollback["outcome"]) == ("production", "accepted")
     assert (stall["outcome"], stall["layer"], stall["stall"], stall["forced"]) == (
         "rolled_back", "link", True, True)
@@ -55,7 +58,7 @@ def test_the_asm4242_is_refused_and_a_forced_run_is_rolled_back_and_recorded(tmp
                            cwd=REPO, capture_output=True, text=True, timeout=60)
     print(shown.stdout)
     assert shown.returncode == 0, shown.stderr
-    rows = [line for line in shown.stdout.splitlines() if "| 1b21:2425 + 8086:1137 |" in line]
+    rows = [line for line in shown.stdout.splitlines() if f"| {PAIRING} |" in line]
     # Refused, the stock driver stayed; the rollback's production; forced, the candidate ran.
     assert len(rows) == 3, shown.stdout
     assert "| candidate | rx Y tx - | 1 refused |" in rows[0]

@@ -119,6 +119,7 @@ def test_tp2_e2e_is_observed_and_measured_with_the_link_counters_in_its_window(
                                                                    "candidate")
     assert entry["tok_s"] == single["summary"]["output_tok_s"]
     assert [part["nhi"] for part in entry["hosts"]] == ["8086:1137", "8086:1137"]
+    assert [part["nvm_version"] for part in entry["hosts"]] == ["36.0", "36.0"]
     assert {part["parameters"].get("tx_e2e") for part in entry["hosts"]} == {"Y"}
     # The network-only window, in the same state: under the candidate no receiver
     # loses a frame, with or without load.

@@ -40,6 +40,10 @@ from operations import ledger, serving
 from operations.lock import RunOwner, boot_here
 
 LOCK = "/run/twinbolt/lock"
+# The lab's JHL8540s on the firmware tx_credit_stall runs, which never returns TX
+# credits, and on their own.
+STALLED_PAIRING = "8086:1137 (NVM 35.0) + 8086:1137 (NVM 35.0)"
+HEALTHY_PAIRING = "8086:1137 (NVM 36.0) + 8086:1137 (NVM 36.0)"
 
 
 def assert_production_verified() -> None:
@@ -47,18 +51,30 @@ def assert_production_verified() -> None:
     assert checks.returncode == 0, checks.stdout[-3000:]
 
 
+def pairing_now() -> list[ledger.Controller]:
+    """The workstations' controllers and firmware, as the deploy's own fact reads them."""
+    fact = ledger.ThunderboltController()
+    return sorted((ledger.Controller.of(fact.process(ssh(host, fact.command()).splitlines()))
+                   for host in ("wsa", "wsb")), key=str)
+
+
 # Under a TP group, and under production's replicas, which never use the link: in
 # both the candidate's driver is on trial, so a stall is a failure.
 @pytest.mark.parametrize("state", ["tp2_e2e", "production_tx_e2e"])
 def test_a_candidate_that_stalls_the_link_is_rolled_back_and_its_controllers_remembered(
         tmp_path, state: str) -> None:
-    """The stall is recorded in the ledger, and the next candidate run on the pair is refused."""
+    """
+    The stall is recorded in the ledger with the firmware it ran on, the next
+    candidate run on that firmware is refused, and the pair back on its healthy
+    firmware meets no recorded stall.
+    """
     own_ledger = ("--data", f"ledger_path={tmp_path / 'ledger.jsonl'}")
     started = time.monotonic()
     with fault("tx_credit_stall"):
         # At -vvv: the attempt's output and its rollback's, which it prints, hold no key.
         run = deploy(state, *SHORT_LINK_WAIT, *own_ledger, "-vvv")
-    print(f"failure to verified production: {time.monotonic() - started:.1f}s")
+        print(f"failure to verified production: {time.monotonic() - started:.1f}s")
+        refused_for_a_recorded_stall(STALLED_PAIRING, *own_ledger)
     assert run.returncode != 0
     assert "link layer" in run.output and "no traffic moves" in run.output
     assert "production was restored and verified" in run.output
@@ -67,19 +83,22 @@ def test_a_candidate_that_stalls_the_link_is_rolled_back_and_its_controllers_rem
     for host in ("wsa", "wsb"):
         assert "tx_e2e" not in ssh(host, "ls /sys/module/thunderbolt_net/parameters")
     # The rollback is a run of its own, and ends first.
-    rollback, attempt = ledger.read(tmp_path / "ledger.jsonl")
+    rollback, attempt, refusal = ledger.read(tmp_path / "ledger.jsonl")
     assert (rollback["state"], rollback["outcome"]) == ("production", "accepted")
     assert (attempt["state"], attempt["outcome"], attempt["layer"], attempt["stall"]) == (
         state, "rolled_back", "link", True)
     # Recorded as it ran: the candidate loaded with tx_e2e, before the rollback.
     assert {part["parameters"].get("tx_e2e") for part in attempt["hosts"]} == {"Y"}
-    assert ledger.controllers(attempt) == ["8086:1137", "8086:1137"]
+    assert ledger.describe_pairing(ledger.controllers(attempt)) == STALLED_PAIRING
+    assert (refusal["state"], refusal["outcome"]) == ("tp2_e2e", "refused")
 
     assert places_holding(master_key(), {"the attempt and its rollback at -vvv": run.output,
                                          **files_under(tmp_path)}) == []
 
-    refused_for_a_recorded_stall("8086:1137 + 8086:1137", *own_ledger)
-    assert ledger.read(tmp_path / "ledger.jsonl")[-1]["outcome"] == "refused"
+    # The fault off, the controllers are back on their healthy firmware: not refused.
+    healthy = pairing_now()
+    assert ledger.describe_pairing(healthy) == HEALTHY_PAIRING
+    assert ledger.stall_reports(ledger.read(tmp_path / "ledger.jsonl"), healthy) == []
     assert_production_verified()
 
 

@@ -27,24 +27,29 @@ def assert_only_tx_e2e_stalls() -> None:
     assert transfer(64 << 20, timeout=5) == 0
 
 
-def test_tx_credit_stall_stops_all_traffic_under_tx_e2e_only() -> None:
-    faults.switch("tx_credit_stall", True)
-    assert_only_tx_e2e_stalls()
-
-
 def controller(host: str) -> dict | None:
     """The host's controller as the ledger's own fact reads it, over SSH."""
     fact = ThunderboltController()
     return fact.process(ssh(host, fact.command()).stdout.splitlines())
 
 
+def test_tx_credit_stall_is_a_firmware_that_stops_all_traffic_under_tx_e2e_only() -> None:
+    """Each host router shows the stalling firmware's NVM version while the fault is on."""
+    assert {controller(host)["nvm_version"] for host in ("wsa", "wsb")} == {"36.0"}
+    faults.switch("tx_credit_stall", True)
+    wait_until(lambda: {controller(host)["nvm_version"] for host in ("wsa", "wsb")} == {"35.0"},
+               timeout=2)
+    assert_only_tx_e2e_stalls()
+
+
 def test_asm4242_gives_wsb_that_controller_and_stalls_the_link_under_tx_e2e_only() -> None:
     """A real host's sysfs: domain0 links to its NHI, a PCI device with the chip's ids."""
     assert controller("wsb") == {"domain": "domain0", "nhi": "8086:1137",
-                                 "router": "Intel JHL8540 (8087:1137)"}
+                                 "router": "Intel JHL8540 (8087:1137)", "nvm_version": "36.0"}
     faults.switch("asm4242", True)
     wait_until(lambda: controller("wsb")["nhi"] == "1b21:2425", timeout=2)
     assert controller("wsb")["router"] == "ASMedia ASM4242 (1b21:2425)"
+    assert controller("wsb")["nvm_version"] == "2.1"
     assert controller("wsa")["nhi"] == "8086:1137"
     assert_only_tx_e2e_stalls()
 

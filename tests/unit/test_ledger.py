@@ -17,17 +17,20 @@ from harness import matrix, remote
 from operations import attempt, driver, ledger
 from operations.driver import CandidateModule, LoadedModule, ModprobeTarget, PeerCapabilities
 from operations.facts import MARKER
+from operations.ledger import Controller
 from operations.link import XDomainLink
 from operations.run import Run
 
 INTEL, ASM4242 = "8086:1137", "1b21:2425"
+# Two firmwares of the same Intel controller: one that stalled, one that did not.
+STALLED_NVM, HEALTHY_NVM = "35.0", "36.0"
 CANDIDATE_BUILD = "c0ffee" * 6
 
 
-def host(name: str, nhi: str, tx_e2e: str | None = None, kernel: str = "6.8.0-49-generic"
-         ) -> dict:
+def host(name: str, nhi: str | None, tx_e2e: str | None = None,
+         kernel: str = "6.8.0-49-generic", nvm: str | None = None) -> dict:
     parameters = {"e2e": "Y", **({"tx_e2e": tx_e2e} if tx_e2e else {})}
-    return {"host": name, "nhi": nhi, "router": None, "kernel": kernel,
+    return {"host": name, "nhi": nhi, "router": None, "nvm_version": nvm, "kernel": kernel,
             "build_id": CANDIDATE_BUILD if tx_e2e else "5t0c4" * 8, "parameters": parameters,
             "peer_prtcstns": "0x00000007", "rate_gbps": 20.0, "lanes": 1}
 
@@ -38,7 +41,12 @@ def run() -> Run:
     return a_run()
 
 
-def test_the_controller_fact_reads_the_nhi_of_the_peers_domain(run, tmp_path) -> None:
+# The host router's nvm_version: as the kernel prints it, absent (an older kernel,
+# an Apple controller), or there but failing to read (safe mode's ENODATA).
+@pytest.mark.parametrize(("nvm_file", "nvm_version"), [
+    ("36.0", "36.0"), (None, None), ("unreadable", None)], ids=["shown", "absent", "unreadable"])
+def test_the_controller_fact_reads_the_nhi_and_firmware_of_the_peers_domain(
+        run, tmp_path, nvm_file: str | None, nvm_version: str | None) -> None:
     """The command runs here against a sysfs laid out as a real host's, domain1 the peer's."""
     sysfs = tmp_path / "sys"
     for slot, domain, (vendor, device) in (("0000:00:0d.2", 0, ("0x8086", "0x9a1b")),
@@ -55,22 +63,31 @@ def test_the_controller_fact_reads_the_nhi_of_the_peers_domain(run, tmp_path) ->
         for name, value in (("vendor", vendor), ("device", device), ("vendor_name", "Maker"),
                             ("device_name", f"chip{domain}")):
             (router / name).write_text(value + "\n")
+    # Domain 0's router has a firmware of its own: the peer's domain's is the one read.
+    (sysfs / "bus/thunderbolt/devices/0-0/nvm_version").write_text("20.0\n")
+    nvm = sysfs / "bus/thunderbolt/devices/1-0/nvm_version"
+    if nvm_file == "unreadable":
+        nvm.mkdir()  # cat fails on it, as on safe mode's ENODATA
+    elif nvm_file:
+        nvm.write_text(nvm_file + "\n")
     peer = sysfs / "bus/thunderbolt/devices/1-1"
     peer.mkdir()
     (peer / "uevent").write_text("DEVTYPE=thunderbolt_xdomain\n")
     command = ledger.ThunderboltController().command().replace("/sys/", f"{sysfs}/")
     output = subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
     assert ledger.ThunderboltController().process(output.splitlines()) == {
-        "domain": "domain1", "nhi": ASM4242, "router": "Maker chip1 (1b21:2425)"}
+        "domain": "domain1", "nhi": ASM4242, "router": "Maker chip1 (1b21:2425)",
+        "nvm_version": nvm_version}
 
 
 def test_a_host_without_a_controller_has_none() -> None:
-    assert ledger.ThunderboltController().process(["domain0||||||"]) is None
+    assert ledger.ThunderboltController().process(["domain0|||||||"]) is None
 
 
 def test_a_host_entry_holds_what_the_facts_said_and_none_for_what_they_did_not() -> None:
     values = {
-        "controller": {"domain": "domain0", "nhi": INTEL, "router": "Intel JHL8540 (8087:1137)"},
+        "controller": {"domain": "domain0", "nhi": INTEL, "router": "Intel JHL8540 (8087:1137)",
+                       "nvm_version": HEALTHY_NVM},
         "kernel": "6.8.0-49-generic",
         "module": {"initstate": "live", "parameters": {"e2e": "Y", "tx_e2e": "Y"},
                    "build_id": CANDIDATE_BUILD},
@@ -80,12 +97,13 @@ def test_a_host_entry_holds_what_the_facts_said_and_none_for_what_they_did_not()
     }
     entry = ledger.host_entry("wsa", values)
     assert entry == {"host": "wsa", "nhi": INTEL, "router": "Intel JHL8540 (8087:1137)",
-                     "kernel": "6.8.0-49-generic", "build_id": CANDIDATE_BUILD,
+                     "nvm_version": HEALTHY_NVM, "kernel": "6.8.0-49-generic",
+                     "build_id": CANDIDATE_BUILD,
                      "parameters": {"e2e": "Y", "tx_e2e": "Y"}, "peer_prtcstns": "0x00000007",
                      "rate_gbps": 20.0, "lanes": 2}
     bare = ledger.host_entry("wsb", {"kernel": "6.8.0-49-generic"})
-    assert (bare["nhi"], bare["build_id"], bare["peer_prtcstns"], bare["rate_gbps"]) == (
-        None, None, None, None)
+    assert (bare["nhi"], bare["nvm_version"], bare["build_id"], bare["peer_prtcstns"],
+            bare["rate_gbps"]) == (None, None, None, None, None)
 
 
 def test_the_identity_is_the_layers_own_facts_read_in_one_command(run) -> None:
@@ -131,10 +149,14 @@ def test_an_unknown_outcome_is_refused() -> None:
         ledger.record("tp2_e2e", "candidate", "won", [])
 
 
-def test_the_upstream_report_covers_every_pairing_with_the_asm4242() -> None:
-    assert [entry["time"] for entry in ledger.stall_reports([], [INTEL, ASM4242])] == ["upstream"]
-    assert ledger.stall_reports([], sorted([ASM4242, ASM4242]))
-    assert ledger.stall_reports([], [INTEL, INTEL]) == []
+@pytest.mark.parametrize("nvm", [None, "1.2", "2.0"])
+def test_the_upstream_report_covers_every_pairing_with_the_asm4242_on_any_firmware(
+        nvm: str | None) -> None:
+    intel, asm4242 = Controller(INTEL, HEALTHY_NVM), Controller(ASM4242, nvm)
+    assert [entry["time"] for entry in ledger.stall_reports([], [asm4242, intel])] == [
+        "upstream"]
+    assert ledger.stall_reports([], [asm4242, asm4242])
+    assert ledger.stall_reports([], [intel, intel]) == []
 
 
 def test_a_recorded_stall_covers_its_own_pairing_only() -> None:
@@ -144,10 +166,39 @@ def test_a_recorded_stall_covers_its_own_pairing_only() -> None:
     accepted = ledger.record("tp2_e2e", "candidate", "accepted",
                              [host("wsa", INTEL, "Y"), host("wsb", INTEL, "Y")])
     records = [stalled, accepted]
-    assert ledger.stall_reports(records, sorted([INTEL, "8086:5781"])) == [stalled]
-    assert ledger.stall_reports(records, [INTEL, INTEL]) == []
+    assert ledger.stall_reports(records, [Controller(INTEL), Controller("8086:5781")]) == [
+        stalled]
+    assert ledger.stall_reports(records, [Controller(INTEL), Controller(INTEL)]) == []
     assert f"failed at the link layer (rolled_back): {NOTHING_CROSSES}" in (
         ledger.describe_stall(stalled))
+
+
+def stall_on(*controllers: tuple[str, str | None]) -> dict:
+    """A candidate run that stalled on these controllers, each an NHI and its firmware."""
+    return ledger.record("tp2_e2e", "candidate", "rolled_back",
+                         [host(f"ws{index}", nhi, "Y", nvm=nvm)
+                          for index, (nhi, nvm) in enumerate(controllers)],
+                         layer="link", evidence=NOTHING_CROSSES)
+
+
+def test_a_stall_on_one_firmware_covers_that_firmware_and_not_another() -> None:
+    stalled = stall_on((INTEL, STALLED_NVM), (INTEL, STALLED_NVM))
+    on_stalled, on_healthy = Controller(INTEL, STALLED_NVM), Controller(INTEL, HEALTHY_NVM)
+    assert ledger.stall_reports([stalled], [on_stalled, on_stalled]) == [stalled]
+    assert ledger.stall_reports([stalled], [on_healthy, on_healthy]) == []
+    # One end on another firmware: not the pairing that stalled.
+    assert ledger.stall_reports([stalled], [on_healthy, on_stalled]) == []
+    # An end whose firmware cannot be read may run the one that stalled.
+    assert ledger.stall_reports([stalled], [Controller(INTEL), on_stalled]) == [stalled]
+
+
+def test_a_stall_on_two_firmwares_covers_both_ends_in_either_order_only() -> None:
+    stalled = stall_on((INTEL, HEALTHY_NVM), (INTEL, STALLED_NVM))
+    on_stalled, on_healthy = Controller(INTEL, STALLED_NVM), Controller(INTEL, HEALTHY_NVM)
+    assert ledger.stall_reports([stalled], [on_healthy, on_stalled]) == [stalled]
+    assert ledger.stall_reports([stalled], [on_stalled, on_healthy]) == [stalled]
+    assert ledger.stall_reports([stalled], [on_stalled, on_stalled]) == []
+    assert ledger.stall_reports([stalled], [on_healthy, on_healthy]) == []
 
 
 def test_the_ledger_is_appended_and_read_back(tmp_path) -> None:
@@ -212,9 +263,11 @@ def test_a_refusal_is_recorded_with_its_layer(run, tmp_path) -> None:
                              "this kernel")
 
 
-def stall_check(run: Run, tmp_path: Path, pairing: tuple[str, str], force: bool = False
+def stall_check(run: Run, tmp_path: Path, pairing: tuple[str | None, str | None],
+                force: bool = False, nvm: tuple[str | None, str | None] = (None, None)
                 ) -> list[str]:
-    run.observed.hosts.update(wsa=host("wsa", pairing[0]), wsb=host("wsb", pairing[1]))
+    run.observed.hosts.update(wsa=host("wsa", pairing[0], nvm=nvm[0]),
+                              wsb=host("wsb", pairing[1], nvm=nvm[1]))
     return run_operation(ledger.no_recorded_stall, no_facts, run=run,
                          path=str(tmp_path / "ledger.jsonl"),
                          workstations=["wsa", "wsb"], force=force)
@@ -229,6 +282,44 @@ def test_preflight_refuses_the_candidate_on_the_seeded_controller(run, tmp_path)
     assert "1881f2efbf7f" in message and "force_candidate=yes" in message
     assert stall_check(run, tmp_path, (INTEL, INTEL)) == []
     assert run.attempt.caveats == []
+
+
+def refused_pairing(run: Run, tmp_path: Path, nvm: tuple[str | None, str | None]) -> str | None:
+    """The pairing preflight refuses two Intel controllers on, on ``nvm``; ``None`` if none."""
+    try:
+        stall_check(run, tmp_path, (INTEL, INTEL), nvm=nvm)
+    except OperationError as refusal:
+        return str(refusal).partition("controller pairing ")[2].partition("; ")[0]
+    return None
+
+
+def test_preflight_refuses_the_firmware_that_stalled_by_name_and_no_other(run, tmp_path) -> None:
+    ledger.append(tmp_path / "ledger.jsonl", stall_on((INTEL, STALLED_NVM), (INTEL, STALLED_NVM)))
+    assert refused_pairing(run, tmp_path, (STALLED_NVM, STALLED_NVM)) == (
+        "8086:1137 (NVM 35.0) + 8086:1137 (NVM 35.0)")
+    assert refused_pairing(run, tmp_path, (HEALTHY_NVM, HEALTHY_NVM)) is None
+    assert refused_pairing(run, tmp_path, (HEALTHY_NVM, STALLED_NVM)) is None
+    # Host routers that show no firmware: the stall may be theirs.
+    assert refused_pairing(run, tmp_path, (None, None)) == "8086:1137 + 8086:1137"
+
+
+def test_a_stall_recorded_before_firmware_was_kept_refuses_every_firmware(run, tmp_path) -> None:
+    """A line as the ledger wrote it before: its host entries have no ``nvm_version``."""
+    old = stall_on((INTEL, None), (INTEL, None))
+    for part in old["hosts"]:
+        del part["nvm_version"]
+    (tmp_path / "ledger.jsonl").write_text(json.dumps(old, sort_keys=True) + "\n")
+    assert refused_pairing(run, tmp_path, (STALLED_NVM, STALLED_NVM)) == (
+        "8086:1137 (NVM 35.0) + 8086:1137 (NVM 35.0)")
+    assert refused_pairing(run, tmp_path, (HEALTHY_NVM, STALLED_NVM)) == (
+        "8086:1137 (NVM 35.0) + 8086:1137 (NVM 36.0)")
+    assert refused_pairing(run, tmp_path, (None, None)) == "8086:1137 + 8086:1137"
+
+
+def test_the_seeded_report_refuses_the_asm4242_on_its_firmware(run, tmp_path) -> None:
+    with pytest.raises(OperationError, match=r"pairing 1b21:2425 \(NVM 2\.1\) \+ "
+                                             r"8086:1137 \(NVM 36\.0\)"):
+        stall_check(run, tmp_path, (INTEL, ASM4242), nvm=(HEALTHY_NVM, "2.1"))
 
 
 def test_forcing_goes_ahead_and_says_so_in_capitals(run, tmp_path) -> None:
@@ -300,8 +391,8 @@ def test_appends_racing_from_many_processes_never_interleave(tmp_path) -> None:
         (str(writer), index) for writer in range(6) for index in range(40))
 
 
-def test_the_matrix_groups_runs_by_controllers_kernel_driver_and_e2e() -> None:
-    intel_pair = [host("wsa", INTEL, "Y"), host("wsb", INTEL, "Y")]
+def test_the_matrix_groups_runs_by_controllers_and_firmware_kernel_driver_and_e2e() -> None:
+    intel_pair = [host(name, INTEL, "Y", nvm=HEALTHY_NVM) for name in ("wsa", "wsb")]
     records = [
         ledger.record("tp2_e2e", "candidate", "accepted", intel_pair),
         ledger.record("tp2_e2e", "candidate", "measured", intel_pair, tok_s=77.1),
@@ -310,20 +401,29 @@ def test_the_matrix_groups_runs_by_controllers_kernel_driver_and_e2e() -> None:
                       [host("wsa", INTEL, "Y"), host("wsb", ASM4242, "Y")], layer="link",
                       evidence=NOTHING_CROSSES, forced=True),
         ledger.record("tp2_stock", "stock", "accepted", [host("wsa", INTEL), host("wsb", INTEL)]),
+        stall_on((INTEL, STALLED_NVM), (INTEL, STALLED_NVM)),
     ]
     lines = matrix.render(records).splitlines()
-    assert lines[0] == ("| controllers (NHI) | kernel | driver | E2E (rx, tx) | outcomes "
+    assert lines[0] == ("| controllers (NHI, NVM) | kernel | driver | E2E (rx, tx) | outcomes "
                         "| best tok/s |")
-    assert lines[2] == (f"| 8086:1137 + 8086:1137 | 6.8.0-49-generic | candidate "
-                        f"{CANDIDATE_BUILD[:12]} | rx Y tx Y | 1 accepted, 2 measured | 77.1 |")
+    assert lines[2] == (f"| 8086:1137 (NVM 36.0) + 8086:1137 (NVM 36.0) | 6.8.0-49-generic | "
+                        f"candidate {CANDIDATE_BUILD[:12]} | rx Y tx Y | 1 accepted, 2 measured "
+                        "| 77.1 |")
+    # A record without firmware (written before the ledger kept it) shows its NHIs alone.
     assert lines[3].startswith("| 1b21:2425 + 8086:1137 |")
     assert lines[3].endswith("| 1 rolled_back (forced) | - |")
+    assert lines[4].startswith("| 8086:1137 + 8086:1137 |")
     assert "| candidate" not in lines[4] and "| rx Y tx - |" in lines[4]
-    assert len(lines) == 5
-    upstream, learned = matrix.stalls(records)
+    # The same controllers on another firmware are a row of their own.
+    assert lines[5].startswith("| 8086:1137 (NVM 35.0) + 8086:1137 (NVM 35.0) | ")
+    assert lines[5].endswith("| 1 rolled_back | - |")
+    assert len(lines) == 6
+    upstream, learned, on_firmware = matrix.stalls(records)
     assert upstream.startswith("upstream revert 1881f2efbf7f of TX E2E")
     assert learned.startswith(f"{records[3]['time']}: tp2_e2e on 1b21:2425 + 8086:1137 failed "
                               "at the link layer")
+    assert on_firmware.startswith(f"{records[5]['time']}: tp2_e2e on 8086:1137 (NVM 35.0) + "
+                                  "8086:1137 (NVM 35.0) failed at the link layer")
 
 
 def test_records_are_json_lines_with_sorted_keys(tmp_path) -> None:

@@ -1,0 +1,74 @@
+"""
+The lab kernel's controllers, read by the ledger's own fact from the files the
+kernel writes: the host router's NVM firmware follows ``tx_credit_stall``, and
+that firmware is what withholds the TX credits.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from lab import faults, kernel, topology
+from lab.kernel import HostLink, ModuleState
+from lab.topology import NHI_SLOT, WORKSTATIONS
+from operations.ledger import ThunderboltController
+
+CANDIDATE = ModuleState(loaded_at=1.0, parameters={"e2e": "Y", "tx_e2e": "Y"})
+
+
+@pytest.fixture
+def links(monkeypatch, tmp_path) -> dict[str, HostLink]:
+    """Each workstation's files under a state of this test's own, ``domain0`` as hostfs lays it."""
+    monkeypatch.setattr(topology, "STATE", tmp_path)
+    monkeypatch.setattr(faults, "FAULTS_DIR", tmp_path / "faults")
+    for host in WORKSTATIONS:
+        (host.root / "sys-bus" / "pci" / "devices" / NHI_SLOT / "domain0").mkdir(parents=True)
+        devices = host.root / "sys-bus" / "thunderbolt" / "devices"
+        devices.mkdir(parents=True)
+        (devices / "domain0").symlink_to(f"../../pci/devices/{NHI_SLOT}/domain0")
+    return {host.name: HostLink(host) for host in WORKSTATIONS}
+
+
+def controllers(links: dict[str, HostLink]) -> dict[str, dict | None]:
+    """One tick's routers written, then each host's controller as the deploy reads it."""
+    fact = ThunderboltController()
+    read = {}
+    for name, link in links.items():
+        kernel.write_device_routers(link)
+        command = fact.command().replace("/sys/bus/", f"{link.host.root}/sys-bus/")
+        output = subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
+        read[name] = fact.process(output.splitlines())
+    return read
+
+
+def stalled(links: dict[str, HostLink]) -> bool:
+    wsa, wsb = WORKSTATIONS
+    return kernel.sending(links[wsa.name], CANDIDATE, wsb, CANDIDATE, 20.0).stalled
+
+
+def test_each_host_router_shows_its_firmware_and_tx_credit_stall_switches_it(links) -> None:
+    healthy = {"domain": "domain0", "nhi": "8086:1137", "router": "Intel JHL8540 (8087:1137)",
+               "nvm_version": "36.0"}
+    assert controllers(links) == {"wsa": healthy, "wsb": healthy}
+    assert not stalled(links)
+
+    faults.switch("tx_credit_stall", True)
+    assert controllers(links) == {name: {**healthy, "nvm_version": "35.0"} for name in links}
+    assert stalled(links)
+
+    faults.switch("tx_credit_stall", False)
+    assert controllers(links) == {"wsa": healthy, "wsb": healthy}
+    assert not stalled(links)
+
+
+def test_the_asm4242_shows_its_own_firmware_and_withholds_credits_on_any(links) -> None:
+    faults.switch("asm4242", True)
+    read = controllers(links)
+    assert (read["wsb"]["nhi"], read["wsb"]["nvm_version"]) == ("1b21:2425", "2.1")
+    assert read["wsa"]["nvm_version"] == "36.0"
+    assert stalled(links)
+    faults.switch("tx_credit_stall", True)
+    assert controllers(links)["wsb"]["nvm_version"] == "2.0"
+    assert stalled(links)
