@@ -7,6 +7,7 @@ gives up; the rollback's own run is bounded too.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ from pyinfra.facts.server import Command
 from harness import campaign
 from harness.topology import Topology
 from harness.windows import WindowSettings
-from operations import attempt, bounds
+from operations import attempt, bounds, hosts
 from operations import run as runs
 from operations.attempt import Layer, operation
 from operations.hosts import InventoryEntry
@@ -267,3 +268,19 @@ def test_a_deploy_past_its_bound_fails_its_step_and_production_is_still_restored
         "failed at step 'deploy tp2_stock_nospec (changes serving)'; "
         "production restored and verified")
 
+
+def test_the_inventory_is_listed_within_one_commands_bound() -> None:
+    assert hosts.LISTING_TIMEOUT == HostSettings.of(InventoryEntry("ws", (), {})
+                                                    ).command_timeout == 300
+    assert inspect.signature(hosts.inventory_entries).parameters["timeout"].default == 300
+
+
+def test_an_inventory_that_never_loads_is_stopped_and_named(tmp_path: Path) -> None:
+    # The real pyinfra, on an inventory that never finishes loading.
+    (tmp_path / "inventory.py").write_text("import time\ntime.sleep(30)\n")
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=(
+            r"^listing the inventory \(pyinfra inventory.py debug-inventory --json\) did not "
+            r"end within its bound of 1s and was stopped; check what inventory.py reads: ")):
+        hosts.inventory_entries(tmp_path, timeout=1)
+    assert time.monotonic() - started < 10
