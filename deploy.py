@@ -41,6 +41,7 @@ from pyinfra import host, inventory
 
 from operations import (
     attempt,
+    bounds,
     driver,
     gateway,
     gateway_route,
@@ -106,12 +107,9 @@ proxy = (gateway.Proxy.from_host(host, router.served_model_name, router.url)
 start_bound = settings.bound((sglang or router).start_timeout)
 proxy_bound = settings.bound(gateway.START_TIMEOUT_SECONDS)
 request_bound = settings.bound(gateway_route.REQUEST_TIMEOUT_SECONDS)
-# The rollback converges production: the replicas start, then the router in front
-# of them, the link retrains, the proxy restarts without the fallback.
-pair = WorkstationSettings.of(inventory.get_group("workstations")[0])
-rollback_timeout = attempt.rollback_timeout(pair.command_timeout, (
-    pair.serving.start_timeout_seconds, pair.serving.start_timeout_seconds,
-    pair.link.wait_seconds, gateway.START_TIMEOUT_SECONDS))
+# The rollback converges production, and is bounded by every wait of one.
+rollback_timeout = bounds.rollback_timeout(
+    WorkstationSettings.of(inventory.get_group("workstations")[0]))
 
 if workstation:
     # However the run ends, the compatibility ledger on this machine gets one record.

@@ -23,8 +23,11 @@ verified, and the campaign report names the step that failed and why.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import re
+import signal
 import sys
 import time
 from collections import deque
@@ -41,6 +44,7 @@ from harness.progress import reporting, say
 from harness.status import observe
 from harness.topology import Topology
 from harness.windows import EndpointDown, WindowSettings
+from operations.attempt import stopped_at_bound
 from operations.hosts import REPO
 from operations.states import State, UnknownState, layers_changed, resolve_state
 
@@ -96,43 +100,71 @@ class Step:
     detail: str = ""
 
 
-async def run_command(label: str, argv: list[str]) -> tuple[int, list[str]]:
+async def run_command(label: str, argv: list[str],
+                      timeout: float | None = None) -> tuple[int, list[str]]:
     """
     Run one of the operator's commands from the repository, its output shown as
     it comes, with a heartbeat when it is quiet; returns its exit code and the
     last lines of its output.
+
+    Past ``timeout`` seconds it is killed and the step fails
+    (:class:`StepFailed`) with what was stopped, after how long, what to check
+    and its last lines. It runs in a process group of its own, and the whole
+    group is stopped, so that a deploy's rollback, a process of that deploy's,
+    never outlives it to race the campaign's own restore.
     """
     say(f"  $ {' '.join(argv)}")
     process = await asyncio.create_subprocess_exec(
         *argv, cwd=REPO, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
+        stderr=asyncio.subprocess.STDOUT, process_group=0)
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     try:
-        async with reporting(lambda elapsed: f"  [{label}] running for {elapsed:.0f}s",
-                             HEARTBEAT_SECONDS):
+        async with (asyncio.timeout(timeout),
+                    reporting(lambda elapsed: f"  [{label}] running for {elapsed:.0f}s",
+                              HEARTBEAT_SECONDS)):
             async for raw in process.stdout:
                 line = ANSI_ESCAPE.sub("", raw.decode(errors="replace").rstrip())
                 say(f"    | {line}")
                 tail.append(line)
             return await process.wait(), list(tail)
+    except TimeoutError:
+        await stop_group(process, signal.SIGKILL)
+        raise StepFailed(stopped_at_bound(
+            f"`{' '.join(argv)}`", timeout,
+            "that every host answers over SSH (a host lost mid-run); its last lines say "
+            "where it was:\n") + last_lines(list(tail))) from None
     finally:
         if process.returncode is None:
-            process.terminate()
-            await process.wait()
+            # Interrupted: the group, as the operator's Ctrl-C would have reached it.
+            await stop_group(process, signal.SIGTERM)
+
+
+async def stop_group(process: asyncio.subprocess.Process, stop: signal.Signals) -> None:
+    """Send ``stop`` to ``process`` and every process it started, and wait for it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, stop)
+    await process.wait()
+
+
+def last_lines(tail: list[str]) -> str:
+    """A command's last meaningful lines, its evidence."""
+    return "\n".join([line for line in tail if line.strip()][-REASON_LINES:])
 
 
 def reason(code: int, tail: list[str]) -> str:
     """A failed command's evidence: its exit code and its last meaningful lines."""
-    lines = [line for line in tail if line.strip()][-REASON_LINES:]
-    return f"exit code {code}:\n" + "\n".join(lines)
+    return f"exit code {code}:\n" + last_lines(tail)
 
 
-async def deploy(state: str) -> str:
-    """Converge the hosts to ``state`` with the operator's own command, or fail with why."""
+async def deploy(state: str, timeout: float) -> str:
+    """
+    Converge the hosts to ``state`` with the operator's own command, within
+    ``timeout`` seconds (:meth:`Topology.deploy_timeout`), or fail with why.
+    """
     code, tail = await run_command(
         f"deploy {state}",
         [str(Path(sys.executable).with_name("pyinfra")), "-y", "inventory.py", "deploy.py",
-         "--data", f"state={state}"])
+         "--data", f"state={state}"], timeout)
     if code != 0:
         raise StepFailed(reason(code, tail))
     return f"pyinfra converged to {state}"
@@ -181,7 +213,7 @@ class Campaign:
         return (await self.verify(BASELINE)) + "; hosts observed in production"
 
     async def deploy(self, state: str) -> str:
-        return await deploy(state)
+        return await deploy(state, self.topology.deploy_timeout)
 
     async def verify(self, state: str) -> str:
         return await verify(state)

@@ -121,16 +121,16 @@ async def soak(topology: Topology, state: State, minutes: float, interval: float
               "restored": None}
     if why:
         say(f"soak: {why}: converging production")
-        result["restored"] = await restore()
+        result["restored"] = await restore(topology)
     report.write_text(directory / "soak.json", json.dumps(result, indent=1) + "\n")
     result["chart"] = str(chart(samples, state.name, why, directory / "soak.png"))
     return result
 
 
-async def restore() -> str:
+async def restore(topology: Topology) -> str:
     """Production converged and verified with the operator's commands; what happened."""
     try:
-        await campaign.deploy("production")
+        await campaign.deploy("production", topology.deploy_timeout)
         await campaign.verify("production")
     except campaign.StepFailed as error:
         return f"production was NOT restored: {error}"

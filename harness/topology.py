@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from operations import bounds
 from operations.hosts import InventoryEntry, in_group, inventory_entries, ssh_config
 from operations.settings import GatewaySettings, WorkstationSettings
 from operations.states import State
@@ -62,6 +63,11 @@ class Topology:
     def tp_size(self) -> int:
         """The TP group's size, as the site gives it to every workstation."""
         return WorkstationSettings.of(self.rank0).tp_size
+
+    @property
+    def deploy_timeout(self) -> int:
+        """The bound of one ``deploy.py`` run, from the site's settings (``operations.bounds``)."""
+        return bounds.deploy_timeout(WorkstationSettings.of(self.rank0))
 
     @property
     def served_model_name(self) -> str:

@@ -13,6 +13,7 @@ Python packages), ``probes`` (real requests and bounded waits), ``transport``
 which hosts an operation concerns), ``lock`` (one run at a time), ``attempt``
 (a failure after a change ends in a verified production), ``ledger`` (what each
 run met and how it ended; no candidate on controllers seen to stall), ``facts``
-(what facts share, several read as one command) and ``connect`` (pyinfra's SSH
-connection with Nagle's algorithm off).
+(what facts share, several read as one command), ``connect`` (pyinfra's SSH
+connection with Nagle's algorithm off, bounded when it drops) and ``bounds``
+(how long a whole run may take, for whoever runs one as a process).
 """

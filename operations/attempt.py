@@ -360,6 +360,15 @@ def rollback_reach(attempt: Attempt) -> tuple[list[str], list[str]]:
             [f"{LOST_HOSTS_KEY}={json.dumps(lost)}"])
 
 
+def stopped_at_bound(what: str, seconds: float, check: str) -> str:
+    """
+    How a process stopped at its bound reads, wherever one is run (the rollback,
+    the campaign's deploys, the inventory's listing): what was stopped, after
+    how long, and what to check.
+    """
+    return f"{what} did not end within its bound of {seconds:g}s and was stopped; check {check}"
+
+
 def run_rollback(state: Any, host: Any, command: list[str], carried: list[str],
                  timeout: float | None = None) -> bool:
     attempt = of(state)
@@ -378,9 +387,9 @@ def run_rollback(state: Any, host: Any, command: list[str], carried: list[str],
     except subprocess.TimeoutExpired:
         # subprocess.run has killed it: the hosts are as after an interrupted run.
         attempt.rollback_expired = timeout
-        return fail(state, host, Layer.ROLLBACK, [
-            f"the rollback to production did not end within its bound of {timeout:g}s "
-            f"and was stopped: {' '.join(command)}"])
+        return fail(state, host, Layer.ROLLBACK, [stopped_at_bound(
+            f"the rollback to production ({' '.join(command)})", timeout,
+            "that every host answers over SSH; the hosts are as after an interrupted run")])
     return attempt.rollback_exit == 0
 
 

@@ -27,7 +27,33 @@ paramiko's ``channel_timeout``, an hour by default, is bounded here too.
 
 A host that the operator's ``~/.ssh/config`` sends elsewhere (``HostName``,
 ``Port``, ``ProxyJump``, ``ProxyCommand``) keeps pyinfra's own connection: that
-path is the operator's to choose; only the channel's bound applies to it.
+path is the operator's to choose, and it may be no TCP socket at all. So every
+connection, rerouted or not, is also bounded one level up, in SSH itself: its
+paramiko ``Transport`` (:class:`ServerAliveTransport`, given to paramiko as
+``transport_factory``) asks the server for an answer after
+:data:`SERVER_ALIVE_INTERVAL_SECONDS` in which it sent nothing, as OpenSSH's
+``ServerAliveInterval`` does, and ends the connection after
+:data:`SERVER_ALIVE_COUNT_MAX` unanswered, as its ``ServerAliveCountMax``
+does: a dead path ends within :data:`SERVER_ALIVE_DEAD_AFTER_SECONDS`. An
+ssh_config's own ``ServerAliveInterval`` and ``ServerAliveCountMax`` for the
+host are honoured (a positive value; ``0``, OpenSSH's "off", is not).
+
+What that bounds, and what not, for a host behind a ``ProxyCommand``:
+
+- bounded: a path that goes silent anywhere past the proxy (a jump host
+  suspended, a cable pulled behind it, a proxy process stopped), and a proxy
+  that exits (paramiko reads its closed pipe as "no data yet", forever; the
+  next probe's write fails, or goes unanswered); a channel's open
+  (``channel_timeout``) and each command (``_timeout``), as for every host;
+- not bounded by the kernel: the proxy is a subprocess joined by pipes, which
+  have no keepalive and no ``TCP_USER_TIMEOUT``, so the SSH-level probe is the
+  only thing that detects a dead path; nor is the proxy's own connection (an
+  ``ssh -W`` keeps whatever its own ssh_config gives it), nor a ``ProxyJump``
+  hop's SSH connection, which pyinfra opens without these options: the
+  target's probes, carried through the hop, are what end the target's
+  connection when the hop dies;
+- never: a server that answers its probes but not a command: that is the
+  command's ``_timeout``.
 
 However it dies, a connection must end the step that meets it as a failed
 command, which the run records and rolls back from, not as a crash. paramiko
@@ -35,17 +61,20 @@ reports a dead transport as the exception its reader thread met: an ``OSError``
 or an ``SSHException``, both of which pyinfra handles, or an ``EOFError`` (the
 peer closed, as a rebooted host's kernel does), which pyinfra does not, and
 which would end the run without a rollback, a conclusion or a ledger record.
-:class:`LossAwareTransport` reports that one as an ``SSHException`` too, and
+:class:`ServerAliveTransport` reports that one as an ``SSHException`` too, and
 :func:`lost` tells whether a host's connection has died.
 """
 
 from __future__ import annotations
 
+import errno
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import paramiko
+from paramiko.common import cMSG_GLOBAL_REQUEST
 from pyinfra.api import Host
 
 SSH_CONFIG = Path("~/.ssh/config")
@@ -59,6 +88,15 @@ KEEPALIVE_IDLE_SECONDS = 15
 KEEPALIVE_INTERVAL_SECONDS = 5
 KEEPALIVE_PROBES = 3
 DEAD_AFTER_SECONDS = KEEPALIVE_IDLE_SECONDS + KEEPALIVE_INTERVAL_SECONDS * KEEPALIVE_PROBES
+# The SSH-level probe: after this much time sending nothing, then as often, this
+# many unanswered; OpenSSH's defaults are off and 3. sshd answers it from its
+# main loop, however long a command it runs.
+SERVER_ALIVE_INTERVAL_SECONDS = 10
+SERVER_ALIVE_COUNT_MAX = 3
+SERVER_ALIVE_DEAD_AFTER_SECONDS = SERVER_ALIVE_INTERVAL_SECONDS * (SERVER_ALIVE_COUNT_MAX + 1)
+# What OpenSSH's client asks; sshd knows no such request and answers that it
+# failed, which is the answer.
+SERVER_ALIVE_REQUEST = "keepalive@openssh.com"
 # Opening a session on a live connection takes milliseconds.
 CHANNEL_TIMEOUT_SECONDS = 30.0
 # The TCP options that bound a dead connection, where the platform has them
@@ -112,19 +150,87 @@ class NoDelaySocket:
         return f"tcp://{self.address}:{self.port} with TCP_NODELAY"
 
 
-class LossAwareTransport(paramiko.Transport):
-    """paramiko's transport, reporting a connection closed under it as an ``SSHException``."""
+class ServerAliveTransport(paramiko.Transport):
+    """
+    paramiko's ``Transport``, whose keepalive wants an answer and gives up.
+
+    After ``interval`` seconds in which it has sent nothing, it sends a global
+    request that wants a reply (:data:`SERVER_ALIVE_REQUEST`); when
+    ``count_max`` have gone unanswered, it ends the connection with
+    ``ETIMEDOUT``, as the kernel ends a TCP connection at ``TCP_USER_TIMEOUT``:
+    its channels close, so every wait on them ends, and pyinfra's step fails.
+    Any answer counts. paramiko's own keepalive (``keepalive@lag.net``) wants
+    none, so over a pipe it never learns that nobody is there.
+
+    The probe runs in the transport's own thread, which reads the connection:
+    it is skipped during a key exchange, which that thread is carrying out, and
+    until the user is authenticated (sshd accepts no other request before; the
+    authentication has paramiko's own bound, ``auth_timeout``).
+    """
+
+    def __init__(self, sock: Any, interval: float, count_max: int, **options: Any) -> None:
+        super().__init__(sock, **options)
+        self.count_max = count_max
+        self.unanswered = 0
+        self.set_keepalive(interval)
+
+    def set_keepalive(self, interval: float) -> None:
+        """
+        Probe after ``interval`` seconds of sending nothing. pyinfra calls this
+        with the host's ssh_config ``ServerAliveInterval``: its probes want an
+        answer too.
+        """
+        self.keepalive_interval = interval
+        self.packetizer.set_keepalive(interval, self._probe)
+
+    def _probe(self) -> None:
+        if self.in_kex or not self.is_authenticated():
+            return
+        if self.unanswered >= self.count_max:
+            raise TimeoutError(
+                errno.ETIMEDOUT,
+                f"the server answered none of {self.unanswered} keepalives, one each "
+                f"{self.keepalive_interval:g}s: the connection is given up on")
+        self.unanswered += 1
+        request = paramiko.Message()
+        request.add_byte(cMSG_GLOBAL_REQUEST)
+        request.add_string(SERVER_ALIVE_REQUEST)
+        request.add_boolean(True)
+        self._send_user_message(request)
 
     def get_exception(self) -> Exception | None:
+        """The error that ended the connection, a peer's close reported as an ``SSHException``."""
         error = super().get_exception()
         if isinstance(error, EOFError):
             return paramiko.SSHException("the connection was closed by the other end")
         return error
 
+    def _parse_request_success(self, m: paramiko.Message) -> None:
+        self.unanswered = 0
+        super()._parse_request_success(m)
 
-def loss_aware_transport(sock: Any, **options: Any) -> LossAwareTransport:
-    """paramiko's ``transport_factory``: a function, which host data can show as JSON."""
-    return LossAwareTransport(sock, **options)
+    def _parse_request_failure(self, m: paramiko.Message) -> None:
+        self.unanswered = 0
+        super()._parse_request_failure(m)
+
+
+@dataclass(frozen=True)
+class ServerAlive:
+    """
+    paramiko's ``transport_factory`` for a host: a :class:`ServerAliveTransport`
+    probing every ``interval`` seconds, given up on after ``count_max``.
+    """
+
+    interval: float = SERVER_ALIVE_INTERVAL_SECONDS
+    count_max: int = SERVER_ALIVE_COUNT_MAX
+
+    def __call__(self, sock: Any, **options: Any) -> ServerAliveTransport:
+        return ServerAliveTransport(sock, self.interval, self.count_max, **options)
+
+    def to_json(self) -> str:
+        """What ``pyinfra inventory.py debug-inventory --json`` shows for it."""
+        return (f"SSH keepalive each {self.interval:g}s, "
+                f"given up after {self.count_max} unanswered")
 
 
 def lost(host: Host) -> bool:
@@ -134,25 +240,44 @@ def lost(host: Host) -> bool:
     return transport is not None and not transport.is_active()
 
 
-def rerouted(address: str, ssh_config: Path = SSH_CONFIG) -> bool:
-    """Whether the operator's ssh_config decides where a connection to ``address`` goes."""
+def operator_config(address: str, ssh_config: Path = SSH_CONFIG) -> dict[str, Any]:
+    """What the operator's ssh_config says of ``address``: nothing, without one."""
     path = ssh_config.expanduser()
     if not path.is_file():
-        return False
-    found = paramiko.SSHConfig.from_path(str(path)).lookup(address)
+        return {}
+    return dict(paramiko.SSHConfig.from_path(str(path)).lookup(address))
+
+
+def rerouted(address: str, ssh_config: Path = SSH_CONFIG) -> bool:
+    """Whether the operator's ssh_config decides where a connection to ``address`` goes."""
+    found = operator_config(address, ssh_config)
     return any(key in found for key in REROUTING if not (key == "hostname"
-                                                         and found[key] == address))
+                                                         and found.get(key) == address))
+
+
+def server_alive(address: str, ssh_config: Path = SSH_CONFIG) -> ServerAlive:
+    """The probe for ``address``: its ssh_config's ``ServerAlive*`` where positive, else ours."""
+    found = operator_config(address, ssh_config)
+
+    def positive(key: str, default: int) -> int:
+        value = found.get(key, "")
+        return int(value) if value.isdigit() and int(value) > 0 else default
+
+    return ServerAlive(positive("serveraliveinterval", SERVER_ALIVE_INTERVAL_SECONDS),
+                       positive("serveralivecountmax", SERVER_ALIVE_COUNT_MAX))
 
 
 def connection_data(address: str, port: int, ssh_config: Path = SSH_CONFIG) -> dict[str, Any]:
     """
     The host data that has pyinfra connect to ``address:port`` over a
-    :class:`NoDelaySocket` and a :class:`LossAwareTransport`, its channels
-    opened within :data:`CHANNEL_TIMEOUT_SECONDS`; only the transport and the
-    channels' bound where the operator's ssh_config reroutes the host.
+    :class:`NoDelaySocket`, its channels opened within
+    :data:`CHANNEL_TIMEOUT_SECONDS`, its SSH connection probed
+    (:class:`ServerAlive`); where the operator's ssh_config reroutes the host,
+    over pyinfra's own connection, with the same bounds of the channels and the
+    connection.
     """
     bounded: dict[str, Any] = {"channel_timeout": CHANNEL_TIMEOUT_SECONDS,
-                               "transport_factory": loss_aware_transport}
+                               "transport_factory": server_alive(address, ssh_config)}
     if not rerouted(address, ssh_config):
         bounded["sock"] = NoDelaySocket(address, port)
     return {"ssh_paramiko_connect_kwargs": bounded}

@@ -6,6 +6,14 @@ It asks pyinfra itself (``pyinfra inventory.py debug-inventory --json``), so
 group data, site data and the lab's defaults merge exactly as in a deploy, and
 importing pyinfra's CLI (which monkey-patches the process with gevent) stays out
 of the caller's process.
+
+The listing reaches no host, so it is bounded as one command is
+(:data:`LISTING_TIMEOUT`): an inventory that never loads (a site file on a mount
+that stopped answering) ends its caller, non-zero, saying so, instead of holding
+a campaign or a verify that has not yet begun. The bound is the site model's
+default ``[ssh] command_timeout_seconds``, not the site file's own value: that
+value is what the listing reads, and reading the file here first would wait on
+that same mount, unbounded.
 """
 
 from __future__ import annotations
@@ -17,10 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from operations.site import SUDO
+from operations.attempt import stopped_at_bound
+from operations.site import SITE_ENV, SUDO, Ssh, site_default
 from operations.syntax import ssh_config_word  # the lab's ssh configs import it from here
 
 REPO = Path(__file__).resolve().parents[1]
+# One command's bound, as the site model defaults it (the module's docstring says why).
+LISTING_TIMEOUT: int = site_default(Ssh, "command_timeout_seconds")
 
 
 @dataclass(frozen=True)
@@ -40,13 +51,26 @@ class InventoryEntry:
         return bool(self.data.get(SUDO))
 
 
-def inventory_entries(repo: Path = REPO) -> list[InventoryEntry]:
-    """Every host of ``inventory.py``, in inventory order (rank 0 first)."""
-    pyinfra = Path(sys.executable).with_name("pyinfra")
-    result = subprocess.run(
-        [str(pyinfra), "inventory.py", "debug-inventory", "--json"],
-        cwd=repo, capture_output=True, text=True,
-    )
+def inventory_entries(repo: Path = REPO,
+                      timeout: float = LISTING_TIMEOUT) -> list[InventoryEntry]:
+    """
+    Every host of ``inventory.py``, in inventory order (rank 0 first), listed
+    within ``timeout`` seconds, else a ``TimeoutError`` (which the harness's
+    command line reports as it reports an ``OSError``) that names the listing,
+    its bound and what to check.
+    """
+    command = [str(Path(sys.executable).with_name("pyinfra")), "inventory.py",
+               "debug-inventory", "--json"]
+    try:
+        result = subprocess.run(command, cwd=repo, capture_output=True, text=True,
+                                stdin=subprocess.DEVNULL, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # subprocess.run has killed it.
+        raise TimeoutError(stopped_at_bound(
+            f"listing the inventory (pyinfra {' '.join(command[1:])})", timeout,
+            f"what inventory.py reads: the site file {SITE_ENV} names (its mount), "
+            "~/.ssh/config, the lab's state directory; run the listing by hand to see "
+            "where it waits")) from None
     if result.returncode != 0:
         raise RuntimeError(f"inventory.py: {result.stderr.strip() or result.stdout.strip()}")
     return [InventoryEntry(host["name"], tuple(host["groups"]), host["data"])

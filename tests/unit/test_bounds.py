@@ -6,8 +6,12 @@ gives up; the rollback's own run is bounded too.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
+import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,7 +25,10 @@ from pyinfra.api.operations import run_ops
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.server import Command
 
-from operations import attempt
+from harness import campaign
+from harness.topology import Topology
+from harness.windows import WindowSettings
+from operations import attempt, bounds, hosts
 from operations import run as runs
 from operations.attempt import Layer, operation
 from operations.hosts import InventoryEntry
@@ -111,9 +118,10 @@ def test_a_rollback_past_its_bound_is_stopped_and_named(failed_attempt, monkeypa
     never_ends = [sys.executable, "-c", "import time; time.sleep(30)"]
     assert attempt.run_rollback(pyinfra_state, fake_host, never_ends, [], timeout=0.5) is False
     assert failed_attempt.rollback_expired == 0.5
-    assert failed_attempt.messages()[-1].startswith(
-        "wsa: rollback layer: the rollback to production did not end within its bound of 0.5s "
-        "and was stopped: ")
+    assert failed_attempt.messages()[-1] == (
+        f"wsa: rollback layer: the rollback to production ({' '.join(never_ends)}) did not end "
+        "within its bound of 0.5s and was stopped; check that every host answers over SSH; "
+        "the hosts are as after an interrupted run")
     # The run still ends non-zero, saying the rollback failed and why.
     with pytest.raises(OperationError,
                        match=r"the rollback to production failed too \(stopped after 0.5s\): "
@@ -148,3 +156,131 @@ def test_the_lab_is_bounded_by_default_and_a_runs_data_overrides_it(run_pyinfra)
 
     assert bounds() == {"wsa": 300, "wsb": 300, "gw": 300}
     assert set(bounds("--data", "_timeout=60").values()) == {60}
+
+
+# A process that outlives any small bound, and starts one that would outlive it
+# too (as a deploy starts its rollback); it prints its own pid, then the child's
+# pid and process group.
+OUTLIVES_ITS_BOUND = [sys.executable, "-c", (
+    "import os, subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+    "print(os.getpid(), child.pid, os.getpgid(child.pid), flush=True)\n"
+    "time.sleep(30)\n")]
+
+
+def gone(pid: int) -> bool:
+    """No such process, or only its zombie, waiting for whoever adopted it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def default_site_rank0() -> WorkstationSettings:
+    """Rank 0 of the default site: no key of its own, every bound the site model's default."""
+    return WorkstationSettings.of(InventoryEntry("wsa", ("workstations",), {}))
+
+
+def test_the_rollback_and_a_deploy_are_bounded_by_production_waits_of_the_site() -> None:
+    pair = default_site_rank0()
+    # The default site: both serving starts (900 s), the link (30 s), the proxy (120 s),
+    # four commands of 300 s.
+    assert bounds.production_waits(pair) == (900, 900, 30, 120.0)
+    assert bounds.rollback_timeout(pair) == attempt.rollback_timeout(300, (900, 900, 30, 120))
+    assert bounds.rollback_timeout(pair) == 3150
+    # A deploy: its attempt, then its rollback step, as deploy.py bounds it.
+    assert bounds.deploy_timeout(pair) == 3150 + pair.bound(3150) == 6600
+    shorter = WorkstationSettings.of(InventoryEntry("wsa", ("workstations",),
+                                                    {COMMAND_TIMEOUT: 60}))
+    assert bounds.deploy_timeout(shorter) == 2 * (1950 + 4 * 60) + 60
+
+
+def test_the_campaign_deploys_within_the_sites_bound(monkeypatch) -> None:
+    rank0 = InventoryEntry("wsa", ("workstations",), {})
+    topology = Topology((rank0,), None, Path("ssh_config"))
+    assert topology.deploy_timeout == bounds.deploy_timeout(WorkstationSettings.of(rank0))
+    given: list[tuple[str, float]] = []
+
+    async def deployed(state: str, timeout: float) -> str:
+        given.append((state, timeout))
+        return "converged"
+
+    monkeypatch.setattr(campaign, "deploy", deployed)
+    ran = campaign.Campaign(topology, [], [], WindowSettings(), Path("unused"))
+    asyncio.run(ran.deploy("tp2_e2e"))
+    assert given == [("tp2_e2e", 6600)]
+
+
+def test_a_command_past_its_bound_is_killed_with_what_it_started_and_named() -> None:
+    started = time.monotonic()
+    with pytest.raises(campaign.StepFailed) as failed:
+        asyncio.run(campaign.run_command("deploy tp2_e2e", OUTLIVES_ITS_BOUND, timeout=1))
+    assert time.monotonic() - started < 10
+    message = str(failed.value)
+    assert message.startswith(
+        f"`{' '.join(OUTLIVES_ITS_BOUND)}` did not end within its bound of 1s and was stopped; "
+        "check that every host answers over SSH (a host lost mid-run); its last lines say "
+        "where it was:\n")
+    leader, child, group = map(int, message.splitlines()[-1].split())
+    # The command and what it started are one group of their own, which was stopped.
+    assert group == leader != os.getpgid(0)
+    deadline = time.monotonic() + 5
+    while not gone(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(child)
+
+
+class Rehearsed(campaign.Campaign):
+    """A campaign whose deploys are the real ones (a fake pyinfra), the rest stood in for."""
+
+    async def preflight(self) -> str:
+        return "hosts observed in production"
+
+    async def verify(self, state: str) -> str:
+        return "passed"
+
+    async def measure(self, state: str) -> str:
+        return "measured"
+
+
+def test_a_deploy_past_its_bound_fails_its_step_and_production_is_still_restored(
+        tmp_path: Path, monkeypatch) -> None:
+    # pyinfra, as deploy() finds it beside the interpreter: production converges at
+    # once, any other state hangs, as a deploy to a host lost mid-run does.
+    fake = tmp_path / "pyinfra"
+    fake.write_text('#!/bin/sh\ncase "$*" in *state=production*) echo converged;; '
+                    '*) exec sleep 30;; esac\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    topology = SimpleNamespace(deploy_timeout=1)
+    rehearsal = Rehearsed(topology, campaign.check_plan(["tp2_stock_nospec"]), [],
+                          WindowSettings(), tmp_path / "report", linktest_seconds=None)
+    result = asyncio.run(rehearsal.run())
+    assert result["failed_step"] == "deploy tp2_stock_nospec (changes serving)"
+    assert result["failure"].startswith(
+        f"`{fake} -y inventory.py deploy.py --data state=tp2_stock_nospec` did not end within "
+        "its bound of 1s and was stopped; check that every host answers over SSH")
+    assert [step["name"] for step in result["steps"]][-2:] == ["restore production",
+                                                               "verify production"]
+    assert result["restored"] is True
+    # experiment.py's exit code follows the failed step.
+    assert campaign.outcome(result) == (
+        "failed at step 'deploy tp2_stock_nospec (changes serving)'; "
+        "production restored and verified")
+
+
+def test_the_inventory_is_listed_within_one_commands_bound() -> None:
+    assert hosts.LISTING_TIMEOUT == HostSettings.of(InventoryEntry("ws", (), {})
+                                                    ).command_timeout == 300
+    assert inspect.signature(hosts.inventory_entries).parameters["timeout"].default == 300
+
+
+def test_an_inventory_that_never_loads_is_stopped_and_named(tmp_path: Path) -> None:
+    # The real pyinfra, on an inventory that never finishes loading.
+    (tmp_path / "inventory.py").write_text("import time\ntime.sleep(30)\n")
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=(
+            r"^listing the inventory \(pyinfra inventory.py debug-inventory --json\) did not "
+            r"end within its bound of 1s and was stopped; check what inventory.py reads: ")):
+        hosts.inventory_entries(tmp_path, timeout=1)
+    assert time.monotonic() - started < 10

@@ -1,0 +1,43 @@
+"""
+How long a whole ``deploy.py`` run may take, derived from the site's settings,
+for whoever runs one as a process: the failed run's rollback
+(``operations/attempt.py``), the campaign's and the soak's deploys
+(``harness/campaign.py``).
+
+Each step of a run is bounded already, a remote command by the site's ``[ssh]
+command_timeout_seconds``, a wait by itself and one command more
+(:meth:`HostSettings.bound`). These bound the process as a whole, so that a run
+that never ends (a connect that never completes, a pyinfra that never exits)
+still ends its caller's step, which then fails as any other failure does.
+"""
+
+from __future__ import annotations
+
+from operations import attempt, gateway
+from operations.settings import WorkstationSettings
+
+
+def production_waits(pair: WorkstationSettings) -> tuple[float, ...]:
+    """
+    Every wait of a production converge, from rank 0's settings (the site's,
+    the same on every host): the replicas start, then the router in front of
+    them, the link retrains, the proxy restarts without the fallback.
+    """
+    return (pair.serving.start_timeout_seconds, pair.serving.start_timeout_seconds,
+            pair.link.wait_seconds, gateway.START_TIMEOUT_SECONDS)
+
+
+def rollback_timeout(pair: WorkstationSettings) -> int:
+    """The bound of a rollback's run, a production converge (:func:`attempt.rollback_timeout`)."""
+    return attempt.rollback_timeout(pair.command_timeout, production_waits(pair))
+
+
+def deploy_timeout(pair: WorkstationSettings) -> int:
+    """
+    The bound of one ``deploy.py`` run to any state: its attempt, whose waits
+    are no longer than a production converge's (a TP start waits as long as a
+    replica's, and no router starts), then its rollback step, bounded by the
+    rollback's bound and one command more, as ``deploy.py`` gives it.
+    """
+    rollback = rollback_timeout(pair)
+    return rollback + pair.bound(rollback)
