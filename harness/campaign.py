@@ -170,12 +170,15 @@ async def deploy(state: str, timeout: float) -> str:
     return f"pyinfra converged to {state}"
 
 
-async def verify(state: str) -> str:
-    """Prove ``state`` with ``pytest tests/verify``, or fail with why."""
+async def verify(state: str, timeout: float) -> str:
+    """
+    Prove ``state`` with ``pytest tests/verify``, within ``timeout`` seconds
+    (:meth:`Topology.verify_timeout`), or fail with why.
+    """
     code, tail = await run_command(
         f"verify {state}",
         [sys.executable, "-m", "pytest", "tests/verify", "--state", state, "-q",
-         "-p", "no:cacheprovider"])
+         "-p", "no:cacheprovider"], timeout)
     if code != 0:
         raise StepFailed(reason(code, tail))
     return next((line for line in reversed(tail) if "passed" in line), "passed")
@@ -216,7 +219,7 @@ class Campaign:
         return await deploy(state, self.topology.deploy_timeout)
 
     async def verify(self, state: str) -> str:
-        return await verify(state)
+        return await verify(state, self.topology.verify_timeout)
 
     async def measure(self, state: str) -> str:
         try:

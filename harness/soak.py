@@ -131,7 +131,7 @@ async def restore(topology: Topology) -> str:
     """Production converged and verified with the operator's commands; what happened."""
     try:
         await campaign.deploy("production", topology.deploy_timeout)
-        await campaign.verify("production")
+        await campaign.verify("production", topology.verify_timeout)
     except campaign.StepFailed as error:
         return f"production was NOT restored: {error}"
     return "production was restored and verified"

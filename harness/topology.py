@@ -70,6 +70,11 @@ class Topology:
         return bounds.deploy_timeout(WorkstationSettings.of(self.rank0))
 
     @property
+    def verify_timeout(self) -> int:
+        """The bound of one ``pytest tests/verify`` run (``operations.bounds``)."""
+        return bounds.verify_timeout(WorkstationSettings.of(self.rank0))
+
+    @property
     def served_model_name(self) -> str:
         """The model every server serves: a site-wide setting, read from any workstation."""
         return WorkstationSettings.of(self.rank0).serving.served_model_name

@@ -2,7 +2,7 @@
 How long a whole ``deploy.py`` run may take, derived from the site's settings,
 for whoever runs one as a process: the failed run's rollback
 (``operations/attempt.py``), the campaign's and the soak's deploys
-(``harness/campaign.py``).
+(``harness/campaign.py``); and how long its proof, ``pytest tests/verify``, may.
 
 Each step of a run is bounded already, a remote command by the site's ``[ssh]
 command_timeout_seconds``, a wait by itself and one command more
@@ -41,3 +41,14 @@ def deploy_timeout(pair: WorkstationSettings) -> int:
     """
     rollback = rollback_timeout(pair)
     return rollback + pair.bound(rollback)
+
+
+# A verify reads facts and sends a few requests, each bounded by a minute at
+# most: seconds on a live pair. One that has not ended after this many
+# commands' bounds waits on a host that stopped answering.
+VERIFY_COMMAND_BOUNDS = 4
+
+
+def verify_timeout(pair: WorkstationSettings) -> int:
+    """The bound of one ``pytest tests/verify`` run: four remote commands' (1200 s by default)."""
+    return VERIFY_COMMAND_BOUNDS * pair.command_timeout

@@ -211,6 +211,23 @@ def test_the_campaign_deploys_within_the_sites_bound(monkeypatch) -> None:
     assert given == [("tp2_e2e", 6600)]
 
 
+def test_the_campaign_verifies_within_four_commands_bounds(monkeypatch) -> None:
+    rank0 = InventoryEntry("wsa", ("workstations",), {COMMAND_TIMEOUT: 60})
+    topology = Topology((rank0,), None, Path("ssh_config"))
+    assert topology.verify_timeout == bounds.verify_timeout(WorkstationSettings.of(rank0)) == 240
+    assert bounds.verify_timeout(default_site_rank0()) == 1200
+    given: list[tuple[str, list[str], float | None]] = []
+
+    async def ran(label: str, argv: list[str], timeout: float | None = None):
+        given.append((label, argv[3:6], timeout))
+        return 0, ["3 passed"]
+
+    monkeypatch.setattr(campaign, "run_command", ran)
+    proof = campaign.Campaign(topology, [], [], WindowSettings(), Path("unused"))
+    assert asyncio.run(proof.verify("tp2_e2e")) == "3 passed"
+    assert given == [("verify tp2_e2e", ["tests/verify", "--state", "tp2_e2e"], 240)]
+
+
 def test_a_command_past_its_bound_is_killed_with_what_it_started_and_named() -> None:
     started = time.monotonic()
     with pytest.raises(campaign.StepFailed) as failed:
