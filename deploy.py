@@ -49,6 +49,7 @@ from operations import (
     ledger,
     link,
     lock,
+    overrides,
     scope,
     serving,
     serving_router,
@@ -58,6 +59,8 @@ from operations.settings import GatewaySettings, WorkstationSettings
 from operations.states import resolve_state
 
 state = resolve_state(host.data.get("state"))
+# A --data value of a site key is a site value: checked as the site file's was.
+overrides.check(inventory.get_override_data())
 # A rollback holds the lock of the failed run that started it.
 inherited_lock = host.data.get(lock.INHERITED_KEY)
 # The pair is one unit: a run that leaves a host out is refused before anything,

@@ -12,8 +12,9 @@ the harness and the verify checks all ask :meth:`WorkstationSettings.of` or
 
 The key names are the site model's own fields (:func:`section`), so a setting
 added to a model reaches every consumer with no other edit. Values are not
-validated again: the site file was when it loaded, the lab's are its own, and
-the lab's service accounts are root, which a site's may never be.
+validated again: the site file was when it loaded, ``--data`` overrides of its
+keys are when a run starts (``operations/overrides.py``), the lab's are its own,
+and the lab's service accounts are root, which a site's may never be.
 """
 
 from __future__ import annotations

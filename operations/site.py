@@ -547,13 +547,18 @@ def _describe(problem: Any, document: dict[str, Any]) -> str:
     if problem["type"] == "extra_forbidden":
         allowed = ", ".join(_model_at(location[:-1]).model_fields)
         return f"{where}: unknown key; allowed here: {allowed}"
+    return f"{where}: {problem_message(problem)}"
+
+
+def problem_message(problem: Any) -> str:
+    """What pydantic found wrong with one value, in the site's words, with the value."""
     if problem["type"] == "value_error":
         message = str(problem["ctx"]["error"])
     else:
         message = re.sub(r"^Input\b", "value", problem["msg"])
     if isinstance(problem["input"], (str, int, float)):
         message = f"{message} (got {problem['input']!r})"
-    return f"{where}: {message}"
+    return message
 
 
 def _host_at(location: tuple[Any, ...], document: dict[str, Any]) -> str | None:

@@ -218,7 +218,11 @@ def test_a_host_lost_mid_attempt_is_named_the_rest_rolled_back_and_a_later_run_c
 def test_bad_input_is_refused_with_the_reason_and_changes_nothing() -> None:
     cases = [
         (("--data", "candidate_path=/nonexistent/thunderbolt_net.ko"),
-         "candidate module file /nonexistent/thunderbolt_net.ko does not exist"),
+         "--data candidate_path: no such file: /nonexistent/thunderbolt_net.ko"),
+        # An override is a site value: it gets the site file's check.
+        (("--data", "serving_user=root"), "--data serving_user: must not be root"),
+        (("--data", "serving_working_directory=/srv\nExecStartPre=+/usr/bin/id"),
+         "--data serving_working_directory: holds the control character(s)"),
         (("--data", "serving_model_path=/var/lib/models/missing"), "/var/lib/models/missing"),
         (("--data", "on_failure=shrug"), "on_failure"),
         # The pair is one unit: a subset would load the candidate on one side alone.
