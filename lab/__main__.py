@@ -1,12 +1,13 @@
-"""``python -m lab up|down|status``, ``fault NAME on|off`` and ``reboot HOST``."""
+"""``python -m lab up|down|status``, ``fault NAME on|off``, ``reboot HOST``, and the cable's
+``unplug HOST``, ``plug HOST [--rate GBPS]`` and ``suspend HOST --seconds N``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from lab import control, faults
-from lab.topology import HOSTS, INIT_SYSTEMS
+from lab import cable, control, faults
+from lab.topology import HOSTS, INIT_SYSTEMS, WORKSTATIONS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +23,16 @@ def main(argv: list[str] | None = None) -> int:
     fault.add_argument("switch", choices=("on", "off"))
     reboot = commands.add_parser("reboot", help="reboot one host, as a power cycle would")
     reboot.add_argument("host", choices=[host.name for host in HOSTS])
+    workstations = [host.name for host in WORKSTATIONS]
+    unplug = commands.add_parser("unplug", help="pull the Thunderbolt cable out of a workstation")
+    unplug.add_argument("host", choices=workstations)
+    plug = commands.add_parser("plug", help="put the cable back; the link trains anew")
+    plug.add_argument("host", choices=workstations)
+    plug.add_argument("--rate", type=float, default=cable.RATES_GBPS[0],
+                      choices=cable.RATES_GBPS, help="Gb/s the lane trains at (default: 20)")
+    suspend = commands.add_parser("suspend", help="sleep a workstation, then wake it (rtcwake)")
+    suspend.add_argument("host", choices=workstations)
+    suspend.add_argument("--seconds", type=float, required=True)
     args = parser.parse_args(argv)
     if args.command == "fault" and not control.healthy():
         print("lab: the lab is down; run `python -m lab up` first", file=sys.stderr)
@@ -35,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if control.status() else 3
         elif args.command == "reboot":
             control.reboot(args.host)
+        elif args.command == "unplug":
+            control.unplug(args.host)
+        elif args.command == "plug":
+            control.plug(args.host, args.rate)
+        elif args.command == "suspend":
+            control.suspend(args.host, args.seconds)
         else:
             faults.switch(args.name, args.switch == "on")
             print(f"lab: fault {args.name} {args.switch}: {faults.FAULTS[args.name]}")

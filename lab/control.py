@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from lab import cgroups, faults, hostfs, hostinit, modules, network, ssh
+from lab import cable, cgroups, faults, hostfs, hostinit, modules, network, ssh
 from lab.topology import (
     BRIDGE,
     CABLE,
@@ -264,6 +264,75 @@ def reboot(name: str) -> None:
     say(f"{host.name} rebooted in {time.monotonic() - started:.1f}s")
 
 
+def workstation(name: str) -> LabHost:
+    """A workstation of a lab that is up: the cable's ends, the hosts that sleep."""
+    if not healthy():
+        raise LabError("the lab is not up; run `python -m lab up`")
+    host = host_named(name)
+    if not host.workstation:
+        raise LabError(f"{name} has no Thunderbolt link; name a workstation: "
+                       f"{', '.join(ws.name for ws in WORKSTATIONS)}")
+    return host
+
+
+def unplug(name: str) -> None:
+    """Pull the cable out of a workstation (``lab/cable.py``): the link goes on both sides."""
+    host = workstation(name)
+    if not cable.read().plugged:
+        raise LabError(f"the cable is already unplugged (from {cable.read().unplugged_from})")
+    started = time.monotonic()
+    cable.unplug(host)
+    wait_for(f"{LINK_INTERFACE} gone on both workstations",
+             lambda: not any(LINK_INTERFACE in kernel_devices(ws) for ws in WORKSTATIONS),
+             timeout=10)
+    say(f"cable unplugged from {host.name}: {LINK_INTERFACE} gone on both sides in "
+        f"{time.monotonic() - started:.1f}s")
+
+
+def plug(name: str, rate_gbps: float) -> None:
+    """Put the cable back: the link trains at ``rate_gbps``, a new device on each side."""
+    host = workstation(name)
+    if cable.read().plugged:
+        raise LabError("the cable is already plugged in; `python -m lab unplug` it first")
+    started = time.monotonic()
+    try:
+        cable.plug(host, rate_gbps)
+    except ValueError as error:
+        raise LabError(str(error)) from None
+    wait_until_linked("after the plug")
+    say(f"cable plugged into {host.name}: the link trained at {rate_gbps:g} Gb/s, "
+        f"{LINK_INTERFACE} up on both sides in {time.monotonic() - started:.1f}s")
+
+
+def suspend(name: str, seconds: float) -> None:
+    """Sleep a workstation for ``seconds``, as ``rtcwake -m mem -s N``; return once it woke."""
+    host = workstation(name)
+    if seconds <= 0:
+        raise LabError(f"--seconds must be positive, not {seconds:g}")
+    slept = cable.suspend(host, seconds)
+    started = time.monotonic()
+    wait_until_linked("after the wake")
+    say(f"{host.name} slept {slept:.1f}s and woke; the link retrained in "
+        f"{time.monotonic() - started:.1f}s")
+
+
+def kernel_devices(host: LabHost) -> list[str]:
+    """The network devices a host sees."""
+    out = network.in_netns(host.name, "ip", "-br", "link", "show", check=False).stdout
+    return [line.split("@")[0].split()[0] for line in out.splitlines() if line.strip()]
+
+
+def wait_until_linked(when: str) -> None:
+    """Carrier on both sides, and the address where a network manager applies it."""
+    for host in WORKSTATIONS:
+        if faults.is_on("no_network_manager"):
+            wait_for(f"{LINK_INTERFACE} carrier on {host.name} {when}",
+                     lambda host=host: carrier(host), timeout=10)
+        else:
+            wait_for(f"{LINK_INTERFACE} carrier and address on {host.name} {when}",
+                     lambda host=host: carrier(host) and addressed(host), timeout=10)
+
+
 def cut_power(host: LabHost) -> None:
     """
     What pulling the plug does to a systemd host: its PID 1 ignores SIGTERM, and
@@ -310,6 +379,7 @@ def down(quiet: bool = False) -> None:
     # A lab brought up again boots systemd unless asked otherwise.
     INIT_FILE.unlink(missing_ok=True)
     faults.clear()
+    cable.forget()
     if not quiet:
         what = ", ".join(removed) if removed else "nothing to remove"
         say(f"down in {time.monotonic() - started:.1f}s ({what})")
@@ -343,5 +413,11 @@ def status() -> bool:
             link = "carrier" if carrier(host) else "no carrier"
             line += f"  {LINK_INTERFACE} {host.link_address} {link}  driver {loaded_driver(host)}"
         say(line)
+    wire = cable.read()
+    say(f"  cable: plugged, trains at {wire.rate_gbps:g} Gb/s" if wire.plugged
+        else f"  cable: unplugged from {wire.unplugged_from}")
+    asleep = cable.suspended()
+    if asleep:
+        say(f"  asleep: {', '.join(asleep)}")
     say(f"  faults: {', '.join(faults.active()) or 'none'}")
     return is_up

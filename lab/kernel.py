@@ -10,6 +10,11 @@ module state asks for with what the network shows:
   under ``no_network_manager``);
   switching ``link_10g`` off is re-seating the cable: a link that trained at
   10 Gb/s goes down and retrains;
+- the cable (:mod:`lab.cable`): pulled out, the peer leaves both hosts' sysfs
+  and ``thunderbolt0`` goes away on both sides, the module staying loaded;
+  put back, the link trains at the rate given on a new ``thunderbolt0``; a
+  suspended host keeps its own ``thunderbolt0`` while its peer loses the
+  link, which retrains when the host resumes;
 - each side's XDomain sysfs shows the peer (``0-3``, beside the host router and
   a dock) and, while the peer's driver is loaded, its ``network`` service and
   capabilities (``prtcstns``);
@@ -35,6 +40,7 @@ module state asks for with what the network shows:
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,7 +48,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from lab import faults, network
+from lab import cable, faults, network
 from lab.network import in_netns
 from lab.topology import (
     DEGRADED_SPEED_GBPS,
@@ -225,6 +231,15 @@ def write_device_routers(link: HostLink) -> None:
             write_if_changed(xdomain_dir(link.host) / device / name, value, link.written)
 
 
+def remove_peer(link: HostLink) -> None:
+    """The XDomain peer unplugged: its device and its service leave sysfs."""
+    device = xdomain_dir(link.host) / PEER_DEVICE
+    for gone in (device.with_name(f"{PEER_DEVICE}.0"), device):
+        if gone.exists():
+            shutil.rmtree(gone)
+            link.written = {k: v for k, v in link.written.items() if not k.startswith(str(gone))}
+
+
 def write_xdomain(link: HostLink, peer: LabHost, peer_module: ModuleState,
                   speed_gbps: float) -> None:
     devices = xdomain_dir(link.host)
@@ -321,13 +336,13 @@ def read_net_dev(host: LabHost) -> dict[str, int] | None:
     return (net_dev(host) or {}).get(LINK_INTERFACE)
 
 
-def write_statistics(link: HostLink, module: ModuleState) -> None:
+def write_statistics(link: HostLink) -> None:
     counters = read_net_dev(link.host)
     if counters is None:
         return
-    if module.loaded_at != link.loaded_at:
-        # A reload makes a new net device: its counters start from zero.
-        link.base, link.loaded_at = dict(counters), module.loaded_at
+    if link.device_loaded_at != link.loaded_at:
+        # A reload or a replug makes a new net device: its counters start from zero.
+        link.base, link.loaded_at = dict(counters), link.device_loaded_at
         link.dropped_at_load = link.dropped
     if counters["rx_packets"] != link.last_rx_packets:
         # The ring loses only what arrives: skip tc while nothing did.
@@ -347,22 +362,23 @@ def write_statistics(link: HostLink, module: ModuleState) -> None:
         write_if_changed(statistics / name, str(value), link.written)
 
 
-def set_up(link: HostLink, module: ModuleState, up: bool) -> None:
+def set_up(link: HostLink, made_at: float | None, up: bool) -> None:
     """
-    The host's ``thunderbolt0`` as its driver makes it: absent while unloaded (the
-    peer losing carrier), created anew, without an address, by each load (even an
-    ``rmmod; modprobe`` quicker than one tick), and up once trained.
+    The host's ``thunderbolt0`` as its driver makes it: absent while unloaded or
+    unplugged (the peer losing carrier), created anew, without an address, by each
+    load or plug (even an ``rmmod; modprobe`` quicker than one tick): ``made_at``
+    names the device that should exist, ``None`` for none; up once trained.
     """
     host = link.host
     devices = net_dev(host)
     if devices is None:
         return  # the host is rebooting
-    present = module.loaded
+    present = made_at is not None
     exists = LINK_INTERFACE in devices
-    if present and exists and link.device_loaded_at not in (None, module.loaded_at):
+    if present and exists and link.device_loaded_at not in (None, made_at):
         network.unplug(host)
         exists = False
-    link.device_loaded_at = module.loaded_at
+    link.device_loaded_at = made_at
     if present and not exists:
         network.plug(host)
         link.up, link.sending = None, None
@@ -404,28 +420,51 @@ def network_manager(link: HostLink) -> None:
     link.up_at = None
 
 
+def device_made_at(link: HostLink, module: ModuleState, peer: LabHost, wire: cable.Cable,
+                   asleep: list[str]) -> float | None:
+    """
+    Which ``thunderbolt0`` the host should have, by when it was made: none while
+    its driver is unloaded or its peer is out of reach (unplugged, asleep); made
+    anew by each load, each plug and each wake of its peer. A host asleep keeps
+    its own device, as ``tbnet_suspend`` does.
+    """
+    if not module.loaded:
+        return None
+    if link.host.name in asleep:
+        return link.device_loaded_at
+    if not wire.plugged or peer.name in asleep:
+        return None
+    return max(module.loaded_at or 0.0, wire.since, cable.resumed_at(peer))
+
+
 def tick(links: dict[str, HostLink], speeds: dict[str, float]) -> None:
     modules = {name: ModuleState.read(link.host) for name, link in links.items()}
+    wire, asleep = cable.read(), cable.suspended()
     now = time.time()
     for name, link in links.items():
         peer = host_named(link.host.peer or "")
         module, peer_module = modules[name], modules[peer.name]
-        if link.up and speeds[name] < LINK_SPEED_GBPS and not faults.is_on("link_10g"):
+        made_at = device_made_at(link, module, peer, wire, asleep)
+        connected = wire.plugged and not asleep
+        if link.up and speeds[name] < wire.rate_gbps and not faults.is_on("link_10g"):
             link.replugged_at = now
-        trained_from = max(module.loaded_at or now, link.replugged_at)
-        trained = module.loaded and now - trained_from >= RETRAIN_SECONDS
+        trained_from = max(made_at or now, link.replugged_at, cable.resumed_at(link.host))
+        trained = connected and made_at is not None and now - trained_from >= RETRAIN_SECONDS
         if trained and not link.up:
             # Training happens now, so a fault switched on before it bites here.
-            speeds[name] = DEGRADED_SPEED_GBPS if faults.is_on("link_10g") else LINK_SPEED_GBPS
-        set_up(link, module, trained)
+            speeds[name] = DEGRADED_SPEED_GBPS if faults.is_on("link_10g") else wire.rate_gbps
+        set_up(link, made_at, trained)
         network_manager(link)
         write_device_routers(link)
-        write_xdomain(link, peer, peer_module, speeds[name])
+        if connected:
+            write_xdomain(link, peer, peer_module, speeds[name])
+        else:
+            remove_peer(link)
         apply_sending(link, sending(link, module, peer, peer_module, speeds[name]))
         apply_ring(link, overruns=not tx_e2e_active(peer_module, module))
-    for name, link in links.items():
+    for link in links.values():
         apply_carrier(link, links[link.host.peer or ""])
-        write_statistics(link, modules[name])
+        write_statistics(link)
 
 
 def main() -> None:
