@@ -46,6 +46,7 @@ from operations import (
     gateway,
     gateway_route,
     gpu,
+    guard,
     ledger,
     link,
     lock,
@@ -94,6 +95,7 @@ if workstation:
         timeout=settings.link.wait_seconds,
     )
     link_bound = settings.bound(settings.link.wait_seconds)
+    the_guard = guard.Guard.of(settings)
 
 # Serving runs on both kinds of host; each gets its own settings and None for the
 # other kind. Every serving step is called on every host (a no-op where it has no
@@ -119,6 +121,9 @@ if workstation:
     ledger.keep(run, settings.ledger.path, state.name, state.driver)
     ledger.observed(name="Ledger: the controller, kernel and driver this run meets",
                     run=run, module=settings.candidate.module_name)
+    # A stall the guard met with no run watching is named, and counts in this run's refusal.
+    guard.reported(name="Guard: what the guard did since the last run", run=run,
+                   init_system=settings.serving.init_system, ledger_path=settings.ledger.path)
 
 lock.available(name="Lock: no other run holds these hosts", run_dir=settings.run_dir,
                owner=this_run)
@@ -193,7 +198,10 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
     else:
         serving.tp_rank(name="Serving: the TP ranks are stopped", sglang=sglang, present=False)
 
-    # 4. Driver: both workstations in the same step.
+    # 4. Driver: both workstations in the same step; the guard never swaps it at once with a run.
+    if workstation and state.driver != "candidate":
+        guard.armed(name="Guard: disarmed before a stock driver is loaded", guard=the_guard,
+                    present=False)
     if workstation:
         driver.module(
             name=f"Driver: thunderbolt_net is the {state.driver} build",
@@ -207,6 +215,9 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
         # Production's replicas do not use the link: a rollback is not failed by a cable.
         link.trained(name="Link: trained at the expected rate, the peer answers",
                      needed=state.uses_link, _timeout=link_bound, **the_link)
+    if workstation and state.driver == "candidate":
+        # Armed once the link has trained: a retraining is no stall.
+        guard.armed(name="Guard: armed while the candidate is loaded", guard=the_guard)
 
     # 6. Serving: start the target's servers; only a real completion accepts them.
     serving.linktest_tool(name="Serving: iperf3, the linktest's tool, is installed",

@@ -41,7 +41,7 @@ from typing import Any
 from harness import caveats, compare, linktest, linktest_report, report
 from harness.measure import NotMeasurable, failures, measure_state
 from harness.progress import reporting, say
-from harness.status import observe
+from harness.status import guard_fired, guard_states, observe
 from harness.topology import Topology
 from harness.windows import EndpointDown, WindowSettings
 from operations.attempt import stopped_at_bound
@@ -231,6 +231,13 @@ class Campaign:
         failed = failures(built)
         if failed:
             raise StepFailed(f"{len(failed)} request(s) failed: " + "; ".join(failed[:5]))
+        if resolve_state(state).driver == "candidate":
+            # A healthy candidate state must not have made the guard fire while measured.
+            fired = guard_fired(await guard_states(self.topology))
+            if fired:
+                raise StepFailed("the guard did not stay quietly armed while "
+                                 f"{state} was measured: " + "; ".join(fired))
+            return f"{path.name}; the guard stayed armed, quiet"
         return path.name
 
     async def linktest(self, state: str, seconds: int) -> str:

@@ -10,7 +10,8 @@ to the cable, every rung read and judged, read-only, in any state.
    each socket's retransmissions;
 5. thunderbolt0: carrier, address, the peer answering across it, and the
    receiver errors that rose while the probes ran;
-6. driver: which build is loaded, its parameters, the peer's E2E bit;
+6. driver: which build is loaded, its parameters, the peer's E2E bit, the
+   guard, and any stall it restored stock after;
 7. xdomain: the link's rate x lanes, and the peer's name;
 8. host: the GPU, the lock, signature enforcement.
 
@@ -48,6 +49,7 @@ from operations.driver import (
 from operations.gateway import ROLES, serving_deployments
 from operations.gateway_route import RoleAnswers, answer_problems
 from operations.gpu import Gpus
+from operations.guard import GuardState, describe_event
 from operations.link import (
     InterfaceState,
     PeerAnswers,
@@ -159,6 +161,7 @@ def first_reading(entry: Any, state: State) -> list[remote.Query]:
         remote.Query("signatures", SignatureEnforcement()),
         remote.Query("gpus", Gpus()),
         remote.Query("lock", HostLock(), {"run_dir": settings.run_dir}),
+        remote.Query("guard", GuardState(), {"init_system": init}),
         *(query for name in services for query in (
             remote.Query(f"process {name}", ServiceProcess(),
                          {"service": name, "init_system": init}),
@@ -310,12 +313,12 @@ def interface_rung(topology: Topology, state: State, first: dict[str, remote.Rea
         interface, address = settings.link.interface, settings.link_address
         seen = before.values["interface"]
         for problem in interface_problems(seen, interface, address, settings.link.address_owner):
-            rung.saw(f"{entry.name}: {problem}", FAIL)
+            rung.saw(f"{entry.name}: {problem}", link_verdict(state))
         if not seen["exists"] or not seen["carrier"]:
             continue
         if not after.values["answers"]:
             rung.saw(f"{entry.name}: {silent_peer(interface, settings.peer_link_address)}",
-                     FAIL)
+                     link_verdict(state))
         errors = (after.values["counters"].get(RECEIVER_ERRORS, 0)
                   - before.values["counters"].get(RECEIVER_ERRORS, 0))
         window = after.at - before.at
@@ -339,21 +342,37 @@ def driver_rung(topology: Topology, state: State, first: dict[str, remote.Readin
         rung.saw(f"{entry.name}: {text}", PASS if value == state.driver else FAIL)
         peer = reading.values["peer"]
         if peer is None:
-            rung.saw(f"{entry.name}: no peer advertises a ThunderboltIP service", FAIL)
+            rung.saw(f"{entry.name}: no peer advertises a ThunderboltIP service",
+                     link_verdict(state))
         elif state.driver == "candidate" and not peer["prtcstns"] & TBNET_E2E:
             rung.saw(f"{entry.name}: the peer does not advertise E2E (service {peer['service']} "
                      f"prtcstns 0x{peer['prtcstns']:08x}, bit 0 clear) under tx_e2e=1", FAIL)
         else:
             rung.saw(f"{entry.name}: the peer advertises prtcstns 0x{peer['prtcstns']:08x}")
+        guard = reading.values["guard"]
+        if guard["armed"] != (state.driver == "candidate"):
+            rung.saw(f"{entry.name}: the guard is {'' if guard['armed'] else 'not '}armed under "
+                     f"the {state.driver} driver", WARN)
+        # What the guard did while no run watched, until a run reads it.
+        for event in guard["events"]:
+            rung.saw(f"{entry.name}: the guard restored stock: {describe_event(event)}", WARN)
     return rung
 
 
-def xdomain_rung(topology: Topology, first: dict[str, remote.Reading]) -> Rung:
+def link_verdict(state: State) -> str:
+    """
+    What a link that cannot carry the TP group is in ``state``: a failure where the
+    state uses it, a warning in production, whose replicas lose nothing to it.
+    """
+    return FAIL if state.uses_link else WARN
+
+
+def xdomain_rung(topology: Topology, state: State, first: dict[str, remote.Reading]) -> Rung:
     rung = Rung(7, "xdomain")
     for entry, reading in readable(rung, topology, first):
         xdomain = reading.values["xdomain"]
         if xdomain is None:
-            rung.saw(f"{entry.name}: no XDomain peer is connected", FAIL)
+            rung.saw(f"{entry.name}: no XDomain peer is connected", link_verdict(state))
             continue
         rate, lanes = trained_rate(xdomain)
         link = WorkstationSettings.of(entry).link
@@ -361,9 +380,9 @@ def xdomain_rung(topology: Topology, first: dict[str, remote.Reading]) -> Rung:
         text = (f"{entry.name}: {rate:g} Gb/s over {lanes} lane(s) to {xdomain['peer']} "
                 f"(device {xdomain['device']}), expected {expected[0]:g} over {expected[1]}")
         found, _ = cable_problems(xdomain, *expected)
-        rung.saw(text, FAIL if found else PASS)
+        rung.saw(text, link_verdict(state) if found else PASS)
         for problem in found:
-            rung.saw(f"{entry.name}: {problem}", FAIL)
+            rung.saw(f"{entry.name}: {problem}", link_verdict(state))
     return rung
 
 
@@ -416,7 +435,7 @@ async def diagnose(topology: Topology) -> Diagnosis:
         sockets_rung(topology, state, first, second),
         interface_rung(topology, state, first, second),
         driver_rung(topology, state, first),
-        xdomain_rung(topology, first),
+        xdomain_rung(topology, state, first),
         host_rung(topology, first),
     ]
     return Diagnosis(state.name, observed, rungs, time.monotonic() - started)

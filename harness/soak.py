@@ -29,6 +29,7 @@ import httpx
 
 from harness import campaign, counters, report
 from harness.progress import say
+from harness.status import guard_fired, guard_states
 from harness.topology import Endpoint, Topology
 from operations import probes
 from operations.states import State
@@ -118,7 +119,10 @@ async def soak(topology: Topology, state: State, minutes: float, interval: float
         runner.cancel()
     result = {"format": FORMAT, "state": state.name, "minutes": minutes,
               "interval_seconds": interval, "samples": samples, "stopped": why,
-              "restored": None}
+              "restored": None, "guard": None}
+    if state.driver == "candidate":
+        # Read before any restore, which disarms it: did it stay armed and quiet?
+        result["guard"] = guard_fired(await guard_states(topology)) or "armed, quiet"
     if why:
         say(f"soak: {why}: converging production")
         result["restored"] = await restore(topology)

@@ -23,6 +23,7 @@ from harness.topology import Topology, server_url
 from operations.driver import LoadedModule, ModuleFileBuildId, loaded_driver
 from operations.gateway import SERVICE as PROXY
 from operations.gateway import LiveRouting, ProxyConfig, fallback_present
+from operations.guard import GuardState, describe_event
 from operations.link import InterfaceState, XDomainLink, trained_rate
 from operations.services import RunningServices
 from operations.serving import ROUTER, SGLANG_SERVICES, server_info, serving_of, speculative_of
@@ -139,6 +140,7 @@ def workstation_queries(settings: WorkstationSettings) -> list[remote.Query]:
         remote.Query("interface", InterfaceState(), {"interface": settings.link.interface}),
         remote.Query("services", RunningServices(),
                      {"prefix": SGLANG_SERVICES, "init_system": settings.serving.init_system}),
+        remote.Query("guard", GuardState(), {"init_system": settings.serving.init_system}),
     ]
 
 
@@ -155,6 +157,35 @@ def gateway_queries(settings: GatewaySettings) -> list[remote.Query]:
         }),
         remote.Query("config", ProxyConfig(), {"path": roles.litellm_config_file}),
     ]
+
+
+async def guard_states(topology: Topology) -> dict[str, dict[str, Any]]:
+    """
+    Each workstation's guard, as :class:`~operations.guard.GuardState` reads it:
+    whether it is armed, and its events no run has read; an unreachable host
+    reads as its error.
+    """
+    queries = {entry: [remote.Query("guard", GuardState(),
+                                    {"init_system": WorkstationSettings.of(entry)
+                                     .serving.init_system})]
+               for entry in topology.workstations}
+    readings = await remote.read_all(queries, topology.ssh_config)
+    return {name: ({"error": reading.error} if reading.error else reading.values["guard"])
+            for name, reading in readings.items()}
+
+
+def guard_fired(guards: dict[str, dict[str, Any]]) -> list[str]:
+    """Why the guard is not quietly armed, by host: events, not running, unreadable."""
+    found = []
+    for name, guard in guards.items():
+        if "error" in guard:
+            found.append(f"{name}: the guard cannot be read: {guard['error']}")
+            continue
+        found += [f"{name}: the guard restored stock: {describe_event(event)}"
+                  for event in guard["events"]]
+        if not guard["armed"] and not guard["events"]:
+            found.append(f"{name}: the guard is not armed")
+    return found
 
 
 async def server_infos(urls: list[str]) -> dict[str, dict | None]:
@@ -182,6 +213,7 @@ async def observe(topology: Topology) -> Status:
             status.rows.append(("unreachable", reading.host, reading.error))
     status.layers["driver"] = driver_layer(topology, readings, status.rows)
     link_rows(topology, readings, status.rows)
+    guard_rows(topology, readings, status.rows)
     status.layers["serving"] = serving_layer(topology, readings, status.rows)
     status.layers["speculative"] = speculative_layer(topology, infos, status.rows)
     status.layers["gateway_fallback"] = gateway_layer(topology, readings, status.rows)
@@ -239,6 +271,22 @@ def link_rows(topology: Topology, readings: dict[str, remote.Reading],
         addresses = ", ".join(interface["addresses"]) or "no address"
         name = WorkstationSettings.of(entry).link.interface
         rows.append(("link", entry.name, f"{rate}; {name} {carrier}, {addresses}"))
+
+
+def guard_rows(topology: Topology, readings: dict[str, remote.Reading],
+               rows: list[tuple[str, str, str]]) -> None:
+    """
+    Whether the guard is armed, and what it did that no run has read yet: no
+    layer of a state, but what an operator back in the morning needs first.
+    """
+    for entry in topology.workstations:
+        reading = readings[entry.name]
+        if reading.error:
+            continue
+        guard = reading.values["guard"]
+        rows.append(("guard", entry.name, "armed" if guard["armed"] else "not armed"))
+        rows.extend(("guard", entry.name, f"restored stock: {describe_event(event)}")
+                    for event in guard["events"])
 
 
 def serving_layer(topology: Topology, readings: dict[str, remote.Reading],

@@ -14,7 +14,9 @@ machine (site key ``ledger.path``):
   ``thunderbolt_net`` build-id and parameters, the peer's capabilities and the
   trained rate x lanes;
 - the declared driver, and the outcome: ``accepted``, ``refused`` or, after a
-  failure, ``rolled_back``, ``rollback_failed`` or ``stopped``, with the layer;
+  failure, ``rolled_back``, ``rollback_failed`` or ``stopped``, with the layer,
+  or ``guarded`` when the guard restored the stock driver with no run watching
+  (:mod:`operations.guard`: always a stall);
 - tok/s, in the records ``experiment.py measure`` appends.
 
 A candidate run that failed at the link layer with nothing crossing it is a
@@ -61,7 +63,9 @@ if TYPE_CHECKING:
 LAYER = attempt.Layer.LEDGER
 
 FAILED = ("rolled_back", "rollback_failed", "stopped")
-OUTCOMES = ("accepted", "refused", *FAILED, "measured")
+# "guarded": the guard on a workstation found the candidate's link stalled and
+# restored the stock driver, with no run watching (operations/guard.py).
+OUTCOMES = ("accepted", "refused", *FAILED, "measured", "guarded")
 FORCE_KEY = "force_candidate"
 
 
@@ -167,8 +171,8 @@ def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
         "driver": driver,
         "outcome": outcome,
         "layer": layer,
-        "stall": (driver == "candidate" and outcome in FAILED and layer == attempt.Layer.LINK
-                  and NO_TRAFFIC in evidence),
+        "stall": (driver == "candidate" and layer == attempt.Layer.LINK
+                  and (outcome == "guarded" or outcome in FAILED and NO_TRAFFIC in evidence)),
         "forced": forced,
         "tok_s": tok_s,
         "evidence": evidence,
@@ -329,6 +333,8 @@ def stall_reports(records: list[dict[str, Any]], pairing: list[Controller]
 def describe_stall(entry: dict[str, Any]) -> str:
     if entry["time"] == "upstream":
         return entry["evidence"]
+    if entry["outcome"] == "guarded":
+        return f"{entry['time']}: {entry['evidence']}"
     return (f"{entry['time']}: {entry['state']} on {describe_pairing(controllers(entry))} "
             f"failed at the {entry['layer']} layer ({entry['outcome']}): {entry['evidence']}")
 
@@ -341,6 +347,8 @@ class Observations:
     """
 
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The ledger records of the guard's events this run read, by host.
+    guarded: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     forced: bool = False
     kept: bool = False
 
@@ -435,7 +443,10 @@ def no_recorded_stall(run: Run, path: str, workstations: list[str], force: bool 
     records, skipped = read_all(Path(path))
     for warning in skipped:
         host.log_styled(f"ledger: {warning}", fg="yellow", log_func=logger.warning)
-    stalls = stall_reports(records, controllers_now)
+    # The guard's events this run read count at once, though they are written only as it runs.
+    guarded = [entry for entries in run.observed.guarded.values() for entry in entries
+               if entry not in records]
+    stalls = stall_reports([*records, *guarded], controllers_now)
     pair = describe_pairing(controllers_now)
     if stalls and not force:
         attempt.refuse(attempt.Layer.DRIVER, [

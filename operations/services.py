@@ -20,6 +20,7 @@ import re
 import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
+from io import StringIO
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -50,6 +51,23 @@ SYSTEMD_DIR = "/etc/systemd/system"
 RUNIT_SOURCEDIR = "/etc/sv"
 RUNIT_SVDIR = "/etc/service"
 LOG_DIR = "/var/log/twinbolt"
+# A transient runit service's directory: in /run, supervised by a runsv of its own.
+RUNIT_TRANSIENT_DIR = "/run/twinbolt-runit"
+# Start runsv on "$1" unless it runs (its control pipe appears when it is up),
+# then the service once.
+RUNSV_ONCE = (
+    'sv status "$1" >/dev/null 2>&1 || { setsid runsv "$1" </dev/null >/dev/null 2>&1 & }; '
+    'i=0; until sv status "$1" >/dev/null 2>&1; do '
+    '[ $i -ge 50 ] && { echo "runsv did not start on $1" >&2; exit 1; }; '
+    "i=$((i + 1)); sleep 0.1; done; "
+    'sv once "$1"'
+)
+# Stop the service and its runsv, then remove the directory.
+RUNSV_EXIT = (
+    '[ -d "$1" ] || exit 0; sv -w 30 down "$1" >/dev/null 2>&1; sv exit "$1" >/dev/null 2>&1; '
+    'i=0; while sv status "$1" >/dev/null 2>&1 && [ $i -lt 50 ]; do i=$((i + 1)); sleep 0.1; done; '
+    'rm -rf "$1"'
+)
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # How much of a service's log an error message quotes.
 LOG_LINES = 15
@@ -175,6 +193,26 @@ class Supervisor:
         """Stop the service and keep it from starting again; its file stays."""
         raise NotImplementedError
 
+    def stop_script(self) -> str:
+        """Shell that stops service ``$1`` and waits for it, as a script on the host does it."""
+        raise NotImplementedError
+
+    def transient_active_script(self) -> str:
+        """Shell that prints ``active`` while the transient service ``$1`` runs."""
+        raise NotImplementedError
+
+    def transient_start(self, service: Service) -> Iterator[PyinfraCommand]:
+        """
+        Run ``service`` once, supervised but never persistent: nothing of it is
+        written outside ``/run``, so a reboot forgets it, and it is not
+        restarted when it exits.
+        """
+        raise NotImplementedError
+
+    def transient_stop(self, name: str) -> Iterator[PyinfraCommand]:
+        """Stop the transient service ``name`` and forget it; nothing when it is not there."""
+        raise NotImplementedError
+
 
 class Systemd(Supervisor):
     """A unit in ``/etc/systemd/system``, its output in the journal."""
@@ -222,6 +260,27 @@ class Systemd(Supervisor):
     def stop(self, name: str) -> Iterator[PyinfraCommand]:
         yield from systemd.service._inner(service=f"{name}.service", running=False,
                                           enabled=False)
+
+    def stop_script(self) -> str:
+        return 'systemctl stop "$1.service"'
+
+    def transient_active_script(self) -> str:
+        return 'systemctl is-active --quiet "$1.service" && echo active; '
+
+    def transient_start(self, service: Service) -> Iterator[PyinfraCommand]:
+        # A transient unit lives in /run/systemd/transient; --collect unloads it
+        # once it has exited, failed or not.
+        environment = [f"--setenv={key}={value}" for key, value in service.environment.items()]
+        yield StringCommand(
+            "systemd-run", "--quiet", "--collect", f"--unit={service.name}",
+            QuoteString(f"--description={service.description}"), f"--uid={service.user}",
+            QuoteString(f"--working-directory={service.working_directory}"),
+            *(QuoteString(word) for word in environment), "--",
+            *(QuoteString(word) for word in service.command),
+        )
+
+    def transient_stop(self, name: str) -> Iterator[PyinfraCommand]:
+        yield StringCommand("systemctl", "stop", QuoteString(f"{name}.service"))
 
 
 class Runit(Supervisor):
@@ -280,6 +339,27 @@ class Runit(Supervisor):
         yield from runit.manage._inner(
             service=name, managed=False, svdir=RUNIT_SVDIR, sourcedir=RUNIT_SOURCEDIR
         )
+
+    def stop_script(self) -> str:
+        return f'sv -w 90 stop {RUNIT_SVDIR}/"$1"'
+
+    def transient_active_script(self) -> str:
+        return (f'sv status {RUNIT_TRANSIENT_DIR}/"$1" 2>/dev/null | grep -q "^run:" '
+                "&& echo active; ")
+
+    def transient_start(self, service: Service) -> Iterator[PyinfraCommand]:
+        # Its own runsv, outside runsvdir's scan directory, on a directory in /run:
+        # its down file keeps runsv from starting it, "sv once" from restarting it.
+        directory = f"{RUNIT_TRANSIENT_DIR}/{service.name}"
+        yield from files.directory._inner(path=directory, mode="0700")
+        yield from files.put._inner(src=StringIO(render(service, "runit")),
+                                    dest=f"{directory}/run", mode="0755")
+        yield from files.file._inner(path=f"{directory}/down")
+        yield StringCommand("sh", "-c", QuoteString(RUNSV_ONCE), "-", QuoteString(directory))
+
+    def transient_stop(self, name: str) -> Iterator[PyinfraCommand]:
+        yield StringCommand("sh", "-c", QuoteString(RUNSV_EXIT), "-",
+                            QuoteString(f"{RUNIT_TRANSIENT_DIR}/{name}"))
 
 
 SUPERVISORS: dict[InitSystem, Supervisor] = {"systemd": Systemd(), "runit": Runit()}

@@ -217,6 +217,9 @@ class Candidate(_Section):
     path: LocalFile
     sha256: Sha256
     module_name: ModuleName = "thunderbolt_net"
+    # While the candidate is loaded, a link that carries nothing this long makes
+    # the guard on the workstation restore the stock driver (operations/guard.py).
+    guard_stall_seconds: Annotated[int, Field(ge=6, le=3600)] = 30
 
 
 class Serving(_Section):

@@ -64,16 +64,18 @@ def test_each_fault_in_a_running_tp_state_is_named_at_its_rung(production_after)
         restart_large_backend()
 
 
-def test_a_link_retrained_at_10g_in_production_is_named_at_the_xdomain_rung() -> None:
+def test_a_link_retrained_at_10g_in_production_warns_at_the_xdomain_rung() -> None:
     with fault("link_10g"):
         # A retrain, as a replug or a reload brings: the driver reloaded by hand.
         ssh("wsa", "rmmod thunderbolt_net && modprobe thunderbolt_net")
         time.sleep(2)
         code, found = diagnosed()
-    assert code != 0 and found["cause"]["name"] == "xdomain", found
+    # The replicas do not use the link: production holds, and the link is a warning.
+    assert code == 0 and found["cause"] is None, found
     assert found["state"] == "production"
-    xdomain = found["rungs"][6]["evidence"]
-    assert any("wsa: 10 Gb/s over 1 lane(s)" in line for line in xdomain), xdomain
+    xdomain = found["rungs"][6]
+    assert xdomain["verdict"] == "warn", xdomain
+    assert any("WARN: wsa: 10 Gb/s over 1 lane(s)" in line for line in xdomain["evidence"])
     # Switched off, the cable is re-seated: the link retrains at 20 Gb/s.
     time.sleep(2)
     checks = verify("production")

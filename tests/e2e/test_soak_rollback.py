@@ -30,6 +30,8 @@ def test_a_soak_samples_the_candidate_and_a_stall_restores_production(tmp_path) 
     assert quiet.returncode == 0, quiet.stderr[-3000:]
     report = report_of(quiet.stdout)
     assert report["state"] == "tp2_e2e" and report["stopped"] is None
+    # Healthy, the candidate's guard stayed armed and never fired.
+    assert report["guard"] == "armed, quiet", report["guard"]
     assert len(report["samples"]) >= 4
     assert all(sample["tok_s"] > 0 and sample["receiver_errors"] == 0
                for sample in report["samples"]), report["samples"]

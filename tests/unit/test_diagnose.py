@@ -70,7 +70,7 @@ def test_the_rungs_judge_the_link_as_the_link_layer_does() -> None:
     two_peers = readings(0.0, xdomain={"device": "0-1", "peer": "wsb", "rx_speed_gbps": 20.0,
                                        "tx_speed_gbps": 20.0, "rx_lanes": 1, "tx_lanes": 1,
                                        "others": ["1-1"]})
-    rung = diagnose.xdomain_rung(TOPOLOGY, two_peers)
+    rung = diagnose.xdomain_rung(TOPOLOGY, TP2_E2E, two_peers)
     assert rung.verdict == diagnose.FAIL
     assert any("2 XDomain peers are connected (0-1, 1-1)" in line for line in rung.evidence)
     bare = readings(0.0, interface={"exists": True, "carrier": True, "addresses": []})
@@ -87,11 +87,27 @@ def test_receiver_errors_under_the_stock_driver_are_a_warning_not_a_failure() ->
 def test_a_link_at_10g_fails_the_xdomain_rung_naming_rate_and_peer() -> None:
     slow = {"device": "0-1", "peer": "wsb", "rx_speed_gbps": 10.0, "tx_speed_gbps": 10.0,
             "rx_lanes": 1, "tx_lanes": 1, "others": []}
-    rung = diagnose.xdomain_rung(TOPOLOGY, readings(0.0, xdomain=slow))
+    rung = diagnose.xdomain_rung(TOPOLOGY, TP2_E2E, readings(0.0, xdomain=slow))
     assert rung.verdict == diagnose.FAIL
     assert rung.evidence[0] == ("FAIL: wsa: 10 Gb/s over 1 lane(s) to wsb (device 0-1), "
                                 "expected 20 over 1")
-    assert diagnose.xdomain_rung(TOPOLOGY, readings(0.0)).verdict == diagnose.PASS
+    assert diagnose.xdomain_rung(TOPOLOGY, TP2_E2E, readings(0.0)).verdict == diagnose.PASS
+
+
+def test_in_production_a_link_that_cannot_carry_a_tp_group_only_warns() -> None:
+    """The replicas do not use the link: a cable out or at 10 Gb/s loses production nothing."""
+    slow = {"device": "0-1", "peer": "wsb", "rx_speed_gbps": 10.0, "tx_speed_gbps": 10.0,
+            "rx_lanes": 1, "tx_lanes": 1, "others": []}
+    rung = diagnose.xdomain_rung(TOPOLOGY, PRODUCTION, readings(0.0, xdomain=slow))
+    assert rung.verdict == diagnose.WARN
+    assert rung.evidence[0].startswith("WARN: wsa: 10 Gb/s over 1 lane(s) to wsb")
+    unplugged = readings(0.0, xdomain=None,
+                         interface={"exists": False, "carrier": False, "addresses": []})
+    assert diagnose.xdomain_rung(TOPOLOGY, PRODUCTION, unplugged).verdict == diagnose.WARN
+    assert diagnose.xdomain_rung(TOPOLOGY, TP2_E2E, unplugged).verdict == diagnose.FAIL
+    rung = diagnose.interface_rung(TOPOLOGY, PRODUCTION, unplugged, readings(2.0))
+    assert rung.verdict == diagnose.WARN
+    assert "WARN: wsa: thunderbolt0 does not exist (is the driver loaded?)" in rung.evidence
 
 
 def test_a_rank_log_counts_only_since_the_server_last_started() -> None:

@@ -14,6 +14,8 @@ from operations.driver import (
     PeerCapabilities,
     build_id_from_note,
 )
+from operations.guard import NAME as GUARD
+from operations.guard import GuardState
 from operations.settings import WorkstationSettings
 from operations.states import STOCK_BUILDS, State
 
@@ -109,3 +111,20 @@ def test_the_peer_advertises_e2e_while_the_candidate_runs(workstation, state: St
         f"{workstation.name}: the peer advertises no E2E ({peer['service']} prtcstns "
         f"{peer['prtcstns']:#x}, bit 0 clear), so tx_e2e=1 is inert in {state.name}; reload the "
         "peer's driver with e2e=1, or converge production")
+
+
+def test_the_guard_is_armed_exactly_while_the_candidate_is_loaded(workstation,
+                                                                  state: State) -> None:
+    """A stall with no run watching is restored by the guard; a stock state needs none."""
+    init_system = WorkstationSettings.of(workstation).serving.init_system
+    guard = fact(workstation, GuardState, init_system=init_system)
+    if state.driver == "candidate":
+        assert guard["armed"], (
+            f"{workstation.name}: the candidate is loaded but its guard ({GUARD}) is not "
+            f"running, so a stall with no run watching stays; converge with: pyinfra "
+            f"inventory.py deploy.py --data state={state.name}")
+    else:
+        assert not guard["armed"], (
+            f"{workstation.name}: the guard ({GUARD}) runs though {state.name} loads the "
+            f"{state.driver} driver; converge with: pyinfra inventory.py deploy.py --data "
+            f"state={state.name}")
