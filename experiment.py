@@ -7,6 +7,7 @@ The experiment, from the operator's chair:
     python experiment.py measure [--window NAME ...] [--out DIR]
     python experiment.py campaign [--states A,B,...] [--no-baseline] [--no-transport] [--out DIR]
     python experiment.py soak --minutes N [--interval S] [--out DIR]
+                              [--events unplug@5,plug@6,suspend@10 [--allow-suspend]]
     python experiment.py linktest [--seconds S] [--out DIR]   # the link alone, no model
     python experiment.py compare A.json B.json ... [--baseline STATE]
 
@@ -28,10 +29,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from harness import campaign, compare, linktest, linktest_report, matrix, report
+from harness import campaign, compare, events, linktest, linktest_report, matrix, report
 from harness.diagnose import diagnose
 from harness.measure import NotMeasurable, failures, measure_state
-from harness.soak import soak
+from harness.soak import Schedule, soak
 from harness.status import observe
 from harness.topology import Topology
 from harness.windows import WINDOWS, EndpointDown, WindowSettings
@@ -105,14 +106,21 @@ async def run_soak(arguments: argparse.Namespace, topology: Topology) -> int:
               f"{observed.verdict()}", file=sys.stderr)
         return 2
     directory = arguments.out / f"soak-{stamp()}"
+    schedule = Schedule(arguments.events, events.hands_for(topology, arguments.allow_suspend),
+                        arguments.suspend_seconds)
     result = await soak(topology, STATES[observed.match], arguments.minutes, arguments.interval,
-                        directory)
+                        directory, schedule)
     samples = result["samples"]
     rates = [sample["tok_s"] for sample in samples if sample["tok_s"] is not None]
     print(f"soak: {observed.match}, {len(samples)} interval(s), "
           f"{(sum(rates) / len(rates)) if rates else 0:.1f} tok/s on average; "
           + (f"stopped: {result['stopped']}; {result['restored']}" if result["stopped"]
              else "nothing stopped it"))
+    for outcome in result["events"]:
+        print(f"event at {outcome['at_seconds']:.0f}s: {events.describe(outcome)}")
+    if result["ledger"]:
+        print(f"ledger: {len([o for o in result['events'] if o['event'] != 'unplug'])} "
+              f"event record(s) in {result['ledger']}")
     print(f"chart: {result['chart']}; files in {directory}")
     return 1 if result["stopped"] else 0
 
@@ -210,6 +218,16 @@ def parser() -> argparse.ArgumentParser:
     soak_parser.add_argument("--interval", type=float, default=5.0,
                              help="seconds between samples (default 5)")
     soak_parser.add_argument("--out", type=Path, default=REPORTS)
+    soak_parser.add_argument(
+        "--events", default="",
+        help="events on the second workstation at minutes into the soak, for example "
+             "unplug@5,plug@6,suspend@10: in the lab the lab's commands, on a site a person "
+             "is asked to move the cable")
+    soak_parser.add_argument("--suspend-seconds", type=int, default=30,
+                             help="how long a suspend sleeps (default %(default)s)")
+    soak_parser.add_argument("--allow-suspend", action="store_true",
+                             help="on a site, suspend the workstation (rtcwake, then "
+                                  "systemctl suspend)")
 
     linktest_parser = commands.add_parser(
         "linktest", help="the network-only window in the current state: iperf3 flows and "
@@ -252,6 +270,11 @@ def main(argv: list[str] | None = None) -> int:
         if arguments.command == "soak" and not (0 < arguments.minutes <= 24 * 60
                                                  and arguments.interval > 0):
             raise ValueError("soak: --minutes must be in (0, 1440] and --interval above 0")
+        if arguments.command == "soak":
+            if not 0 < arguments.suspend_seconds <= 3600:
+                raise ValueError("soak: --suspend-seconds must be in (0, 3600]")
+            arguments.events = (events.parse(arguments.events, arguments.minutes)
+                                if arguments.events else [])
         if arguments.command == "campaign":
             # Refused before the inventory is read, let alone a host touched.
             arguments.plan = campaign.check_plan(arguments.states.split(",") if arguments.states

@@ -12,6 +12,7 @@ candidate run shows no candidate build-id and ``tx -``, which is the truth.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,22 +48,50 @@ def row_key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
             " ".join([entry["driver"], *build_ids]), ", ".join(settings))
 
 
+EVENT_KINDS = ("hotplug", "suspend")
+
+
+def event_cell(outcomes: list[dict[str, Any]]) -> str:
+    """
+    A soak's plugs or suspends on one row: how many brought the link back, at
+    what rates, whether ``tx_e2e`` stayed set, and the slowest recovery.
+    """
+    if not outcomes:
+        return "-"
+    back = [outcome for outcome in outcomes if outcome.get("link") == "back"]
+    rates = sorted({f"{outcome['rate_gbps']:g}" for outcome in back})
+    kept = all(outcome.get("tx_e2e_kept", True) for outcome in back)
+    recovered = [outcome["recovered_seconds"] for outcome in back
+                 if outcome.get("recovered_seconds") is not None]
+    return (f"{len(back)}/{len(outcomes)} back"
+            + (f" at {', '.join(rates)} Gb/s" if rates else "")
+            + ("" if kept else ", tx_e2e LOST")
+            + (f", served again in <= {max(recovered):g}s" if recovered else "")
+            + ("" if len(recovered) == len(outcomes) else
+               f", {len(outcomes) - len(recovered)} not served again"))
+
+
 def render(records: list[dict[str, Any]]) -> str:
     """The matrix as a Markdown table, one row per combination, in order of first use."""
     outcomes: dict[tuple[str, ...], Counter[str]] = defaultdict(Counter)
+    events: dict[tuple[str, ...], dict[str, list]] = defaultdict(lambda: defaultdict(list))
     best: dict[tuple[str, ...], float] = {}
     for entry in records:
         key = row_key(entry)
+        if entry["outcome"] in EVENT_KINDS:
+            events[key][entry["outcome"]].append(entry.get("event") or {})
+            continue
         outcomes[key][entry["outcome"] + (" (forced)" if entry.get("forced") else "")] += 1
         if entry.get("tok_s") is not None:
             best[key] = max(best.get(key, 0.0), entry["tok_s"])
     rows = [
-        [*key, ", ".join(f"{count} {outcome}" for outcome, count in counted.items()),
-         f"{best[key]:.1f}" if key in best else "-"]
-        for key, counted in outcomes.items()
+        [*key, ", ".join(f"{count} {outcome}" for outcome, count in outcomes[key].items())
+         or "-", f"{best[key]:.1f}" if key in best else "-",
+         *(event_cell(events[key][kind]) for kind in EVENT_KINDS)]
+        for key in dict.fromkeys([*outcomes, *events])
     ]
     header = ["controllers (NHI, NVM)", "kernel", "driver", "E2E (rx, tx)", "outcomes",
-              "best tok/s"]
+              "best tok/s", "hotplug (soak events)", "suspend (soak events)"]
     return "\n".join(table(header, rows))
 
 
@@ -83,12 +112,32 @@ def identity_queries(topology: Topology) -> list[remote.Query]:
             for key, fact in ledger.HostIdentity.members.items()]
 
 
-async def record_measurement(topology: Topology, state: State, built: dict[str, Any]) -> Path:
-    """Append a ``measured`` record: the hosts as they are now, and the single-stream tok/s."""
+async def hosts_now(topology: Topology) -> list[dict[str, Any]]:
+    """Each workstation's part of a record, as the hosts are now."""
     readings = await remote.read_all({entry: identity_queries(topology)
                                       for entry in topology.workstations}, topology.ssh_config)
-    hosts = [ledger.host_entry(name, reading.values) for name, reading in readings.items()]
+    return [ledger.host_entry(name, reading.values) for name, reading in readings.items()]
+
+
+async def record_measurement(topology: Topology, state: State, built: dict[str, Any]) -> Path:
+    """Append a ``measured`` record: the hosts as they are now, and the single-stream tok/s."""
     path = ledger_path(topology)
-    ledger.append(path, ledger.record(state.name, state.driver, "measured", hosts,
+    ledger.append(path, ledger.record(state.name, state.driver, "measured",
+                                      await hosts_now(topology),
                                       tok_s=headline(built)["single_tok_s"]))
+    return path
+
+
+async def record_events(topology: Topology, state: State, outcomes: list[dict[str, Any]],
+                        describe: Callable[[dict[str, Any]], str]) -> Path:
+    """
+    Append a ``hotplug`` record for each plug and a ``suspend`` record for each
+    suspend of a soak, with its outcome: the hosts as they are after it.
+    """
+    path = ledger_path(topology)
+    hosts = await hosts_now(topology)
+    for outcome in outcomes:
+        kind = "hotplug" if outcome["event"] == "plug" else "suspend"
+        ledger.append(path, ledger.record(state.name, state.driver, kind, hosts,
+                                          evidence=describe(outcome), event=outcome))
     return path

@@ -65,7 +65,8 @@ LAYER = attempt.Layer.LEDGER
 FAILED = ("rolled_back", "rollback_failed", "stopped")
 # "guarded": the guard on a workstation found the candidate's link stalled and
 # restored the stock driver, with no run watching (operations/guard.py).
-OUTCOMES = ("accepted", "refused", *FAILED, "measured", "guarded")
+# "hotplug", "suspend": a soak's event and what it did (harness/events.py).
+OUTCOMES = ("accepted", "refused", *FAILED, "measured", "guarded", "hotplug", "suspend")
 FORCE_KEY = "force_candidate"
 
 
@@ -156,12 +157,14 @@ def host_entry(name: str, values: dict[str, Any]) -> dict[str, Any]:
 
 def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
            layer: str | None = None, evidence: str = "", forced: bool = False,
-           tok_s: float | None = None, lost: tuple[str, ...] = ()) -> dict[str, Any]:
+           tok_s: float | None = None, lost: tuple[str, ...] = (),
+           event: dict[str, Any] | None = None) -> dict[str, Any]:
     """
     One ledger line. ``stall`` is the judgement :func:`stall_reports` acts on: the
     candidate's run failed at the link layer because nothing crossed a link that
     trained, which is what a TX ring that never gets credits does. ``lost``: the
     hosts whose connection died during the run, which its rollback left out.
+    ``event``: a soak event's outcome (a ``hotplug`` or ``suspend`` record).
     """
     if outcome not in OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r}; outcomes are: {', '.join(OUTCOMES)}")
@@ -178,6 +181,7 @@ def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
         "evidence": evidence,
         "lost": list(lost),
         "hosts": hosts,
+        **({"event": event} if event is not None else {}),
     }
 
 

@@ -32,6 +32,33 @@ def test_a_soak_samples_the_candidate_and_a_stall_restores_production(tmp_path) 
     assert report["state"] == "tp2_e2e" and report["stopped"] is None
     # Healthy, the candidate's guard stayed armed and never fired.
     assert report["guard"] == "armed, quiet", report["guard"]
+
+    # The cable pulled and put back, then rank 1 asleep: each measured, each recovered,
+    # each plug and suspend a ledger record the matrix shows.
+    evented = subprocess.run([*SOAK, "--minutes", "1.4", "--out", str(tmp_path), "--events",
+                              "unplug@0.2,plug@0.35,suspend@0.75", "--suspend-seconds", "5"],
+                             cwd=REPO, capture_output=True, text=True, timeout=400)
+    print(evented.stdout[-2000:])
+    assert evented.returncode == 0, evented.stdout[-3000:] + evented.stderr[-3000:]
+    report = report_of(evented.stdout)
+    assert report["stopped"] is None and report["guard"] == "armed, quiet"
+    unplug, plug, suspend = report["events"]
+    assert (unplug["event"], unplug["host"], unplug["link"]) == ("unplug", "wsb", "gone")
+    for outcome in (plug, suspend):
+        assert outcome["link"] == "back" and outcome["rate_gbps"] == 20.0, outcome
+        assert outcome["tx_e2e"] == {"wsa": "Y", "wsb": "Y"} and outcome["tx_e2e_kept"]
+        assert outcome["recovered_seconds"] is not None, outcome
+        print(f"soak event: {outcome['event']}: link back in {outcome['link_seconds']}s, "
+              f"served again after {outcome['recovered_seconds']}s")
+    records = [json.loads(line) for line in Path(report["ledger"]).read_text().splitlines()]
+    assert [record["outcome"] for record in records[-2:]] == ["hotplug", "suspend"]
+    matrix = subprocess.run([str(PYTHON), "experiment.py", "matrix"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    row = next(line for line in matrix.stdout.splitlines() if "| rx Y tx Y |" in line
+               and "NVM 36.0" in line)
+    assert "back at 20 Gb/s" in row.split("|")[-3] and "back at 20 Gb/s" in row.split("|")[-2]
+    checks = verify("tp2_e2e")
+    assert checks.returncode == 0, checks.stdout[-3000:]
     assert len(report["samples"]) >= 4
     assert all(sample["tok_s"] > 0 and sample["receiver_errors"] == 0
                for sample in report["samples"]), report["samples"]

@@ -405,18 +405,18 @@ def test_the_matrix_groups_runs_by_controllers_and_firmware_kernel_driver_and_e2
     ]
     lines = matrix.render(records).splitlines()
     assert lines[0] == ("| controllers (NHI, NVM) | kernel | driver | E2E (rx, tx) | outcomes "
-                        "| best tok/s |")
+                        "| best tok/s | hotplug (soak events) | suspend (soak events) |")
     assert lines[2] == (f"| 8086:1137 (NVM 36.0) + 8086:1137 (NVM 36.0) | 6.8.0-49-generic | "
                         f"candidate {CANDIDATE_BUILD[:12]} | rx Y tx Y | 1 accepted, 2 measured "
-                        "| 77.1 |")
+                        "| 77.1 | - | - |")
     # A record without firmware (written before the ledger kept it) shows its NHIs alone.
     assert lines[3].startswith("| 1b21:2425 + 8086:1137 |")
-    assert lines[3].endswith("| 1 rolled_back (forced) | - |")
+    assert lines[3].endswith("| 1 rolled_back (forced) | - | - | - |")
     assert lines[4].startswith("| 8086:1137 + 8086:1137 |")
     assert "| candidate" not in lines[4] and "| rx Y tx - |" in lines[4]
     # The same controllers on another firmware are a row of their own.
     assert lines[5].startswith("| 8086:1137 (NVM 35.0) + 8086:1137 (NVM 35.0) | ")
-    assert lines[5].endswith("| 1 rolled_back | - |")
+    assert lines[5].endswith("| 1 rolled_back | - | - | - |")
     assert len(lines) == 6
     upstream, learned, on_firmware = matrix.stalls(records)
     assert upstream.startswith("upstream revert 1881f2efbf7f of TX E2E")
@@ -444,3 +444,24 @@ def test_the_harness_reads_the_identity_as_the_deploy_does(run) -> None:
     assert values["kernel"] == subprocess.run(["uname", "-r"], capture_output=True,
                                               text=True).stdout.strip()
     assert ledger.host_entry("here", values)["kernel"] == values["kernel"]
+
+
+def test_the_matrix_shows_a_soaks_plugs_and_suspends_per_pairing() -> None:
+    intel_pair = [host(name, INTEL, "Y", nvm=HEALTHY_NVM) for name in ("wsa", "wsb")]
+    back = {"event": "plug", "link": "back", "rate_gbps": 20.0,
+            "tx_e2e": {"wsa": "Y", "wsb": "Y"}, "tx_e2e_kept": True, "recovered_seconds": 4.1}
+    records = [
+        ledger.record("tp2_e2e", "candidate", "measured", intel_pair, tok_s=70.0),
+        ledger.record("tp2_e2e", "candidate", "hotplug", intel_pair, event=back),
+        ledger.record("tp2_e2e", "candidate", "hotplug", intel_pair,
+                      event={**back, "rate_gbps": 10.0, "recovered_seconds": 6.5}),
+        ledger.record("tp2_e2e", "candidate", "suspend", intel_pair,
+                      event={**back, "event": "suspend", "recovered_seconds": None}),
+    ]
+    [row] = matrix.render(records).splitlines()[2:]
+    assert row.endswith("| 1 measured | 70.0 | 2/2 back at 10, 20 Gb/s, served again in <= 6.5s "
+                        "| 1/1 back at 20 Gb/s, 1 not served again |")
+    lost = {**back, "tx_e2e": {"wsa": "Y", "wsb": "absent"}, "tx_e2e_kept": False}
+    assert "tx_e2e LOST" in matrix.event_cell([lost])
+    assert matrix.event_cell([{"event": "plug", "link": "not back"}]) == (
+        "0/1 back, 1 not served again")

@@ -38,7 +38,8 @@ def test_under_the_candidate_a_receiver_error_or_a_stall_stops_the_soak() -> Non
 
 
 def test_the_chart_is_written(tmp_path: Path) -> None:
-    path = soak.chart([sample(64), sample(0)], "tp2_e2e", "a stall", tmp_path / "soak.png")
+    path = soak.chart([sample(64), sample(0)], "tp2_e2e", "a stall", tmp_path / "soak.png",
+                      ({"event": "unplug", "host": "wsb", "at_seconds": 6.0},))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
