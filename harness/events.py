@@ -241,10 +241,12 @@ async def play(event: Event, host: str, hands: Hands, topology: Topology,
     seconds, after = await until(topology, linked, hands.bound)
     back_at = time.monotonic()
     rates = {snap.rx_rate_gbps for snap in after.values()}
+    # From the plug, or from the wake (the host's sleep is not the link's doing); the
+    # lab's commands return only once the link is up, so it is counted from their start.
+    asleep = suspend_seconds if event.kind == "suspend" else 0
     outcome.update(
         link="back" if seconds is not None else "not back",
-        # From the plug, or from the wake: the command returns when the host has woken.
-        link_seconds=_round(seconds),
+        link_seconds=_round(back_at - at - asleep) if seconds is not None else None,
         rate_gbps=min(rates, key=lambda rate: rate or 0) if seconds is not None else None,
         tx_e2e=tx_e2e(after),
         # The module kept its parameter: loaded as it was, with tx_e2e as it was.

@@ -30,6 +30,9 @@ def test_a_soak_samples_the_candidate_and_a_stall_restores_production(tmp_path) 
     assert quiet.returncode == 0, quiet.stderr[-3000:]
     report = report_of(quiet.stdout)
     assert report["state"] == "tp2_e2e" and report["stopped"] is None
+    assert len(report["samples"]) >= 4
+    assert all(sample["tok_s"] > 0 and sample["receiver_errors"] == 0
+               for sample in report["samples"]), report["samples"]
     # Healthy, the candidate's guard stayed armed and never fired.
     assert report["guard"] == "armed, quiet", report["guard"]
 
@@ -59,9 +62,6 @@ def test_a_soak_samples_the_candidate_and_a_stall_restores_production(tmp_path) 
     assert "back at 20 Gb/s" in row.split("|")[-3] and "back at 20 Gb/s" in row.split("|")[-2]
     checks = verify("tp2_e2e")
     assert checks.returncode == 0, checks.stdout[-3000:]
-    assert len(report["samples"]) >= 4
-    assert all(sample["tok_s"] > 0 and sample["receiver_errors"] == 0
-               for sample in report["samples"]), report["samples"]
 
     started = time.monotonic()
     stalled = subprocess.Popen([*SOAK, "--minutes", "2", "--out", str(tmp_path)], cwd=REPO,
