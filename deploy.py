@@ -8,7 +8,10 @@ nothing. Facts are read inside operations (pyinfra evaluates operation bodies
 again at execute time), never branched on here. The order is the field
 report's discipline, one layer at a time:
 
-1. preflight (read-only): any failure stops the run before a change;
+1. preflight (read-only): any failure stops the run before a change, but for a
+   link the target cannot use on hosts where no replica serves (a TP group on
+   that very link): refusing would keep it, so the attempt fails at its first
+   step and ends in production;
 2. gateway: the temporary fallback exists before the GPUs are borrowed;
 3. serving: stop what the target does not run;
 4. driver: swap only if the target's driver differs, on both workstations;
@@ -107,6 +110,12 @@ router = (serving_router.Router.from_hosts(
 proxy = (gateway.Proxy.from_host(host, router.served_model_name, router.url)
          if on_gateway else None)
 
+if workstation:
+    # What a refusal before any change keeps: production's replica, serving here.
+    # Asked when a step runs (its _if), as facts are.
+    replica_serves = partial(serving.replica_runs, sglang)
+    no_replica_serves = partial(serving.replica_runs, sglang, running=False)
+
 # The steps that wait longer than one command, each bounded by its own wait (a
 # serving start waits as long on the gateway, for the router, as on a workstation).
 start_bound = settings.bound((sglang or router).start_timeout)
@@ -148,9 +157,10 @@ if workstation:
             force=host.data.get(ledger.FORCE_KEY) == "yes",
         )
     if state.uses_link:
-        # Production needs no link, and must stay reachable from a broken one.
+        # Production needs no link, and must stay reachable from a broken one: while
+        # its replica serves here, a link the target cannot use refuses the run.
         link.trained(name="Preflight: the link is up at the expected rate", wait=False,
-                     **the_link)
+                     _if=[replica_serves], **the_link)
     gpu.free(name="Preflight: the GPU is present and holds nothing twinbolt did not start",
              services=serving.GPU_SERVICES, init_system=settings.serving.init_system,
              foreign_memory_mib=settings.serving.foreign_gpu_memory_mib)
@@ -165,6 +175,14 @@ lock.held(name="Lock: held by this run", run_dir=settings.run_dir, owner=this_ru
 # Steps 2-8 are the attempt: after a failure the remaining steps are skipped on
 # every host, and the failure is recorded rather than ending the run at once.
 with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
+    # Where no replica serves (a TP group on this very link, or what the guard left),
+    # refusing would keep small on the fallback: the same link fails the attempt
+    # instead, before anything moves, and the run ends in a verified production.
+    if workstation and state.uses_link:
+        link.trained(name="Link: the link is up at the expected rate, or the run ends in "
+                          "production", wait=False, refusing=False,
+                     _if=[run.attempt.healthy, no_replica_serves], **the_link)
+
     # 2. Gateway: the temporary fallback exists, and is proven, before the GPUs are borrowed.
     if state.gateway_fallback:
         gateway.proxy(name="Gateway: the temporary fallback small -> large is present",

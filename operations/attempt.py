@@ -204,7 +204,9 @@ def operation(layer: Layer, **options: Any) -> Callable[[Callable[..., Iterator[
     recorded under that layer. An operation another one calls (``_inner``)
     belongs to the caller's layer.
 
-    While operations execute, a step never crashes the run, whatever it meets:
+    While pyinfra only predicts, a step whose ``_if`` does not hold predicts
+    nothing (:func:`conditions_hold`). While operations execute, a step never
+    crashes the run, whatever it meets:
 
     - on a host whose connection has died, it runs nothing and records the loss
       (:meth:`Attempt.lose`);
@@ -219,7 +221,8 @@ def operation(layer: Layer, **options: Any) -> Callable[[Callable[..., Iterator[
         def declared(*args: Any, **kwargs: Any) -> Iterator[Any]:
             of(state).layer_of.setdefault(host.current_op_hash, layer)
             if not executing():
-                yield from body(*args, **kwargs)
+                if conditions_hold():
+                    yield from body(*args, **kwargs)
             elif connect.lost(host):
                 yield FunctionCommand(lose, (layer,), {})
             else:
@@ -233,6 +236,19 @@ def operation(layer: Layer, **options: Any) -> Callable[[Callable[..., Iterator[
         return pyinfra_operation(**options)(declared)
 
     return decorate
+
+
+def conditions_hold() -> bool:
+    """
+    Whether the operation's ``_if`` conditions hold, asked while pyinfra only
+    predicts (``--dry``, a run without ``-y``). pyinfra asks them only when it
+    executes, for conditions on earlier operations' outcomes; twinbolt's are
+    facts read when asked (a replica runs, a swap is planned), and a prediction
+    that ignored them would refuse, or change, where the run would not.
+    """
+    conditions = (host.current_op_global_arguments or {}).get("_if") or []
+    return all(condition() for condition in
+               ([conditions] if callable(conditions) else conditions))
 
 
 def failure(host_name: str, layer: str, found: list[str]) -> str:

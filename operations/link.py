@@ -9,7 +9,10 @@ rate is an error, not something to wait out: it will not retrain by itself.
 Only the TP states need the link. Production's replicas serve without it, so a
 run to production (a rollback above all) waits for the link after restoring the
 stock driver and warns, naming the evidence, if it does not come back; it does
-not fail production for a cable. Leaving production refuses such a link.
+not fail production for a cable. Leaving production refuses such a link; a
+run on hosts that serve no replica (a TP group on this very link, or what the
+guard left) fails on it instead: a refusal would keep the broken group, while
+the failure's rollback ends in a verified production.
 """
 
 from __future__ import annotations
@@ -314,7 +317,8 @@ def management_path(interface: str, addresses: dict[str, str]) -> Iterator[Pyinf
 @operation(LAYER, is_idempotent=True)
 def trained(interface: str, address: str, peer_address: str, expected_rate_gbps: float = 20.0,
             expected_lanes: int = 1, timeout: float = 30.0,
-            wait: bool = True, needed: bool = True, address_owner: str = "twinbolt",
+            wait: bool = True, needed: bool = True, refusing: bool = True,
+            address_owner: str = "twinbolt",
             prefix_length: int = 16) -> Iterator[PyinfraCommand]:
     """
     Ensure the link is trained at the expected rate, with its address, the peer
@@ -338,6 +342,9 @@ def trained(interface: str, address: str, peer_address: str, expected_rate_gbps:
     + wait: whether a link still coming up may be waited for
     + needed: whether the target state uses the link; if not, a link that does
       not come back is a warning
+    + refusing: without ``wait``, whether a shortfall refuses the run (nothing
+      has changed, and what serves is kept) or fails the attempt, which then
+      ends in a verified production
     + address_owner: ``twinbolt`` (applies ``address``) or ``system`` (waits for
       the host's network manager to)
     + prefix_length: the prefix of ``address`` when twinbolt applies it
@@ -357,8 +364,13 @@ def trained(interface: str, address: str, peer_address: str, expected_rate_gbps:
                  address_owner)
     if not wait:
         found, _ = link_problems(*arguments, traffic=False)
-        if found:
+        if found and refusing:
             refuse(LAYER, found)
+        if found:
+            yield failing(LAYER, [*found, "no replica of production serves here for a refusal "
+                                  "to keep, so the attempt fails instead, and its rollback "
+                                  "converges production"])
+            return
         host.noop(f"the link is trained at {expected_rate_gbps:g} Gb/s to one peer; {interface}, "
                   "its address and the peer's answer are the driver and link steps' to make "
                   "and prove")

@@ -367,6 +367,17 @@ def serving_of(running: list[str], rank: int) -> Serving | None:
                  if running == [service_for(serving, rank)]), None)
 
 
+def replica_runs(sglang: Sglang, running: bool = True) -> bool:
+    """
+    Whether production's replica runs on this workstation (``running=False``:
+    whether it does not): what a refusal before any change keeps serving.
+    Read when asked, for deploy.py's ``_if``.
+    """
+    replicas = host.get_fact(services.RunningServices, prefix=REPLICA,
+                             init_system=sglang.init_system)
+    return (REPLICA in replicas) == running
+
+
 def reported_speculative(speculative: Speculative | None) -> dict[str, object]:
     """What ``/server_info`` reports for ``speculative`` (SGLang names NEXTN's drafter EAGLE)."""
     if speculative is None:

@@ -90,16 +90,32 @@ def tp_state_events() -> None:
     assert checks.returncode == 0, checks.stdout[-3000:]
     assert all(tx_e2e(host) == "Y" for host in WORKSTATIONS)
 
-    # The cable back at 10 Gb/s (a dock at connect time): the next TP run is refused,
-    # saying why, and changes nothing.
+    # The cable back at 10 Gb/s (a dock at connect time) under the running TP group:
+    # refusing would keep the group on it, so the next TP run fails before it moves
+    # anything and ends in a verified production, saying why; the link only warns there.
     lab("unplug", "wsa")
     lab("plug", "wsa", "--rate", "10")
-    refused = deploy("tp2_e2e")
-    assert refused.returncode != 0
-    assert "trained at 10 Gb/s over 1 lane(s), expected 20 Gb/s" in refused.output
-    back_at_full_rate()
-    checks = verify("tp2_e2e")
+    started = time.monotonic()
+    ended = deploy("tp2_e2e")
+    assert ended.returncode != 0
+    assert ("trained at 10 Gb/s over 1 lane(s), expected 20 Gb/s over 1 (check the cable "
+            "and the ports); no replica of production serves here for a refusal to keep"
+            ) in ended.output
+    assert "production was restored and verified" in ended.output, ended.output[-3000:]
+    # The ledger: rolled back at the link layer, which is no stall of the candidate.
+    record = json.loads((cable.STATE / "ledger.jsonl").read_text().splitlines()[-1])
+    assert (record["state"], record["outcome"], record["layer"], record["stall"]) == (
+        "tp2_e2e", "rolled_back", "link", False), record
+    print(f"TP group re-plugged at 10 Gb/s: the next tp2_e2e run ended in a verified production "
+          f"in {time.monotonic() - started:.1f} s")
+    checks = verify("production")
     assert checks.returncode == 0, checks.stdout[-3000:]
+    assert all(tx_e2e(host) == "absent" for host in WORKSTATIONS)
+    assert small_answers()["xdomain"]["verdict"] == "warn"
+    # Re-seated at 20 Gb/s, the TP state converges again at the expected rate.
+    back_at_full_rate()
+    run = deploy("tp2_e2e")
+    assert run.returncode == 0, run.output[-3000:]
 
     # A sleep, then controllers that never return TX credits after resume, with no
     # run watching: the guard on each workstation restores the stock driver.

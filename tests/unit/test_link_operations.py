@@ -99,6 +99,24 @@ def test_preflight_does_not_wait_for_a_cable() -> None:
         run_operation(link.trained, facts(speed=10.0), wait=False, **LINK)
 
 
+def test_where_no_replica_serves_a_link_shortfall_fails_the_attempt_instead() -> None:
+    """A TP group on a link re-plugged at 10 Gb/s: refusing would keep it there."""
+    [failure] = run_operation(link.trained, facts(speed=10.0), wait=False, refusing=False,
+                              **LINK)
+    assert failure.startswith("fail: link layer: the link to wsb trained at 10 Gb/s over 1 ")
+    assert failure.endswith("so the attempt fails instead, and its rollback converges production")
+    assert run_operation(link.trained, facts(), wait=False, refusing=False, **LINK) == []
+
+
+def test_a_prediction_asks_the_steps_conditions_as_the_run_will() -> None:
+    """--dry, or a run without -y: a refusal guarded by a false _if is not predicted."""
+    assert run_operation(link.trained, facts(speed=10.0), executing=False, wait=False,
+                         conditions=[lambda: True, lambda: False], **LINK) == []
+    with pytest.raises(OperationError, match="trained at 10 Gb/s"):
+        run_operation(link.trained, facts(speed=10.0), executing=False, wait=False,
+                      conditions=[lambda: True], **LINK)
+
+
 def test_preflight_leaves_a_reloading_driver_to_the_driver_and_link_steps() -> None:
     """A run cut around a reload leaves the interface missing or without carrier."""
     assert run_operation(link.trained, facts(carrier=False), wait=False, **LINK) == []

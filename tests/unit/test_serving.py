@@ -393,6 +393,25 @@ def test_a_tp_rank_whose_unit_would_change_is_stopped_first(monkeypatch, mode: s
     assert stopped == ["sglang-tp2-rank0"] and done == ["stop sglang-tp2-rank0"]
 
 
+@pytest.mark.parametrize(("running", "serves"), [
+    (["sglang-replica"], True),
+    ([], False),
+    (["sglang-tp2-rank0"], False),  # a TP group: no replica for a refusal to keep
+])
+def test_what_a_refusal_keeps_is_the_replica_running_here(running: list[str],
+                                                          serves: bool) -> None:
+    asked = []
+
+    def replicas(prefix: str, init_system: str) -> list[str]:
+        asked.append((prefix, init_system))
+        return [name for name in running if name.startswith(prefix)]
+
+    with on(FakeHost({services.RunningServices: replicas})):
+        assert serving.replica_runs(RANK0) is serves
+        assert serving.replica_runs(RANK0, running=False) is not serves
+    assert asked == [("sglang-replica", RANK0.init_system)] * 2
+
+
 def test_serving_operations_do_nothing_on_a_host_without_the_role() -> None:
     host = FakeHost({}, name="gw")
     for operation, arguments in (
