@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from harness import campaign, compare, events, linktest, linktest_report, matrix, report
 from harness.diagnose import diagnose
 from harness.measure import NotMeasurable, failures, measure_state
-from harness.soak import Schedule, soak
+from harness.soak import Schedule, recorded, soak
 from harness.status import observe
 from harness.topology import Topology
 from harness.windows import WINDOWS, EndpointDown, WindowSettings
@@ -119,8 +119,7 @@ async def run_soak(arguments: argparse.Namespace, topology: Topology) -> int:
     for outcome in result["events"]:
         print(f"event at {outcome['at_seconds']:.0f}s: {events.describe(outcome)}")
     if result["ledger"]:
-        print(f"ledger: {len([o for o in result['events'] if o['event'] != 'unplug'])} "
-              f"event record(s) in {result['ledger']}")
+        print(f"ledger: {len(recorded(result['events']))} event record(s) in {result['ledger']}")
     print(f"chart: {result['chart']}; files in {directory}")
     return 1 if result["stopped"] else 0
 

@@ -195,10 +195,15 @@ async def soak(topology: Topology, state: State, minutes: float, interval: float
     return result
 
 
+def recorded(outcomes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events the ledger records: each plug and suspend that was done."""
+    return [outcome for outcome in outcomes if outcome["done"] and outcome["event"] != "unplug"]
+
+
 async def record_events(topology: Topology, state: State,
                         outcomes: list[dict[str, Any]]) -> str | None:
-    """A ledger record for each plug and suspend that was done; the ledger's path."""
-    done = [outcome for outcome in outcomes if outcome["done"] and outcome["event"] != "unplug"]
+    """A ledger record for each of the :func:`recorded` events; the ledger's path."""
+    done = recorded(outcomes)
     if not done:
         return None
     return str(await matrix.record_events(topology, state, done, events.describe))

@@ -138,6 +138,13 @@ def test_an_event_that_cannot_be_done_is_recorded_as_not_done(cable) -> None:
                                        "--allow-suspend: it sleeps the workstation")
     with pytest.raises(EventFailed):
         asyncio.run(hands.suspend("wsb", 1))
+    # The ledger records, and the soak counts, only the events that were done.
+    assert soak.recorded([outcome]) == []
+
+
+def test_the_ledger_records_each_plug_and_suspend_done_not_the_unplugs(cable) -> None:
+    outcomes = played(cable, FakeHands(cable), "unplug", "plug", "suspend")
+    assert [outcome["event"] for outcome in soak.recorded(outcomes)] == ["plug", "suspend"]
 
 
 def test_the_lab_does_its_events_with_its_own_commands_and_a_site_with_a_person() -> None:
