@@ -621,15 +621,12 @@ def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative
         if needs_minimum:
             found += version_problems(version, sglang.min_version)
         found += quantization_problems(version, sglang.quantization, sglang.python)
-    if tensor_parallel:
-        running = host.get_fact(services.RunningServices, prefix=REPLICA,
-                                init_system=sglang.init_system)
-        if REPLICA in running:
-            answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
-                                            timeout=probes.REQUEST_TIMEOUT_SECONDS)
-            found += [f"production's replica fails before the experiment (converge "
-                      f"production first, which restarts a hung replica): {problem}"
-                      for problem in probes.completion_problems(answer, tokens)]
+    if tensor_parallel and replica_runs(sglang):
+        answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
+                                        timeout=probes.REQUEST_TIMEOUT_SECONDS)
+        found += [f"production's replica fails before the experiment (converge "
+                  f"production first, which restarts a hung replica): {problem}"
+                  for problem in probes.completion_problems(answer, tokens)]
     if found:
         refuse(LAYER, found)
     host.noop(f"SGLang can serve {serving} on this workstation")
