@@ -37,6 +37,7 @@ from lab.topology import (
     WORKSTATIONS,
     LabHost,
     read_pid,
+    replace_text,
 )
 
 CABLE_FILE = STATE / "cable"
@@ -68,10 +69,7 @@ def read() -> Cable:
 
 
 def write(cable: Cable) -> None:
-    CABLE_FILE.parent.mkdir(parents=True, exist_ok=True)
-    partial = CABLE_FILE.with_name(f".{CABLE_FILE.name}.tmp")
-    partial.write_text(json.dumps(cable.__dict__) + "\n")
-    partial.rename(CABLE_FILE)
+    replace_text(CABLE_FILE, json.dumps(cable.__dict__) + "\n")
 
 
 def unplug(host: LabHost) -> Cable:
@@ -108,12 +106,19 @@ def suspended() -> list[str]:
 
 
 def resumed_at(host: LabHost) -> float:
-    """When ``host`` last woke from a suspend (``0``: never)."""
-    marker = SUSPENDED_DIR / f"{host.name}.resumed"
+    """When ``host`` last woke from a suspend (``0``: never); the lab kernel asks every tick."""
     try:
-        return float(marker.read_text())
+        return float(resume_marker(host).read_text())
     except FileNotFoundError:
         return 0.0
+
+
+def mark_resumed(host: LabHost) -> None:
+    replace_text(resume_marker(host), f"{time.time()}\n")
+
+
+def resume_marker(host: LabHost) -> Path:
+    return SUSPENDED_DIR / f"{host.name}.resumed"
 
 
 def suspend(host: LabHost, seconds: float) -> float:
@@ -140,7 +145,7 @@ def suspend(host: LabHost, seconds: float) -> float:
         time.sleep(seconds)
     finally:
         signal_all(frozen, signal.SIGCONT)
-        (SUSPENDED_DIR / f"{host.name}.resumed").write_text(f"{time.time()}\n")
+        mark_resumed(host)
         suspend_marker(host).unlink(missing_ok=True)
     return time.monotonic() - started
 

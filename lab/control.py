@@ -283,7 +283,8 @@ def unplug(name: str) -> None:
     started = time.monotonic()
     cable.unplug(host)
     wait_for(f"{LINK_INTERFACE} gone on both workstations",
-             lambda: not any(LINK_INTERFACE in kernel_devices(ws) for ws in WORKSTATIONS),
+             lambda: kernel_ticking()
+             and not any(LINK_INTERFACE in kernel_devices(ws) for ws in WORKSTATIONS),
              timeout=10)
     say(f"cable unplugged from {host.name}: {LINK_INTERFACE} gone on both sides in "
         f"{time.monotonic() - started:.1f}s")
@@ -322,15 +323,27 @@ def kernel_devices(host: LabHost) -> list[str]:
     return [line.split("@")[0].split()[0] for line in out.splitlines() if line.strip()]
 
 
+def kernel_ticking() -> bool:
+    """
+    The lab kernel is what moves the link: a wait on the link ends at once, saying
+    so, when it is gone, instead of timing out on a carrier nothing will raise.
+    """
+    if read_pid("kernel") is None:
+        raise LabError(f"the lab kernel is not running (its log: {LOGS / 'kernel.log'}); "
+                       "run `python -m lab up`")
+    return True
+
+
 def wait_until_linked(when: str) -> None:
     """Carrier on both sides, and the address where a network manager applies it."""
     for host in WORKSTATIONS:
         if faults.is_on("no_network_manager"):
             wait_for(f"{LINK_INTERFACE} carrier on {host.name} {when}",
-                     lambda host=host: carrier(host), timeout=10)
+                     lambda host=host: kernel_ticking() and carrier(host), timeout=10)
         else:
             wait_for(f"{LINK_INTERFACE} carrier and address on {host.name} {when}",
-                     lambda host=host: carrier(host) and addressed(host), timeout=10)
+                     lambda host=host: kernel_ticking() and carrier(host) and addressed(host),
+                     timeout=10)
 
 
 def cut_power(host: LabHost) -> None:

@@ -64,6 +64,7 @@ from lab.topology import (
     LabHost,
     host_named,
     read_pid,
+    replace_text,
 )
 
 TICK_SECONDS = 0.1
@@ -152,10 +153,7 @@ def tx_e2e_active(sender: ModuleState, receiver: ModuleState) -> bool:
 
 def write_if_changed(path: Path, value: str, cache: dict[str, str]) -> None:
     if cache.get(str(path)) != value:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(value + "\n")
-        tmp.rename(path)
+        replace_text(path, value + "\n")
         cache[str(path)] = value
 
 

@@ -132,6 +132,19 @@ def host_named(name: str) -> LabHost:
     raise KeyError(f"no lab host {name!r}; lab hosts are {', '.join(h.name for h in HOSTS)}")
 
 
+def replace_text(path: Path, text: str) -> None:
+    """
+    Write a state file the lab kernel polls by renaming a finished copy over it:
+    a reader sees the old text or the new, never the empty file a write in place
+    shows between its truncation and its write (a ``float("")`` that killed the
+    kernel mid-suite).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.tmp")
+    partial.write_text(text)
+    partial.rename(path)
+
+
 def pid_file(name: str) -> Path:
     return STATE / "pids" / f"{name}.pid"
 

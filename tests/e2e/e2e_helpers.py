@@ -430,8 +430,10 @@ def snapshot() -> dict[str, str]:
 
 
 def lab(*arguments: str) -> None:
-    subprocess.run([str(PYTHON), "-m", "lab", *arguments], cwd=REPO, check=True,
-                   capture_output=True)
+    """A lab command that must succeed; its own words when it does not."""
+    done = subprocess.run([str(PYTHON), "-m", "lab", *arguments], cwd=REPO,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, f"lab {' '.join(arguments)}: {done.stdout}{done.stderr}"
 
 
 @contextmanager
