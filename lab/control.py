@@ -42,6 +42,8 @@ REQUIRED_TOOLS = ("ip", "nsenter", "unshare", "iptables", "tc", "/usr/sbin/sshd"
                   "ssh-keygen", "/lib/systemd/systemd", "runsvdir", "sv", "modinfo", "depmod",
                   "readelf", "objcopy", "gcc", "ld", "zstd")
 LOGS = STATE / "logs"
+# The lab kernel's own output (lab/kernel.py), not a host's /var/log/kern.log.
+LAB_KERNEL_LOG = LOGS / "kernel.log"
 # How much of a host's log a boot failure quotes.
 BOOT_LOG_LINES = 8
 PROCESSES = [f"host-{host.name}" for host in HOSTS] + ["kernel"]
@@ -329,7 +331,7 @@ def kernel_ticking() -> bool:
     so, when it is gone, instead of timing out on a carrier nothing will raise.
     """
     if read_pid("kernel") is None:
-        raise LabError(f"the lab kernel is not running (its log: {LOGS / 'kernel.log'}); "
+        raise LabError(f"the lab kernel is not running (its log: {LAB_KERNEL_LOG}); "
                        "run `python -m lab up`")
     return True
 
@@ -426,6 +428,9 @@ def status() -> bool:
             link = "carrier" if carrier(host) else "no carrier"
             line += f"  {LINK_INTERFACE} {host.link_address} {link}  driver {loaded_driver(host)}"
         say(line)
+    kernel = read_pid("kernel")
+    say(f"  kernel: ticking (pid {kernel})" if kernel
+        else f"  kernel: not running (its log: {LAB_KERNEL_LOG})")
     wire = cable.read()
     say(f"  cable: plugged, trains at {wire.rate_gbps:g} Gb/s" if wire.plugged
         else f"  cable: unplugged from {wire.unplugged_from}")

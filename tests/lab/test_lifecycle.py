@@ -9,15 +9,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from lab_helpers import lab, ssh
 
-from lab import cgroups, network
+from lab import cable, cgroups, network
 from lab.control import PROCESSES
-from lab.topology import HOSTS, OPERATOR, REPO, STATE, alive, read_pid
+from lab.topology import HOSTS, OPERATOR, PYTHON, REPO, STATE, alive, host_named, read_pid
 
 # What a clone holds that the copy needs: everything tracked, and the operator's venv.
 NOT_IN_A_CLONE = shutil.ignore_patterns(".git", ".venv*", ".lab", "wheelhouse", "reports",
@@ -63,12 +64,38 @@ def test_down_leaves_nothing_then_up_rebuilds_a_stale_lab() -> None:
             # A host's processes die with its PID 1: some are gone before their turn.
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    assert lab("status").returncode == 3
+    stale = lab("status")
+    assert stale.returncode == 3
+    assert "kernel: not running" in stale.stdout, stale.stdout
     rebuilt = lab("up")
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert "stale" in rebuilt.stdout
     assert ssh("wsa", "cat /sys/module/thunderbolt_net/parameters/e2e").stdout.strip() == "Y"
     assert lab("status").returncode == 0
+
+
+def test_a_wake_that_finds_no_lab_kernel_says_so_and_up_repairs_it() -> None:
+    """
+    The lab kernel is what retrains the link: a ``suspend`` whose wait for the link
+    meets a dead kernel names it, instead of timing out on a carrier nothing raises.
+    """
+    assert lab("up").returncode == 0
+    sleeping = subprocess.Popen([str(PYTHON), "-m", "lab", "suspend", "wsb", "--seconds", "2"],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not cable.suspend_marker(host_named("wsb")).exists():
+            assert sleeping.poll() is None, sleeping.communicate()
+            time.sleep(0.05)
+        os.kill(read_pid("kernel"), signal.SIGKILL)
+        _, said = sleeping.communicate(timeout=60)
+    finally:
+        sleeping.kill()
+    assert sleeping.returncode == 1
+    assert "the lab kernel is not running" in said and "run `python -m lab up`" in said, said
+    stale = lab("status")
+    assert stale.returncode == 3 and "kernel: not running" in stale.stdout, stale.stdout
+    assert lab("up").returncode == 0
+    assert "kernel: ticking" in lab("status").stdout
 
 
 def test_up_rebuilds_a_lab_whose_hosts_lost_their_own_accounts() -> None:
