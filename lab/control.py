@@ -229,9 +229,7 @@ def up(init: str | None = None) -> None:
     for host in WORKSTATIONS:
         boot_workstation_driver(host)
     spawn("kernel", [str(PYTHON), "-m", "lab.kernel"])
-    for host in WORKSTATIONS:
-        wait_for(f"{LINK_INTERFACE} carrier and address on {host.name}",
-                 lambda host=host: carrier(host) and addressed(host), timeout=10)
+    wait_until_linked("after the boot")
     say(f"up ({init_system()}) in {time.monotonic() - started:.1f}s; "
         f"ssh -F {shlex.quote(str(ssh.CLIENT_CONFIG))} wsa")
 
@@ -284,10 +282,8 @@ def unplug(name: str) -> None:
         raise LabError(f"the cable is already unplugged (from {cable.read().unplugged_from})")
     started = time.monotonic()
     cable.unplug(host)
-    wait_for(f"{LINK_INTERFACE} gone on both workstations",
-             lambda: kernel_ticking()
-             and not any(LINK_INTERFACE in kernel_devices(ws) for ws in WORKSTATIONS),
-             timeout=10)
+    wait_on_link(f"{LINK_INTERFACE} gone on both workstations",
+                 lambda: not any(LINK_INTERFACE in kernel_devices(ws) for ws in WORKSTATIONS))
     say(f"cable unplugged from {host.name}: {LINK_INTERFACE} gone on both sides in "
         f"{time.monotonic() - started:.1f}s")
 
@@ -325,27 +321,30 @@ def kernel_devices(host: LabHost) -> list[str]:
     return [line.split("@")[0].split()[0] for line in out.splitlines() if line.strip()]
 
 
-def kernel_ticking() -> bool:
+def wait_on_link(what: str, condition: Callable[[], bool]) -> None:
     """
-    The lab kernel is what moves the link: a wait on the link ends at once, saying
-    so, when it is gone, instead of timing out on a carrier nothing will raise.
+    Wait for the link to change, which only the lab kernel makes it do: the wait
+    ends at once, saying so, when the kernel is gone, instead of timing out on a
+    carrier nothing will raise, or passing on the devices a dead kernel left.
     """
-    if read_pid("kernel") is None:
-        raise LabError(f"the lab kernel is not running (its log: {LAB_KERNEL_LOG}); "
-                       "run `python -m lab up`")
-    return True
+    def kernel_moved_it() -> bool:
+        if read_pid("kernel") is None:
+            raise LabError(f"the lab kernel is not running (its log: {LAB_KERNEL_LOG}); "
+                           "run `python -m lab up`")
+        return condition()
+
+    wait_for(what, kernel_moved_it, timeout=10)
 
 
 def wait_until_linked(when: str) -> None:
     """Carrier on both sides, and the address where a network manager applies it."""
     for host in WORKSTATIONS:
         if faults.is_on("no_network_manager"):
-            wait_for(f"{LINK_INTERFACE} carrier on {host.name} {when}",
-                     lambda host=host: kernel_ticking() and carrier(host), timeout=10)
+            wait_on_link(f"{LINK_INTERFACE} carrier on {host.name} {when}",
+                         lambda host=host: carrier(host))
         else:
-            wait_for(f"{LINK_INTERFACE} carrier and address on {host.name} {when}",
-                     lambda host=host: kernel_ticking() and carrier(host) and addressed(host),
-                     timeout=10)
+            wait_on_link(f"{LINK_INTERFACE} carrier and address on {host.name} {when}",
+                         lambda host=host: carrier(host) and addressed(host))
 
 
 def cut_power(host: LabHost) -> None:
