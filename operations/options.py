@@ -58,6 +58,8 @@ def _known_state(name: str) -> str:
 
 class RunOptions(BaseModel):
     """
+    What one run is asked to do beyond the site's settings, from its ``--data``:
+
     + state: the declared state to converge to (``operations/states.py``); only
       ``deploy.py`` needs one
     + on_failure: after a failure that changed something, ``rollback`` (converge
