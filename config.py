@@ -2,8 +2,10 @@
 pyinfra's config file: the CLI executes it once per run, after parsing the
 command line and before it loads the inventory or connects to any host.
 
-twinbolt uses it to refuse an unknown or missing target state before anything
-else happens. It has to be here, because no later hook is early enough:
+twinbolt uses it to read the run's options and check every ``--data`` item (a
+site key's value, a run option, no other key: ``operations/options.py``), and to
+refuse an unknown or missing target state, before anything else happens. It
+has to be here, because no later hook is early enough:
 ``--data state=NAME`` reaches host data only when pyinfra builds the final
 inventory, after ``inventory.py`` and ``group_data/`` have run (neither sees
 ``--data``), and the next code of ours pyinfra runs is ``deploy.py``, which it
@@ -12,12 +14,10 @@ cost a round of connections, let alone a half-run, so the check reads the CLI's
 own parsed arguments from click's context.
 """
 
-from pathlib import Path
-
 import click
 from pyinfra import config, state
-from pyinfra.api.exceptions import PyinfraError
 
+from operations import options, overrides
 from operations.run import remember_command_line
 from operations.states import resolve_state
 
@@ -26,25 +26,16 @@ from operations.states import resolve_state
 # pyinfra copies the config for the run; deploy.py would only change its copy.
 config.FAIL_PERCENT = 0
 
-# What a run does when it fails after changing something: converge production
-# and prove it (the default), or leave the hosts as they are for debugging.
-ON_FAILURE = ("rollback", "stop")
-
 # None when pyinfra is driven through its Python API, which takes no --data.
 _cli = click.get_current_context(silent=True)
 if _cli is not None:
-    _data = dict(item.split("=", 1) for item in _cli.params["data"] if "=" in item)
-    # Other commands (debug-inventory, exec, fact) need no state, but a state
-    # given to any of them must still be a real one.
-    if "state" in _data or any(Path(op).name == "deploy.py" for op in _cli.params["operations"]):
-        resolve_state(_data.get("state"))
+    _given = options.given(_cli.params)
+    # Other commands (debug-inventory, exec, fact) need no state, but every
+    # --data item given to any of them must still be a known one.
+    overrides.check(_given)
+    _options = options.RunOptions.read(_given)
+    if options.deploys(_cli.params):
+        resolve_state(_options.state)
+        options.refuse_passwords(_cli.params, _options)
+    _options.remember(state)
     remember_command_line(state, _cli.params)
-    if _data.get("on_failure", "rollback") not in ON_FAILURE:
-        raise PyinfraError(
-            f"unknown on_failure {_data['on_failure']!r}; it is one of: {', '.join(ON_FAILURE)}"
-        )
-    if _data.get("force_candidate", "yes") != "yes":
-        raise PyinfraError(
-            f"force_candidate is {_data['force_candidate']!r}; only force_candidate=yes "
-            "overrides a recorded stall (leave it out otherwise)"
-        )

@@ -53,18 +53,18 @@ from operations import (
     ledger,
     link,
     lock,
-    overrides,
     scope,
     serving,
     serving_router,
 )
 from operations import run as runs
+from operations.options import RunOptions
 from operations.settings import GatewaySettings, WorkstationSettings
 from operations.states import resolve_state
 
-state = resolve_state(host.data.get("state"))
-# A --data value of a site key is a site value: checked as the site file's was.
-overrides.check(inventory.get_override_data())
+# The run's options, read and checked with every --data item by config.py.
+options = RunOptions.of(pyinfra.state)
+state = resolve_state(options.state)
 # A rollback holds the lock of the failed run that started it.
 inherited_lock = host.data.get(lock.INHERITED_KEY)
 # The pair is one unit: a run that leaves a host out is refused before anything,
@@ -72,7 +72,7 @@ inherited_lock = host.data.get(lock.INHERITED_KEY)
 scope.whole_pair(inventory, pyinfra.state.is_host_in_limit, state.name,
                  lost=scope.lost_hosts(host.data.get(attempt.LOST_HOSTS_KEY), inherited_lock,
                                        state.name))
-on_failure = host.data.get("on_failure") or "rollback"
+on_failure = options.on_failure
 workstation = "workstations" in host.groups
 on_gateway = "gateway" in host.groups
 run = runs.begin(pyinfra.state, state.name, inherited_lock)
@@ -154,7 +154,7 @@ if workstation:
         ledger.no_recorded_stall(
             name="Preflight: no stall of the candidate is recorded for these controllers",
             run=run, path=settings.ledger.path, workstations=workstation_names,
-            force=host.data.get(ledger.FORCE_KEY) == "yes",
+            force=options.forced,
         )
     if state.uses_link:
         # Production needs no link, and must stay reachable from a broken one: while

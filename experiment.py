@@ -29,7 +29,15 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from harness import campaign, compare, events, linktest, linktest_report, matrix, report
+from harness import (
+    campaign,
+    compare,
+    events,
+    linktest,
+    linktest_report,
+    matrix,
+    report_schema,
+)
 from harness.diagnose import diagnose
 from harness.measure import NotMeasurable, failures, measure_state
 from harness.soak import Schedule, recorded, soak
@@ -152,14 +160,15 @@ def show_matrix(path: Path) -> int:
 
 
 def run_compare(arguments: argparse.Namespace) -> int:
-    loaded = [json.loads(path.read_text()) for path in arguments.reports]
+    # Every file is checked before any is compared: a bad one is one line, and no table.
+    loaded = [report_schema.load(path) for path in arguments.reports]
     if links := [built for built in loaded if linktest_report.is_linktest(built)]:
         print(linktest_report.comparison(links))
     paths = [path for path, built in zip(arguments.reports, loaded, strict=True)
              if not linktest_report.is_linktest(built)]
     if not paths:
         return 0
-    reports = [report.load(path) for path in paths]
+    reports = [built for built in loaded if not linktest_report.is_linktest(built)]
     print(compare.comparison(reports, arguments.baseline))
     chart = arguments.chart or paths[-1].parent / f"comparison-{stamp()}.png"
     print(f"chart: {compare.chart(reports, chart)}")
@@ -266,9 +275,12 @@ def main(argv: list[str] | None = None) -> int:
         if (arguments.command == "campaign" and arguments.linktest_seconds is not None
                 and not 0 < arguments.linktest_seconds <= 600):
             raise ValueError("campaign: --linktest-seconds must be in (0, 600]")
-        if arguments.command == "soak" and not (0 < arguments.minutes <= 24 * 60
-                                                 and arguments.interval > 0):
-            raise ValueError("soak: --minutes must be in (0, 1440] and --interval above 0")
+        # An interval longer than the soak would take no sample; inf never ends, nan no test.
+        if arguments.command == "soak" and not (
+                0 < arguments.minutes <= 24 * 60
+                and 0 < arguments.interval <= arguments.minutes * 60):
+            raise ValueError("soak: --minutes must be in (0, 1440] and --interval in (0, the "
+                             "soak's length in seconds]")
         if arguments.command == "soak":
             if not 0 < arguments.suspend_seconds <= 3600:
                 raise ValueError("soak: --suspend-seconds must be in (0, 3600]")

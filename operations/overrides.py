@@ -1,5 +1,6 @@
 """
-``--data key=value`` for a site key, checked as the site file's value would be.
+``--data key=value``: a site key, checked as the site file's value would be, or
+a run option (``operations/options.py``); any other key is refused.
 
 The site file is validated when it loads (``operations/site.py``), and pyinfra
 merges ``--data`` over the inventory's data afterwards; the settings are built
@@ -8,8 +9,6 @@ override would reach a unit, a command line or an ssh_config unchecked:
 ``--data serving_user=root``, or ``--data 'serving_working_directory=/srv
 ExecStartPre=+/usr/bin/id'`` with its newline. An override of a site key is a
 site value, and gets that key's own check, before anything is read or changed.
-Keys that are no site key (``state``, ``on_failure``, pyinfra's own) are not
-this module's.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from pyinfra.api.exceptions import PyinfraError
 
+from operations import options
 from operations.site import (
     COMMAND_TIMEOUT,
     Candidate,
@@ -95,12 +95,15 @@ def problem(key: str, value: Any, field: FieldInfo) -> str | None:
 
 def check(overrides: Mapping[str, Any]) -> None:
     """
-    Refuse the run, naming every bad ``--data`` value at once, before any
-    change; values of keys that are no site key pass.
+    Refuse the run, naming every bad ``--data`` item at once, before any change:
+    a site key's bad value, a run option's, and every key that is neither.
     """
     fields = site_fields()
     problems = [found for key, value in overrides.items() if key in fields
                 if (found := problem(key, value, fields[key]))]
+    problems += options.problems({key: value for key, value in overrides.items()
+                                  if key not in fields})
     if problems:
-        raise BadOverride("refused: " + "; ".join(problems) + ". A --data value of a site "
-                          "key is checked as the site file's would be. Nothing was changed")
+        raise BadOverride("refused: " + "; ".join(problems) + ". A --data key is a site key, "
+                          "checked as the site file's value would be, or a run option: "
+                          f"{', '.join(options.RUN_OPTIONS)}. Nothing was changed")

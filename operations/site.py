@@ -21,20 +21,19 @@ import os
 import re
 import tomllib
 from collections.abc import Sequence
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     HttpUrl,
     IPvAnyAddress,
-    NonNegativeInt,
-    PositiveFloat,
-    PositiveInt,
+    Strict,
     StringConstraints,
     ValidationError,
     ValidationInfo,
@@ -109,6 +108,13 @@ def _lowercase_sha256(value: str) -> str:
     return value
 
 
+def _not_a_boolean(value: Any) -> Any:
+    # Strict numbers refuse true themselves; a Literal of numbers would take it as 1.
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not true or false")
+    return value
+
+
 def _link_local(address: IPv4Address) -> IPv4Address:
     # An address from another network is the usual slip, and it is a dangerous
     # one: the peer would still answer, over the LAN, and "prove" the cable.
@@ -120,7 +126,20 @@ def _link_local(address: IPv4Address) -> IPv4Address:
 # Free text: one line (operations/syntax.py says why); narrower types where a
 # value lands in a unit, an ssh_config or a command line as syntax.
 Text = FreeText
-Port = Annotated[int, Field(ge=1, le=65535)]
+# Numbers are strict: pydantic would read a TOML or --data true as 1 (and
+# command_timeout_seconds = true as a bound of one second), or a float as the
+# integer it happens to equal. A float may be written as an integer (20 for 20.0),
+# never as inf or nan.
+PositiveCount = Annotated[int, Strict(), Field(gt=0)]
+PositiveNumber = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
+Port = Annotated[int, Strict(), Field(ge=1, le=65535)]
+# The longest bound or wait a site may set: a day. A bound is there to end a run
+# that hangs with production's GPUs borrowed and the pair locked, and a
+# rollback's bound is the sum of them (operations/bounds.py). The longest wait of
+# a converge, a model's load, takes minutes; a value above a day is a slip of
+# units (milliseconds for seconds) or a way around the bound, never a wait.
+MAX_SECONDS = 24 * 60 * 60
+Seconds = Annotated[int, Strict(), Field(gt=0, le=MAX_SECONDS)]
 LocalPath = Annotated[Path, AfterValidator(_one_line), AfterValidator(_from_site_dir)]
 # A file on the machine running twinbolt that a run reads: it must be there at load.
 LocalFile = Annotated[Path, AfterValidator(_one_line), AfterValidator(_from_site_dir),
@@ -191,7 +210,7 @@ class Ssh(_Section):
     # the run until TCP gives up, with production's GPUs borrowed. Above the
     # longest single command twinbolt runs (a pip install on the gateway); a step
     # that waits longer (a serving start) is bounded by its own wait instead.
-    command_timeout_seconds: PositiveInt = 300
+    command_timeout_seconds: Seconds = 300
 
 
 class Link(_Section):
@@ -199,16 +218,18 @@ class Link(_Section):
 
     interface: InterfaceName = "thunderbolt0"
     # speed x lanes, as the XDomain reports them (rx_speed "20.0 Gb/s", rx_lanes 1).
-    expected_rate_gbps: PositiveFloat = 20.0
-    expected_lanes: Literal[1, 2] = 1
+    expected_rate_gbps: PositiveNumber = 20.0
+    expected_lanes: Annotated[Literal[1, 2], BeforeValidator(_not_a_boolean)] = 1
     # Loading thunderbolt_net creates a new interface with no address. "twinbolt":
     # the link layer applies the declared address after every load; "system": the
     # host's own network manager does (matched by name), and twinbolt waits for it.
     address_owner: Literal["twinbolt", "system"] = "twinbolt"
-    prefix_length: Annotated[int, Field(ge=8, le=30)] = 16
+    # Both workstations' thunderbolt_address are hosts of one network of this length
+    # (Site._one_link_network).
+    prefix_length: Annotated[int, Strict(), Field(ge=8, le=30)] = 16
     # How long a link may take to come back after a load: retraining, the peer's
     # XDomain service, the address (a slow network manager's above all).
-    wait_seconds: PositiveInt = 30
+    wait_seconds: Seconds = 30
 
 
 class Candidate(_Section):
@@ -219,7 +240,7 @@ class Candidate(_Section):
     module_name: ModuleName = "thunderbolt_net"
     # While the candidate is loaded, a link that carries nothing this long makes
     # the guard on the workstation restore the stock driver (operations/guard.py).
-    guard_stall_seconds: Annotated[int, Field(ge=6, le=3600)] = 30
+    guard_stall_seconds: Annotated[int, Strict(), Field(ge=6, le=3600)] = 30
 
 
 class Serving(_Section):
@@ -231,8 +252,8 @@ class Serving(_Section):
     served_model_name: Argument
     quantization: Quantization = "modelopt_fp4"
     # None: leave SGLang's own default (the model's context, the memory heuristic).
-    context_length: PositiveInt | None = None
-    mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = None
+    context_length: PositiveCount | None = None
+    mem_fraction_static: Annotated[float, Strict(), Field(gt=0, lt=1)] | None = None
     # None: NEXTN drafts with the model's own MTP head.
     draft_model_path: Argument | None = None
     port: Port = 30000
@@ -248,13 +269,13 @@ class Serving(_Section):
     working_directory: AbsolutePath = "/"
     # Loading a 27B model, capturing CUDA graphs and autotuning take minutes;
     # past this bound a start that has not served a real completion has failed.
-    start_timeout_seconds: PositiveInt = 900
+    start_timeout_seconds: Seconds = 900
     # GPU memory (MiB, in all) that processes twinbolt did not start may hold
     # before a run refuses: a desktop's X server, say.
-    foreign_gpu_memory_mib: NonNegativeInt = 0
+    foreign_gpu_memory_mib: Annotated[int, Strict(), Field(ge=0)] = 0
     # Each workstation GPU's memory bandwidth, for the measurement's roofline
     # (harness/roofline.py); NVIDIA's figure for an RTX 5090.
-    gpu_memory_bandwidth_gb_s: PositiveFloat = 1792.0
+    gpu_memory_bandwidth_gb_s: PositiveNumber = 1792.0
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> "Serving":
@@ -368,6 +389,17 @@ class Site(_Section):
             raise ValueError("the workstations' thunderbolt_address values must differ")
         return self
 
+    @model_validator(mode="after")
+    def _one_link_network(self) -> "Site":
+        # The link layer applies each address with this prefix (address_owner
+        # "twinbolt"): addresses in two networks, or a network's own or broadcast
+        # address, would leave the peer unreachable across the cable.
+        if problem := link_network_problem(
+                [workstation.thunderbolt_address for workstation in self.workstations],
+                self.link.prefix_length):
+            raise ValueError(problem)
+        return self
+
     def workstation_hosts(self) -> list[tuple[str, dict[str, Any]]]:
         """The ``workstations`` inventory group, rank 0 first, each with its TP group's data."""
 
@@ -418,6 +450,22 @@ class Site(_Section):
             **command_timeout_data(self.ssh.command_timeout_seconds),
             **connection_data(host.ssh_hostname, host.ssh_port),
         }
+
+
+def link_network_problem(addresses: Sequence[IPv4Address], prefix_length: int) -> str | None:
+    """
+    Why ``addresses`` cannot share one link network of ``prefix_length``, or None:
+    they must all be hosts of the same network, none its network or broadcast address.
+    """
+    network = IPv4Network((addresses[0], prefix_length), strict=False)
+    if strays := [str(address) for address in addresses if address not in network]:
+        return (f"the workstations' thunderbolt_address values must be in one network of "
+                f"link.prefix_length {prefix_length}: {', '.join(strays)} is not in {network}")
+    if reserved := [str(address) for address in addresses
+                    if address in (network.network_address, network.broadcast_address)]:
+        return (f"thunderbolt_address {', '.join(reserved)} is the network or broadcast "
+                f"address of {network} (link.prefix_length {prefix_length}); pick a host address")
+    return None
 
 
 def tp_group_data(link_addresses: Sequence[str], rank: int) -> dict[str, Any]:
@@ -531,6 +579,9 @@ def load_site(path: str | os.PathLike[str]) -> Site:
         raise SiteError(f"site file {path} cannot be read: {error.strerror}") from None
     except tomllib.TOMLDecodeError as error:
         raise SiteError(f"{path}: not valid TOML: {error}") from None
+    except UnicodeDecodeError as error:
+        raise SiteError(f"{path}: not UTF-8 text, as TOML must be: byte "
+                        f"{error.object[error.start]:#04x} at offset {error.start}") from None
 
     try:
         return Site.model_validate(document, context={"site_dir": path.parent.resolve()})

@@ -225,6 +225,10 @@ def test_bad_input_is_refused_with_the_reason_and_changes_nothing() -> None:
          "--data serving_working_directory: holds the control character(s)"),
         (("--data", "serving_model_path=/var/lib/models/missing"), "/var/lib/models/missing"),
         (("--data", "on_failure=shrug"), "on_failure"),
+        # No key but a site key or a run option: / would be staged on (issue 44).
+        (("--data", "run_dir=/"), "refused: --data run_dir: no site key, and no run option"),
+        (("--data", "lock_inherited=machine=m user=u pid=1"),
+         "--data lock_inherited: a rollback's own key"),
         # The pair is one unit: a subset would load the candidate on one side alone.
         (("--limit", "wsb"), "refused: --limit/--exclude leaves wsa, gw out of this run"),
         (("--exclude", "gw"), "refused: --limit/--exclude leaves gw out of this run"),

@@ -498,3 +498,69 @@ def test_a_sha256_is_compared_in_lowercase_as_sha256sum_prints_it(write_site):
     pinned = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
     site = load_site(write_site(edited(pinned, pinned.upper())))
     assert site.candidate.sha256 == pinned
+
+
+# Issue 44: bad input that was a traceback, or silently taken.
+
+
+def test_a_site_file_that_is_not_utf8_is_one_line_naming_it(write_site):
+    site = write_site()
+    site.write_bytes(MINIMAL_SITE.replace('"qwen"', '"qw\xe9n"').encode("latin-1"))
+    (line,) = problems(site)
+    assert line.startswith("not UTF-8 text, as TOML must be: byte 0xe9 at offset ")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            edited("[candidate]", "[ssh]\ncommand_timeout_seconds = true\n\n[candidate]"),
+            "ssh.command_timeout_seconds: value should be a valid integer (got True)",
+            id="true as a bound"),
+        pytest.param(
+            edited("[candidate]", "[link]\nexpected_lanes = true\n\n[candidate]"),
+            "link.expected_lanes: must be a number, not true or false (got True)",
+            id="true as lanes"),
+        pytest.param(
+            edited('user = "sglang"', 'user = "sglang"\nport = true'),
+            "serving.port: value should be a valid integer (got True)", id="true as a port"),
+        pytest.param(
+            edited("[candidate]", "[link]\nexpected_rate_gbps = true\n\n[candidate]"),
+            "link.expected_rate_gbps: value should be a valid number (got True)",
+            id="true as a rate"),
+        pytest.param(
+            edited("[candidate]", "[link]\nexpected_rate_gbps = inf\n\n[candidate]"),
+            "link.expected_rate_gbps: value should be a finite number (got inf)",
+            id="an infinite rate"),
+        pytest.param(
+            edited("[candidate]", "[ssh]\ncommand_timeout_seconds = 86401\n\n[candidate]"),
+            "ssh.command_timeout_seconds: value should be less than or equal to 86400 "
+            "(got 86401)", id="a bound above a day"),
+        pytest.param(
+            edited("[candidate]", "[link]\nwait_seconds = 100000000\n\n[candidate]"),
+            "link.wait_seconds: value should be less than or equal to 86400", id="a long wait"),
+        pytest.param(
+            edited('user = "sglang"', 'user = "sglang"\nstart_timeout_seconds = 1e20'),
+            "serving.start_timeout_seconds: value should be a valid integer",
+            id="a start that never times out"),
+        pytest.param(
+            edited('"169.254.77.2"', '"169.254.78.2"').replace(
+                "[candidate]", "[link]\nprefix_length = 24\n\n[candidate]", 1),
+            "(top level): the workstations' thunderbolt_address values must be in one network "
+            "of link.prefix_length 24: 169.254.78.2 is not in 169.254.77.0/24",
+            id="two networks"),
+        pytest.param(
+            edited('"169.254.77.2"', '"169.254.77.3"').replace(
+                "[candidate]", "[link]\nprefix_length = 30\n\n[candidate]", 1),
+            "(top level): thunderbolt_address 169.254.77.3 is the network or broadcast address "
+            "of 169.254.77.0/30", id="a broadcast address"),
+    ],
+)
+def test_a_number_that_is_no_number_or_no_bound_is_refused(write_site, text, expected):
+    (line,) = problems(write_site(text))
+    assert line.startswith(expected), line
+
+
+def test_link_addresses_in_one_network_of_the_prefix_pass(write_site):
+    site = load_site(write_site(edited("[candidate]", "[link]\nprefix_length = 24\n\n[candidate]")))
+    assert site.link.prefix_length == 24
