@@ -56,9 +56,11 @@ def read(path: str | Path) -> ModuleFile:
     The module in the file at ``path``; :class:`NotAModule` says what the file is
     instead, ``OSError`` that it cannot be read.
     """
-    image = decompressed(Path(path).read_bytes())
+    data = Path(path).read_bytes()
+    image = decompressed(data)
     if not image.startswith(ELF_MAGIC):
-        raise NotAModule(f"not an ELF file: it begins {image[:16]!r}")
+        raise NotAModule(("" if image is data else "once decompressed, ")
+                         + f"not an ELF file: it begins {image[:16]!r}")
     try:
         return module_of(ELFFile(io.BytesIO(image)))
     except ELFError as error:

@@ -558,7 +558,7 @@ def test_a_candidate_that_is_no_thunderbolt_net_module_is_one_line_naming_what_i
         "truncated.ko": (candidate_module[:64], "a malformed ELF file"),
         # A .ko.zst holding something else is what it holds, decompressed.
         "text.ko.zst": (compressed(["zstd", "-q", "-c"], b"text\n"),
-                        "not an ELF file: it begins b'text\\n'"),
+                        "once decompressed, not an ELF file: it begins b'text\\n'"),
         "broken.ko.xz": (b"\xfd7zXZ\x00 cut short", "compressed data that does not decompress"),
     }
     for name, (data, found) in cases.items():
