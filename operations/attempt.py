@@ -47,9 +47,11 @@ from typing import Any
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, OperationError
 from pyinfra.api import operation as pyinfra_operation
+from pyinfra.api.arguments import pop_global_arguments
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback
+from pyinfra.context import ctx_host
 
 from operations import connect
 from operations.phase import executing
@@ -204,12 +206,16 @@ def operation(layer: Layer, **options: Any) -> Callable[[Callable[..., Iterator[
     recorded under that layer. An operation another one calls (``_inner``)
     belongs to the caller's layer.
 
-    While pyinfra only predicts, a step whose ``_if`` does not hold predicts
-    nothing (:func:`conditions_hold`). While operations execute, a step never
-    crashes the run, whatever it meets:
+    A step asks its own ``_if`` conditions (:func:`conditions_hold`), when
+    pyinfra predicts as when it executes: pyinfra itself would ask them only
+    when it executes, before the body and outside any ``try``, where an error
+    ends the whole run with no rollback (:class:`AskedByTheStep`). While
+    operations execute, a step never crashes the run, whatever it meets:
 
     - on a host whose connection has died, it runs nothing and records the loss
       (:meth:`Attempt.lose`);
+    - a condition that cannot be answered (:func:`answer`) skips the step: it
+      refuses the run before any change, and fails the step after (:func:`unanswered`);
     - any exception its body raises but pyinfra's own (a refusal, an
       ``OperationError``: the run stops before any change) fails the step with
       the exception as its evidence, so that after the first change it ends in
@@ -227,28 +233,129 @@ def operation(layer: Layer, **options: Any) -> Callable[[Callable[..., Iterator[
                 yield FunctionCommand(lose, (layer,), {})
             else:
                 try:
-                    yield from body(*args, **kwargs)
+                    holds = conditions_hold()
+                except UnansweredCondition as error:
+                    yield unanswered(layer, str(error))
+                    return
+                try:
+                    if holds:
+                        yield from body(*args, **kwargs)
                 except PyinfraError:
                     raise
                 except Exception as error:  # noqa: BLE001 - any error is a failure to roll back
                     yield failing(layer, [f"{type(error).__name__}: {error}"])
 
-        return pyinfra_operation(**options)(declared)
+        added = pyinfra_operation(**options)(declared)
+
+        @functools.wraps(added)
+        def called(*args: Any, **kwargs: Any) -> Any:
+            return added(*args, **{**kwargs, "_if": AskedByTheStep.of(kwargs)})
+
+        return called
 
     return decorate
 
 
+@dataclass(frozen=True)
+class AskedByTheStep:
+    """
+    What pyinfra's ``_if`` holds for a twinbolt step: its conditions, which the
+    step asks itself (:func:`conditions_hold`); to pyinfra it always holds.
+
+    pyinfra asks ``_if`` before the operation's body, outside any ``try``: a
+    condition that raises, or a fact one reads that fails, ends the whole run
+    there ("No hosts remaining!"), with no rollback, though replicas may already
+    be stopped. Asked by the step, it is a failure of that step like any other.
+    """
+
+    conditions: tuple[Callable[[], bool], ...]
+
+    def __call__(self) -> bool:
+        return True
+
+    @classmethod
+    def of(cls, arguments: dict[str, Any]) -> AskedByTheStep:
+        """The conditions a call with ``arguments`` has, by pyinfra's own precedence
+        (the call's ``_if``, else that of an enclosing ``host.arguments``)."""
+        conditions = pop_global_arguments(state, host, dict(arguments))[0]["_if"] or []
+        if isinstance(conditions, cls):
+            return conditions
+        return cls(tuple([conditions] if callable(conditions) else conditions))
+
+
 def conditions_hold() -> bool:
     """
-    Whether the operation's ``_if`` conditions hold, asked while pyinfra only
-    predicts (``--dry``, a run without ``-y``). pyinfra asks them only when it
+    Whether the operation's ``_if`` conditions hold, asked by the step itself
+    (:class:`AskedByTheStep`). While pyinfra only predicts (``--dry``, a run
+    without ``-y``) they are asked too: pyinfra would ask them only when it
     executes, for conditions on earlier operations' outcomes; twinbolt's are
     facts read when asked (a replica runs, a swap is planned), and a prediction
-    that ignored them would refuse, or change, where the run would not.
+    that ignored them would refuse, or change, where the run would not. An
+    error in one while predicting is raised as it was, as a body's is: nothing
+    has changed yet.
     """
     conditions = (host.current_op_global_arguments or {}).get("_if") or []
-    return all(condition() for condition in
-               ([conditions] if callable(conditions) else conditions))
+    if isinstance(conditions, AskedByTheStep):
+        conditions = conditions.conditions
+    elif callable(conditions):
+        conditions = [conditions]
+    if not executing():
+        return all(condition() for condition in conditions)
+    return all(answer(condition) for condition in conditions)
+
+
+class UnansweredCondition(Exception):
+    """A step's condition that raised, or that read a fact pyinfra could not read."""
+
+
+def answer(condition: Callable[[], bool]) -> bool:
+    """
+    ``condition()``, asked while its step executes, with the step's own
+    arguments (its bound, its sudo) but one: the facts it reads fail loudly.
+    Where the step ignores errors, pyinfra would answer a fact it cannot read
+    with the fact's default, and the step would act, or not, on a guess. So
+    pyinfra fails the host for it (and prints which fact); the host is kept in
+    the run, and the condition, like one that raises, is unanswered
+    (:class:`UnansweredCondition`).
+    """
+    arguments = host.current_op_global_arguments or {}
+    host.current_op_global_arguments = {**arguments, "_ignore_errors": False}
+    error = None
+    try:
+        holds = condition()
+    except Exception as raised:  # noqa: BLE001 - any error leaves the condition unanswered
+        error = f"{type(raised).__name__}: {raised}"
+    finally:
+        host.current_op_global_arguments = arguments
+    if host in state.failed_hosts:
+        # pyinfra's own host object: `host` is the context's stand-in for it.
+        state.failed_hosts.discard(host)
+        state.active_hosts.add(ctx_host.get())
+        error = "a fact it read could not be read (pyinfra says which above)"
+    if error:
+        raise UnansweredCondition(f"the condition {condition_name(condition)} of "
+                                  f"{step_name(state, host.executing_op_hash)!r} could not be "
+                                  f"answered: {error}; the step was skipped")
+    return holds
+
+
+def condition_name(condition: Callable[[], bool]) -> str:
+    """A condition as a failure names it: ``serving.replica_runs``, ``attempt.Attempt.healthy``."""
+    asked = getattr(condition, "func", condition)  # functools.partial
+    module = getattr(asked, "__module__", "") or ""
+    return ".".join(part for part in (module.removeprefix("operations."),
+                                      getattr(asked, "__qualname__", repr(asked))) if part)
+
+
+def unanswered(layer: Layer, found: str) -> FunctionCommand:
+    """
+    An unanswered condition's end: before any change (a step whose failure is
+    not ignored: preflight), a refusal, as any preflight's; after, a failure of
+    its step, so that the attempt ends in the rollback.
+    """
+    if not (host.current_op_global_arguments or {}).get("_ignore_errors"):
+        refuse(layer, [found])
+    return failing(layer, [found])
 
 
 def failure(host_name: str, layer: str, found: list[str]) -> str:

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from elftools.elf.elffile import ELFFile
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
@@ -29,6 +28,7 @@ from pyinfra.facts.files import File
 from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import files
 
+from operations import module_file
 from operations.attempt import Layer, failing, operation, refuse
 from operations.facts import EmptyMeansSomething
 from operations.phase import executing
@@ -236,20 +236,15 @@ class CandidateModule:
     name: str = "thunderbolt_net"
 
     @cached_property
-    def _elf(self) -> tuple[dict[str, list[str]], str]:
-        with open(self.path or "", "rb") as stream:
-            elf = ELFFile(stream)
-            modinfo: dict[str, list[str]] = {}
-            for entry in elf.get_section_by_name(".modinfo").data().split(b"\0"):
-                key, _, value = entry.decode(errors="replace").partition("=")
-                if key:
-                    modinfo.setdefault(key, []).append(value)
-            note = next(elf.get_section_by_name(".note.gnu.build-id").iter_notes())
-            return modinfo, note["n_desc"]
+    def _file(self) -> module_file.ModuleFile:
+        return module_file.read(self.path or "")
 
     @property
     def build_id(self) -> str:
-        return self._elf[1]
+        """The GNU build-id the loaded candidate is recognised by."""
+        if self._file.build_id is None:
+            raise module_file.NotAModule(f"candidate {self.path} carries no GNU build-id note")
+        return self._file.build_id
 
     @property
     def signed(self) -> bool:
@@ -261,11 +256,11 @@ class CandidateModule:
 
     @property
     def vermagic_release(self) -> str:
-        return self._elf[0].get("vermagic", [""])[0].split(" ")[0]
+        return self._file.modinfo.get("vermagic", [""])[0].split(" ")[0]
 
     @property
     def parameters(self) -> list[str]:
-        return [entry.split(":")[0] for entry in self._elf[0].get("parmtype", [])]
+        return [entry.split(":")[0] for entry in self._file.modinfo.get("parmtype", [])]
 
     def problems(self, kernel_release: str) -> list[str]:
         """What makes this file unfit to load into ``kernel_release``; empty when fit."""
@@ -278,11 +273,15 @@ class CandidateModule:
         if digest != self.sha256:
             return [f"candidate {local} has sha256 {digest}, but the pinned one is {self.sha256}"]
         found = []
-        if "tx_e2e" not in self.parameters:
+        try:
+            parameters, release = self.parameters, self.vermagic_release
+        except module_file.NotAModule as error:
+            return [f"candidate {local} is not a kernel module: {error}"]
+        if "tx_e2e" not in parameters:
             found.append(f"candidate {local} does not declare the tx_e2e parameter")
-        if self.vermagic_release != kernel_release:
+        if release != kernel_release:
             found.append(
-                f"candidate {local} was built for kernel {self.vermagic_release or '(none)'}, "
+                f"candidate {local} was built for kernel {release or '(none)'}, "
                 f"but this host runs {kernel_release}"
             )
         return found
@@ -410,11 +409,22 @@ def stock_module(loaded: Driver, module_name: str) -> tuple[str | None, str | No
     return stock_file, (host.get_fact(ModuleFileBuildId, path=stock_file) if stock_file else None)
 
 
+def candidate_build(loaded: Driver, candidate: CandidateModule) -> str | None:
+    """
+    The candidate's build-id, read from its file only when the candidate is
+    wanted. A stock build is judged without it (by the file modprobe loads, and
+    a candidate by its ``tx_e2e``), so that production converges, a rollback
+    above all, whatever the candidate's path holds.
+    """
+    return candidate.build_id if loaded == "candidate" else None
+
+
 def driver_problems(loaded: Driver, candidate: CandidateModule, run_dir: str) -> list[str]:
     """Everything that differs from the wanted driver on this host; empty when it holds."""
     module = host.get_fact(LoadedModule, module=candidate.name)
     stock_file, stock_build = stock_module(loaded, candidate.name)
-    found = build_problems(module, loaded, stock_build, candidate.build_id, stock_file)
+    found = build_problems(module, loaded, stock_build, candidate_build(loaded, candidate),
+                           stock_file)
     if loaded in STOCK_BUILDS and host.get_fact(File, path=staged_path(run_dir, candidate)):
         found.append(f"the staged candidate {staged_path(run_dir, candidate)} is still present")
     return found + persistence_problems(candidate, run_dir)
@@ -429,7 +439,7 @@ def swap_planned(loaded: Driver, candidate: CandidateModule) -> bool:
     """
     _, stock_build = stock_module(loaded, candidate.name)
     return bool(build_problems(host.get_fact(LoadedModule, module=candidate.name), loaded,
-                               stock_build, candidate.build_id))
+                               stock_build, candidate_build(loaded, candidate)))
 
 
 # Operations
@@ -498,7 +508,6 @@ def module(
         )
     """
     staged = staged_path(run_dir, candidate)
-    swap = swap_planned(loaded, candidate)
     if loaded == "candidate":
         # Only the file is checked again here: the peer's capabilities vanish while the
         # other workstation reloads in this same step, and preflight proved them.
@@ -507,6 +516,7 @@ def module(
             # Preflight checked this; something changed since: fail into the rollback.
             yield failing(LAYER, found)
             return
+        swap = swap_planned(loaded, candidate)
         yield from files.directory._inner(path=run_dir, mode="0700")
         yield from files.put._inner(
             src=candidate.path, dest=staged, mode="0600", create_remote_dir=False
@@ -517,7 +527,7 @@ def module(
         else:
             host.noop("the candidate is loaded with tx_e2e=Y")
         return
-    if swap:
+    if swap_planned(loaded, candidate):
         loaded_now = host.get_fact(LoadedModule, module=candidate.name)
         unload = ["rmmod", QuoteString(candidate.name), "&&"] if loaded_now else []
         # Should udev load the stock module first, modprobe finds it loaded; the

@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel
 
 from operations.driver import CandidateModule
+from operations.module_file import NotAModule
 from operations.site import (
     COMMAND_TIMEOUT,
     Candidate,
@@ -178,7 +179,7 @@ class WorkstationSettings(HostSettings):
         """
         try:
             return self.candidate_module.build_id
-        except (OSError, AttributeError, StopIteration):
+        except (OSError, NotAModule):
             return None
 
 

@@ -43,6 +43,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 from pyinfra.api.exceptions import InventoryError
 
+from operations import module_file
 from operations.connect import connection_data
 from operations.sglang_releases import QUANTIZATIONS
 from operations.syntax import (
@@ -59,6 +60,8 @@ from operations.syntax import (
 )
 
 SITE_ENV = "TWINBOLT_SITE"
+# The module twinbolt swaps, and the name its candidate's .modinfo must give.
+MODULE_NAME = "thunderbolt_net"
 # LiteLLM's own master key variable (operations/gateway.py sets it for the proxy).
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 
@@ -98,6 +101,20 @@ def _existing_file(path: Path) -> Path:
     if not path.is_file():
         raise MissingFile(f"no such file: {path}" + ("" if not path.exists() else
                                                     " (it is not a regular file)"))
+    return path
+
+
+def _thunderbolt_net_module(path: Path) -> Path:
+    # A file that is no module (a text file, a module of another name) would fail
+    # only mid-run, on the workstations, or keep production itself from converging.
+    try:
+        name = module_file.read(path).name
+    except (OSError, module_file.NotAModule) as error:
+        raise ValueError(f"{path} is not a {MODULE_NAME} kernel module: {error}") from None
+    if name != MODULE_NAME:
+        found = (f"its .modinfo names the module {name!r}" if name
+                 else "its .modinfo names no module (no name= entry)")
+        raise ValueError(f"{path} is not a {MODULE_NAME} kernel module: {found}")
     return path
 
 
@@ -144,6 +161,8 @@ LocalPath = Annotated[Path, AfterValidator(_one_line), AfterValidator(_from_site
 # A file on the machine running twinbolt that a run reads: it must be there at load.
 LocalFile = Annotated[Path, AfterValidator(_one_line), AfterValidator(_from_site_dir),
                      AfterValidator(_existing_file)]
+# The candidate: a thunderbolt_net module, plain or compressed (operations/module_file.py).
+CandidateFile = Annotated[LocalFile, AfterValidator(_thunderbolt_net_module)]
 Sha256 = Annotated[str, AfterValidator(_lowercase_sha256)]
 LinkLocalAddress = Annotated[IPv4Address, AfterValidator(_link_local)]
 Version = Annotated[str, StringConstraints(pattern=r"^\d+(\.\d+)*$")]
@@ -235,9 +254,9 @@ class Link(_Section):
 class Candidate(_Section):
     """The pinned candidate ``thunderbolt_net`` module, built elsewhere and uploaded."""
 
-    path: LocalFile
+    path: CandidateFile
     sha256: Sha256
-    module_name: ModuleName = "thunderbolt_net"
+    module_name: ModuleName = MODULE_NAME
     # While the candidate is loaded, a link that carries nothing this long makes
     # the guard on the workstation restore the stock driver (operations/guard.py).
     guard_stall_seconds: Annotated[int, Strict(), Field(ge=6, le=3600)] = 30

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lab import modules
 from operations import gateway, services, serving, serving_router
 from operations.services import Service
 from operations.serving import Sglang
@@ -66,8 +67,8 @@ def inventory(site: Path | None = None) -> dict[str, InventoryHost]:
 
 def site_inventory(directory: Path) -> dict[str, InventoryHost]:
     """The hosts of :data:`SITE`, written into ``directory`` beside its candidate module."""
-    (directory / "modules").mkdir(parents=True, exist_ok=True)
-    (directory / "modules" / "thunderbolt_net.ko").write_text("never loaded here")
+    # Never loaded here, but a real module: the site checks it when it loads.
+    modules.build("candidate", directory / "modules" / "thunderbolt_net.ko")
     return inventory(Path(shutil.copy(SITE, directory / SITE.name)))
 
 

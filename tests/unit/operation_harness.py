@@ -58,8 +58,8 @@ def run_operation(operation: Callable, facts: Callable[[type, dict], Any],
     The commands ``operation`` yields on a host whose facts ``facts(cls, kwargs)``
     gives, in ``run`` (a new one unless given); commands it runs directly
     (``host.run_shell_command``) succeed and are appended to ``shell``.
-    ``conditions``: the operation's ``_if``, which pyinfra itself asks only when
-    it executes, and then before the body runs.
+    ``conditions``: the operation's ``_if``, which the step asks itself, before
+    its body (``operations.attempt.conditions_hold``).
 
     The run's parts are passed as ``deploy.py`` passes them (:func:`run_arguments`).
     """

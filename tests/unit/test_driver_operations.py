@@ -395,3 +395,56 @@ def test_a_candidate_build_without_tx_e2e_says_it_is_absent() -> None:
     assert build_problems(module, "candidate", STOCK_BUILD, "c" * 40) == [
         "parameters/tx_e2e is absent, not Y (insmod ignores parameters a module does not "
         "declare)"]
+
+
+# Production converges whatever the candidate's path holds (issue 44): a stock
+# build is judged without the candidate's file.
+
+
+def unusable(tmp_path: Path, kind: str) -> CandidateModule:
+    """A candidate whose path is missing, or holds what no module reader can read."""
+    path = tmp_path / ("thunderbolt_net.ko.zst" if kind == "compressed text" else
+                       "thunderbolt_net.ko")
+    if kind == "text":
+        path.write_text("a text file\n")
+    elif kind == "compressed text":
+        path.write_bytes(subprocess.run(["zstd", "-q", "-c"], input=b"text\n",
+                                        capture_output=True, check=True).stdout)
+    return CandidateModule(str(path), "ab" * 32)
+
+
+@pytest.mark.parametrize("kind", ["missing", "text", "compressed text"])
+def test_production_converges_whatever_the_candidate_path_holds(candidate, tmp_path,
+                                                                kind) -> None:
+    broken = unusable(tmp_path, kind)
+    # What a failed attempt left: the candidate loaded, its copy staged.
+    left = facts(candidate, "candidate", staged=True)
+    [planned] = run_operation(SwapJudge, left, loaded="stock", candidate=broken)
+    assert planned == "'swap planned: True'"
+    assert run_operation(driver.module, left, loaded="stock", candidate=broken) == [
+        "rmmod thunderbolt_net && modprobe thunderbolt_net", f"rm -f {STAGED}"]
+    [found] = run_operation(driver.verified, left, loaded="stock", candidate=broken)
+    assert "parameters/tx_e2e exists: a candidate build is loaded" in found
+    restored = facts(candidate)
+    assert run_operation(driver.admissible, restored, loaded="stock", candidate=broken) == []
+    assert run_operation(driver.module, restored, loaded="stock", candidate=broken) == []
+    assert run_operation(driver.verified, restored, loaded="stock", candidate=broken) == []
+
+
+def test_a_candidate_that_is_no_module_fails_the_driver_step_with_what_it_is(tmp_path) -> None:
+    text = tmp_path / "thunderbolt_net.ko"
+    text.write_text("a text file\n")
+    pinned = CandidateModule(str(text), hashlib.sha256(text.read_bytes()).hexdigest())
+    assert run_operation(driver.module, facts(pinned), loaded="candidate",
+                         candidate=pinned) == [
+        f"fail: driver layer: candidate {text} is not a kernel module: not an ELF file: it "
+        "begins b'a text file\\n'"]
+
+
+def test_a_compressed_candidate_is_read_decompressed(candidate, tmp_path) -> None:
+    packed = tmp_path / "thunderbolt_net.ko.zst"
+    packed.write_bytes(subprocess.run(["zstd", "-q", "-c", candidate.path], capture_output=True,
+                                      check=True).stdout)
+    pinned = CandidateModule(str(packed), hashlib.sha256(packed.read_bytes()).hexdigest())
+    assert pinned.build_id == candidate.build_id
+    assert pinned.problems(RELEASE) == []

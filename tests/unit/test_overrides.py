@@ -45,9 +45,9 @@ def test_every_bad_override_is_named_at_once() -> None:
     assert all(reason in str(refused.value) for _, reason in HOSTILE.values())
 
 
-def test_the_overrides_the_docs_and_tests_use_pass(tmp_path) -> None:
+def test_the_overrides_the_docs_and_tests_use_pass(tmp_path, candidate_module) -> None:
     module = tmp_path / "thunderbolt_net.ko"
-    module.write_bytes(b"\x7fELF")
+    module.write_bytes(candidate_module)
     overrides.check({
         # pyinfra reads 9.9 as a number: the text as typed is a version.
         "serving_min_sglang_version": 9.9, "candidate_sha256": "ab" * 32,

@@ -1,6 +1,7 @@
 """Site files: validated once, with errors that name the key and what it may be."""
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.server import Command
 from pyinfra.operations import server
 
+from operations import overrides
+from operations.overrides import BadOverride
 from operations.site import SiteError, load_site
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,7 +61,7 @@ def test_a_ledger_path_is_relative_to_the_site_file(write_site, tmp_path):
         tmp_path / "records" / "ledger.jsonl")
 
 
-def test_example_site_loads_once_the_files_it_names_exist(tmp_path, monkeypatch):
+def test_example_site_loads_once_the_files_it_names_exist(tmp_path, monkeypatch, candidate_module):
     """
     The example copied as the README says: until the key and the candidate it
     names exist, it is refused, a line per file with its host; then it loads.
@@ -77,7 +80,7 @@ def test_example_site_loads_once_the_files_it_names_exist(tmp_path, monkeypatch)
     key.parent.mkdir(parents=True)
     key.write_text("a key\n")
     module.parent.mkdir()
-    module.write_bytes(b"\x7fELF")
+    module.write_bytes(candidate_module)
     loaded = load_site(site)
     assert [host.name for host in loaded.workstations] == ["ws0", "ws1"]
     assert loaded.gateway.name == "gw"
@@ -343,7 +346,8 @@ def test_pyinfra_runs_a_sudo_hosts_operations_and_facts_under_sudo(write_site, s
                                                     "-H -n sh -c echo fact"]
 
 
-def test_a_missing_local_file_is_refused_at_load_with_its_key_host_and_path(write_site, tmp_path):
+def test_a_missing_local_file_is_refused_at_load_with_its_key_host_and_path(write_site, tmp_path,
+                                                                          candidate_module):
     site = write_site(edited('name = "ws1"\n', 'name = "ws1"\nssh_key = "keys/ws1"\n')
                       + '\n[ssh]\nknown_hosts_file = "known_hosts"\n')
     (tmp_path / "modules" / "thunderbolt_net.ko").unlink()
@@ -357,7 +361,7 @@ def test_a_missing_local_file_is_refused_at_load_with_its_key_host_and_path(writ
     (tmp_path / "keys").mkdir()
     (tmp_path / "keys" / "ws1").write_text("a key\n")
     (tmp_path / "known_hosts").mkdir()
-    (tmp_path / "modules" / "thunderbolt_net.ko").write_text("test")
+    (tmp_path / "modules" / "thunderbolt_net.ko").write_bytes(candidate_module)
     assert problems(site) == [
         f"ssh.known_hosts_file: no such file: {tmp_path / 'known_hosts'} (it is not a regular "
         "file) (got 'known_hosts')"]
@@ -564,3 +568,75 @@ def test_a_number_that_is_no_number_or_no_bound_is_refused(write_site, text, exp
 def test_link_addresses_in_one_network_of_the_prefix_pass(write_site):
     site = load_site(write_site(edited("[candidate]", "[link]\nprefix_length = 24\n\n[candidate]")))
     assert site.link.prefix_length == 24
+
+
+# The candidate is a thunderbolt_net module (issue 44): checked when the site loads
+
+
+def compressed(tool: list[str], data: bytes) -> bytes:
+    return subprocess.run(tool, input=data, capture_output=True, check=True).stdout
+
+
+def with_candidate(write_site, name: str, data: bytes) -> Path:
+    """The minimal site, naming ``modules/<name>`` holding ``data`` as its candidate."""
+    site = write_site(edited('path = "modules/thunderbolt_net.ko"', f'path = "modules/{name}"'))
+    (site.parent / "modules" / name).write_bytes(data)
+    return site
+
+
+@pytest.mark.parametrize(("name", "tool"), [
+    ("thunderbolt_net.ko", None), ("thunderbolt_net.ko.zst", ["zstd", "-q", "-c"]),
+    ("thunderbolt_net.ko.xz", ["xz", "-c"]), ("thunderbolt_net.ko.gz", ["gzip", "-c"])])
+def test_a_candidate_module_plain_or_compressed_loads(write_site, candidate_module, name,
+                                                      tool) -> None:
+    data = compressed(tool, candidate_module) if tool else candidate_module
+    site = load_site(with_candidate(write_site, name, data))
+    assert site.candidate.path.name == name
+
+
+def built(tmp_path: Path, source: str, *flags: str) -> bytes:
+    """``source`` compiled by gcc (``-c``: an ELF relocatable object, as a module is)."""
+    (tmp_path / "built.c").write_text(source)
+    subprocess.run(["gcc", *flags, str(tmp_path / "built.c"), "-o", str(tmp_path / "built")],
+                   check=True)
+    return (tmp_path / "built").read_bytes()
+
+
+MODINFO = ('static const char info[] __attribute__((section(".modinfo"), used)) = '
+           '"license=GPL\\0name={name}\\0";\n')
+
+
+def test_a_candidate_that_is_no_thunderbolt_net_module_is_one_line_naming_what_it_is(
+        write_site, tmp_path, candidate_module) -> None:
+    path = tmp_path / "modules"
+    cases = {
+        "notes.txt": (b"a text file\n", "not an ELF file: it begins b'a text file\\n'"),
+        "other.ko": (built(tmp_path, MODINFO.format(name="e1000e"), "-c"),
+                     "its .modinfo names the module 'e1000e'"),
+        "nameless.ko": (built(tmp_path, 'static const char info[] __attribute__(('
+                              'section(".modinfo"), used)) = "license=GPL";\n', "-c"),
+                        "its .modinfo names no module (no name= entry)"),
+        "plain.o": (built(tmp_path, "int plain;\n", "-c"),
+                    "an ELF relocatable object with no .modinfo section: no kernel module"),
+        "program": (built(tmp_path, "int main(void) { return 0; }\n", "-no-pie"),
+                    "an ELF file of type ET_EXEC, not a relocatable object (ET_REL), as a "
+                    "kernel module is"),
+        "truncated.ko": (candidate_module[:64], "a malformed ELF file"),
+        # A .ko.zst holding something else is what it holds, decompressed.
+        "text.ko.zst": (compressed(["zstd", "-q", "-c"], b"text\n"),
+                        "once decompressed, not an ELF file: it begins b'text\\n'"),
+        "broken.ko.xz": (b"\xfd7zXZ\x00 cut short", "compressed data that does not decompress"),
+    }
+    for name, (data, found) in cases.items():
+        (line,) = problems(with_candidate(write_site, name, data))
+        assert line.startswith(f"candidate.path: {path / name} is not a thunderbolt_net kernel "
+                               f"module: {found}"), line
+        assert line.endswith(f"(got 'modules/{name}')"), line
+
+
+def test_a_candidate_override_is_checked_as_the_site_files_would_be(tmp_path) -> None:
+    text = tmp_path / "thunderbolt_net.ko.zst"
+    text.write_text("not compressed, not a module\n")
+    with pytest.raises(BadOverride, match=f"--data candidate_path: {text} is not a "
+                       "thunderbolt_net kernel module: not an ELF file"):
+        overrides.check({"candidate_path": str(text)})
