@@ -186,17 +186,13 @@ def completed(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     The events, each restore once: the guard appends its evidence before it
     restores (``"state": "restoring"``) and again with the outcome (``"done"``),
-    which replaces the line it completes. A restore that hung, or that a reboot
-    cut short, stays as its first line.
+    which stands for the line of the same time, in whatever order the files
+    holding them are read. A restore that hung, or that a reboot cut short,
+    stays as its first line.
     """
-    events: list[dict[str, Any]] = []
-    for event in lines:
-        if (event.get("state") == "done" and events and events[-1].get("state") == "restoring"
-                and events[-1].get("time") == event.get("time")):
-            events[-1] = event
-        else:
-            events.append(event)
-    return events
+    done = {event.get("time") for event in lines if event.get("state") == "done"}
+    return [event for event in lines
+            if not (event.get("state") == "restoring" and event.get("time") in done)]
 
 
 def unaddressed(event: dict[str, Any]) -> bool:

@@ -179,6 +179,7 @@ def test_the_evidence_is_written_before_the_restore_and_completed_after(tmp_path
     lines = [f"event {line}" for line in Path(bench.guard().events_path).read_text().splitlines()]
     [event] = GuardState().process(lines)["events"]
     assert event == {**intent, "state": "done", "rank_stopped": True, "stock_loaded": True}
+    assert GuardState().process(lines[::-1])["events"] == [event]
 
 
 @pytest.mark.parametrize("hangs", ["rmmod", "modprobe"])
