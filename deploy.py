@@ -216,10 +216,13 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
     else:
         serving.tp_rank(name="Serving: the TP ranks are stopped", sglang=sglang, present=False)
 
-    # 4. Driver: both workstations in the same step; the guard never swaps it at once with a run.
-    if workstation and state.driver != "candidate":
-        guard.armed(name="Guard: disarmed before a stock driver is loaded", guard=the_guard,
-                    present=False)
+    # 4. Driver: both workstations in the same step; the guard never swaps it at once with a
+    # run: any reload disarms it first, as the driver layer answers when the step runs.
+    if workstation:
+        guard.armed(name="Guard: disarmed before any driver reload, and under a stock driver",
+                    guard=the_guard, present=False,
+                    _if=[run.attempt.healthy,
+                         partial(guard.disarm_first, state.driver, candidate)])
     if workstation:
         driver.module(
             name=f"Driver: thunderbolt_net is the {state.driver} build",

@@ -49,7 +49,7 @@ from operations.driver import (
 from operations.gateway import ROLES, serving_deployments
 from operations.gateway_route import RoleAnswers, answer_problems
 from operations.gpu import Gpus
-from operations.guard import GuardState, describe_event
+from operations.guard import GuardState, summary
 from operations.link import (
     InterfaceState,
     PeerAnswers,
@@ -355,7 +355,7 @@ def driver_rung(topology: Topology, state: State, first: dict[str, remote.Readin
                      f"the {state.driver} driver", WARN)
         # What the guard did while no run watched, until a run reads it.
         for event in guard["events"]:
-            rung.saw(f"{entry.name}: the guard restored stock: {describe_event(event)}", WARN)
+            rung.saw(f"{entry.name}: the guard {summary(event)}", WARN)
     return rung
 
 

@@ -23,7 +23,7 @@ from harness.topology import Topology, server_url
 from operations.driver import LoadedModule, ModuleFileBuildId, loaded_driver
 from operations.gateway import SERVICE as PROXY
 from operations.gateway import LiveRouting, ProxyConfig, fallback_present
-from operations.guard import GuardState, describe_event
+from operations.guard import GuardState, summary
 from operations.link import InterfaceState, XDomainLink, trained_rate
 from operations.services import RunningServices
 from operations.serving import ROUTER, SGLANG_SERVICES, server_info, serving_of, speculative_of
@@ -181,8 +181,7 @@ def guard_fired(guards: dict[str, dict[str, Any]]) -> list[str]:
         if "error" in guard:
             found.append(f"{name}: the guard cannot be read: {guard['error']}")
             continue
-        found += [f"{name}: the guard restored stock: {describe_event(event)}"
-                  for event in guard["events"]]
+        found += [f"{name}: the guard {summary(event)}" for event in guard["events"]]
         if not guard["armed"] and not guard["events"]:
             found.append(f"{name}: the guard is not armed")
     return found
@@ -285,8 +284,7 @@ def guard_rows(topology: Topology, readings: dict[str, remote.Reading],
             continue
         guard = reading.values["guard"]
         rows.append(("guard", entry.name, "armed" if guard["armed"] else "not armed"))
-        rows.extend(("guard", entry.name, f"restored stock: {describe_event(event)}")
-                    for event in guard["events"])
+        rows.extend(("guard", entry.name, summary(event)) for event in guard["events"])
 
 
 def serving_layer(topology: Topology, readings: dict[str, remote.Reading],

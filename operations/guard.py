@@ -13,19 +13,24 @@ build disarms it first, so that the two never swap the driver at once.
   runs as a transient service (:meth:`Supervisor.transient_start`: a transient
   systemd unit, or a runsv of its own under ``/run``), so a reboot forgets it,
   as it forgets the staged candidate.
-- It watches what the link does: the peer answers a ping across the
-  interface. A link with carrier that carries nothing for
-  ``candidate.guard_stall_seconds`` (a site key) is a stall; one without
-  carrier (the cable out, the peer asleep, a retraining) is not. On a stall
-  it does only what is local and safe: it stops this host's TP rank, loads
-  the stock driver and appends the event, with its evidence, to
-  :data:`EVENTS` (persistent: it outlives the reboot it may precede). It
-  touches neither the gateway nor the other host: the fallback present in
-  every TP state keeps ``small`` answering.
+- It judges the link, not the address: traffic sent across an up,
+  addressed link with nothing coming back (the peer answers no ping) for
+  ``candidate.guard_stall_seconds`` (a site key, timed since boot) is a
+  stall; a link without carrier (the cable out, the peer asleep, a
+  retraining) is not, nor one without its address (a new ``thunderbolt0``
+  after a plug or a wake): the guard applies the declared address where
+  twinbolt owns it (``link.address_owner``), and reports an ``unaddressed``
+  event where the host's network manager does. On a stall it does only what
+  is local and safe: it appends its evidence to :data:`EVENTS` (persistent:
+  it outlives the reboot it may precede) as a restore under way, stops this
+  host's TP rank, loads the stock driver (each module command bounded) and
+  appends how that ended. It touches neither the gateway nor the other host:
+  the fallback present in every TP state keeps ``small`` answering.
 - The next run reads the events (:func:`reported`): it names them, and the
-  compatibility ledger records each as a stall of the candidate on that
-  controller, so the next candidate run on it is refused. ``status`` shows
-  whether the guard is armed and any event no run has read yet.
+  compatibility ledger records each stall, finished or not, as a stall of the
+  candidate on that controller, so the next candidate run on it is refused;
+  an ``unaddressed`` event is recorded as what it is, no stall. ``status``
+  shows whether the guard is armed and any event no run has read yet.
 """
 
 from __future__ import annotations
@@ -47,11 +52,12 @@ from pyinfra.operations import files
 
 from operations import ledger
 from operations.attempt import Layer, operation
-from operations.driver import staged_path
+from operations.driver import CandidateModule, staged_path, swap_planned
 from operations.facts import EmptyMeansSomething, FileDigest, digest
 from operations.phase import executing, run_now
 from operations.services import SUPERVISORS, TEMPLATES, InitSystem, Service
 from operations.serving import TP_RANKS
+from operations.states import Driver
 
 if TYPE_CHECKING:
     from operations.run import Run
@@ -69,16 +75,23 @@ REPORTED = "/var/lib/twinbolt/guard-events.reported.jsonl"
 MOVE_REPORTED = f"cat {EVENTS} >> {REPORTED} && rm -f {EVENTS}"
 # How often it pings the peer.
 INTERVAL_SECONDS = 2
+# How long rmmod, then modprobe, may take before the guard gives up on the restore.
+MODULE_SECONDS = 20
 
 
 @dataclass(frozen=True)
 class Guard:
     """
     What one workstation's guard watches and what it restores: the link towards
-    the peer, the stall bound, the module, and the TP rank it stops.
+    the peer and its declared address, the stall bound, the module, and the TP
+    rank it stops. ``sysfs`` and ``uptime_path`` are where it reads the host;
+    only a test points them elsewhere.
     """
 
     interface: str
+    address: str
+    prefix_length: int
+    address_owner: str
     peer_address: str
     stall_seconds: int
     module: str
@@ -87,12 +100,17 @@ class Guard:
     run_dir: str
     staged_candidate: str
     events_path: str = EVENTS
+    sysfs: str = "/sys"
+    uptime_path: str = "/proc/uptime"
+    module_seconds: int = MODULE_SECONDS
 
     @classmethod
     def of(cls, settings: WorkstationSettings) -> Guard:
         candidate = settings.candidate_module
         return cls(
-            interface=settings.link.interface, peer_address=settings.peer_link_address,
+            interface=settings.link.interface, address=settings.link_address,
+            prefix_length=settings.link.prefix_length,
+            address_owner=settings.link.address_owner, peer_address=settings.peer_link_address,
             stall_seconds=settings.candidate.guard_stall_seconds, module=candidate.name,
             rank_service=TP_RANKS[settings.rank], init_system=settings.serving.init_system,
             run_dir=settings.run_dir, staged_candidate=staged_path(settings.run_dir, candidate),
@@ -106,10 +124,13 @@ class Guard:
         """The guard's script, rendered locally, each value quoted for the shell."""
         return get_template(str(TEMPLATE)).render(
             sh=shlex.quote, script_path=self.script_path, interface=self.interface,
-            peer_address=self.peer_address, stall_seconds=int(self.stall_seconds),
-            interval_seconds=INTERVAL_SECONDS, module=self.module,
+            address=self.address, prefix_length=int(self.prefix_length),
+            address_owner=self.address_owner, peer_address=self.peer_address,
+            stall_seconds=int(self.stall_seconds), interval_seconds=INTERVAL_SECONDS,
+            module_seconds=int(self.module_seconds), module=self.module,
             rank_service=self.rank_service, staged_path=self.staged_candidate,
-            events_path=self.events_path, stop_service=SUPERVISORS[self.init_system].stop_script(),
+            events_path=self.events_path, sysfs=self.sysfs, uptime_path=self.uptime_path,
+            stop_service=SUPERVISORS[self.init_system].stop_script(),
         )
 
     def service(self) -> Service:
@@ -123,26 +144,32 @@ class Guard:
 
 class GuardState(EmptyMeansSomething):
     """
-    Whether the guard runs on this host, and the events it recorded that no run
-    has read yet.
+    Whether the guard runs on this host, whether anything of it is left (it may
+    have exited), and the events it recorded that no run has read yet.
 
     .. code:: python
 
-        {"armed": True, "events": [{"time": 1764900000, "stalled_seconds": 30, ...}]}
+        {"armed": True, "left": True,
+         "events": [{"kind": "stall", "time": 1764900000, "stalled_seconds": 30, ...}]}
     """
 
     def command(self, init_system: InitSystem) -> StringCommand:
-        script = (SUPERVISORS[init_system].transient_active_script()
+        supervisor = SUPERVISORS[init_system]
+        script = (supervisor.transient_active_script() + supervisor.transient_left_script()
                   + f"sed 's/^/event /' {EVENTS} 2>/dev/null; true")
         return StringCommand("sh", "-c", QuoteString(script), "-", NAME)
 
     def process(self, output: list[str]) -> dict[str, Any]:
-        state: dict[str, Any] = {"armed": False, "events": []}
+        state: dict[str, Any] = {"armed": False, "left": False, "events": []}
+        lines = []
         for line in output:
             if line.strip() == "active":
                 state["armed"] = True
+            elif line.strip() == "left":
+                state["left"] = True
             elif line.startswith("event "):
-                state["events"].append(event_of(line.removeprefix("event ")))
+                lines.append(event_of(line.removeprefix("event ")))
+        state["events"] = completed(lines)
         return state
 
 
@@ -155,19 +182,60 @@ def event_of(line: str) -> dict[str, Any]:
     return event if isinstance(event, dict) else {"unreadable": line.strip()}
 
 
+def completed(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """
+    The events, each restore once: the guard appends its evidence before it
+    restores (``"state": "restoring"``) and again with the outcome (``"done"``),
+    which stands for the line of the same time, in whatever order the files
+    holding them are read. A restore that hung, or that a reboot cut short,
+    stays as its first line.
+    """
+    done = {event.get("time") for event in lines if event.get("state") == "done"}
+    return [event for event in lines
+            if not (event.get("state") == "restoring" and event.get("time") in done)]
+
+
+def unaddressed(event: dict[str, Any]) -> bool:
+    """Whether the event is a link without its address, which the guard reports but is no stall."""
+    return event.get("kind") == "unaddressed"
+
+
 def describe_event(event: dict[str, Any]) -> str:
     """One line an operator reads: when, how long, what the counters did, what it restored."""
     if "unreadable" in event:
         return f"an unfinished record: {event['unreadable']}"
-    errors = event.get("rx_errors") or [0, 0]
     when = _time(event.get("time"))
-    restored = ("the stock driver loaded" if event.get("stock_loaded")
-                else "the stock driver did NOT load")
-    rank = "TP rank stopped" if event.get("rank_stopped") else "TP rank not stopped"
+    if unaddressed(event):
+        return (f"{when}: {event.get('interface')} had carrier but not its address "
+                f"{event.get('address')} for {event.get('unaddressed_seconds')} s, and the "
+                "host's network manager applies it (link.address_owner = system): no stall, "
+                "the driver left alone")
+    errors = event.get("rx_errors") or [0, 0]
     return (f"{when}: the peer {event.get('peer')} did not answer for "
             f"{event.get('stalled_seconds')} s with tx_e2e={event.get('tx_e2e')} "
-            f"({event.get('tx_bytes')} bytes sent, {event.get('rx_bytes')} received, "
-            f"rx_errors {errors[0]} -> {errors[-1]}): {rank}, {restored}")
+            f"({_count(event.get('tx_bytes'))} bytes sent, {_count(event.get('rx_bytes'))} "
+            f"received, rx_errors {errors[0]} -> {errors[-1]}): {_restore(event)}")
+
+
+def summary(event: dict[str, Any]) -> str:
+    """What the guard did, as ``status`` and a run name it, then the event."""
+    done = "found the link unaddressed" if unaddressed(event) else "restored stock"
+    return f"{done}: {describe_event(event)}"
+
+
+def _restore(event: dict[str, Any]) -> str:
+    if event.get("state") == "restoring":
+        return ("the restore did not finish (it hung, or the host went down during it): "
+                "whether the TP rank stopped and the stock driver loaded is unknown")
+    rank = "TP rank stopped" if event.get("rank_stopped") else "TP rank not stopped"
+    restored = ("the stock driver loaded" if event.get("stock_loaded")
+                else "the stock driver did NOT load")
+    return f"{rank}, {restored}"
+
+
+def _count(count: Any) -> str:
+    """A byte count, ``null`` where the guard could not tell (a counter that went back)."""
+    return "unknown" if count is None else str(count)
 
 
 def _time(seconds: Any) -> str:
@@ -178,9 +246,23 @@ def _time(seconds: Any) -> str:
 
 
 def ledger_entry(event: dict[str, Any], observed: dict[str, Any]) -> dict[str, Any]:
-    """The ledger's record of one event: a stall of the candidate on this host's controller."""
-    return ledger.record("guard", "candidate", "guarded", [observed], layer=Layer.LINK,
+    """
+    The ledger's record of one event: a stall of the candidate on this host's
+    controller, whether its restore finished or not; a link without its address
+    is recorded as what it is, never a stall.
+    """
+    return ledger.record("guard", "candidate", "unaddressed" if unaddressed(event) else "guarded",
+                         [observed], layer=Layer.LINK,
                          evidence=f"the guard on {observed['host']}: {describe_event(event)}")
+
+
+def disarm_first(loaded: Driver, candidate: CandidateModule) -> bool:
+    """
+    Whether the guard is disarmed before the driver step: before any reload of
+    the module, candidate to candidate too, as the driver layer answers it when
+    the step runs; and always before a stock driver, which no guard watches.
+    """
+    return loaded != "candidate" or swap_planned(loaded, candidate)
 
 
 # Operations
@@ -192,9 +274,10 @@ def armed(guard: Guard, present: bool = True) -> Iterator[PyinfraCommand]:
     Arm the guard while the candidate is loaded, or disarm it.
 
     Armed, its script is in the run directory and its transient service runs;
-    a changed script restarts it. Disarmed, it is stopped and its script gone.
-    Disarm it before a stock build is loaded: the guard and the run must never
-    swap the driver at once.
+    a changed script restarts it. Disarmed, it is stopped, what its service left
+    (a runsv after it exited) removed, and its script gone: nothing of it stays.
+    Disarm it before any reload of the driver (:func:`disarm_first`): the guard
+    and the run must never swap the driver at once.
 
     + guard: what this workstation's guard watches (:class:`Guard`)
     + present: armed, or not
@@ -207,9 +290,11 @@ def armed(guard: Guard, present: bool = True) -> Iterator[PyinfraCommand]:
                     guard=Guard.of(settings))
     """
     supervisor = SUPERVISORS[guard.init_system]
-    running = host.get_fact(GuardState, init_system=guard.init_system)["armed"]
+    state = host.get_fact(GuardState, init_system=guard.init_system)
+    running = state["armed"]
     if not present:
-        if running:
+        # A guard that exited after a restore leaves its runsv under runit: it goes too.
+        if state["left"]:
             yield from supervisor.transient_stop(NAME)
         else:
             host.noop("the guard is not armed")
@@ -259,7 +344,7 @@ def reported(run: Run, init_system: InitSystem, ledger_path: str) -> Iterator[Py
     entries = [ledger_entry(event, run.observed.hosts[host.name]) for event in events]
     run.observed.guarded[host.name] = entries
     for event in events:
-        host.log_styled(f"the guard restored the stock driver here: {describe_event(event)}",
+        host.log_styled(f"the guard {summary(event)}",
                         fg="yellow", log_func=logger.warning)
     if executing():
         for entry in entries:

@@ -64,9 +64,11 @@ LAYER = attempt.Layer.LEDGER
 
 FAILED = ("rolled_back", "rollback_failed", "stopped")
 # "guarded": the guard on a workstation found the candidate's link stalled and
-# restored the stock driver, with no run watching (operations/guard.py).
+# restored the stock driver, with no run watching (operations/guard.py);
+# "unaddressed": it found the link up without its address, which is no stall.
 # "hotplug", "suspend": a soak's event and what it did (harness/events.py).
-OUTCOMES = ("accepted", "refused", *FAILED, "measured", "guarded", "hotplug", "suspend")
+OUTCOMES = ("accepted", "refused", *FAILED, "measured", "guarded", "unaddressed", "hotplug",
+            "suspend")
 FORCE_KEY = "force_candidate"
 
 

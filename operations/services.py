@@ -143,9 +143,9 @@ def run_script_path(name: str) -> str:
     return f"{RUNIT_SOURCEDIR}/{name}/run"
 
 
-def log_path(name: str) -> str:
+def log_path(name: str, log_dir: str = LOG_DIR) -> str:
     """Where a runit service's output goes (systemd services log to the journal)."""
-    return f"{LOG_DIR}/{name}.log"
+    return f"{log_dir}/{name}.log"
 
 
 class Supervisor:
@@ -199,6 +199,13 @@ class Supervisor:
 
     def transient_active_script(self) -> str:
         """Shell that prints ``active`` while the transient service ``$1`` runs."""
+        raise NotImplementedError
+
+    def transient_left_script(self) -> str:
+        """
+        Shell that prints ``left`` while anything of the transient service ``$1``
+        remains, running or exited: what :meth:`transient_stop` removes.
+        """
         raise NotImplementedError
 
     def transient_start(self, service: Service) -> Iterator[PyinfraCommand]:
@@ -266,6 +273,11 @@ class Systemd(Supervisor):
 
     def transient_active_script(self) -> str:
         return 'systemctl is-active --quiet "$1.service" && echo active; '
+
+    def transient_left_script(self) -> str:
+        # --collect unloads the unit once it has exited; until then it is loaded.
+        return ('[ "$(systemctl show -p LoadState --value "$1.service" 2>/dev/null)" = loaded ] '
+                "&& echo left; ")
 
     def transient_start(self, service: Service) -> Iterator[PyinfraCommand]:
         # A transient unit lives in /run/systemd/transient; --collect unloads it
@@ -347,12 +359,16 @@ class Runit(Supervisor):
         return (f'sv status {RUNIT_TRANSIENT_DIR}/"$1" 2>/dev/null | grep -q "^run:" '
                 "&& echo active; ")
 
+    def transient_left_script(self) -> str:
+        return f'[ -d {RUNIT_TRANSIENT_DIR}/"$1" ] && echo left; '
+
     def transient_start(self, service: Service) -> Iterator[PyinfraCommand]:
         # Its own runsv, outside runsvdir's scan directory, on a directory in /run:
         # its down file keeps runsv from starting it, "sv once" from restarting it.
         directory = f"{RUNIT_TRANSIENT_DIR}/{service.name}"
         yield from files.directory._inner(path=directory, mode="0700")
-        yield from files.put._inner(src=StringIO(render(service, "runit")),
+        # Its log in /run too, beside its directory: kept after a disarm, until the reboot.
+        yield from files.put._inner(src=StringIO(render(service, "runit", RUNIT_TRANSIENT_DIR)),
                                     dest=f"{directory}/run", mode="0755")
         yield from files.file._inner(path=f"{directory}/down")
         yield StringCommand("sh", "-c", QuoteString(RUNSV_ONCE), "-", QuoteString(directory))
@@ -410,12 +426,15 @@ def unit_value(value: str) -> str:
     return value.replace("%", "%%")
 
 
-def template_context(service: Service) -> dict[str, object]:
-    """What both templates are rendered with: the service and the quoting for each format."""
+def template_context(service: Service, log_dir: str = LOG_DIR) -> dict[str, object]:
+    """
+    What both templates are rendered with: the service, where runit's wrapper
+    logs it, and the quoting for each format.
+    """
     return {
         "service": service,
-        "log_dir": LOG_DIR,
-        "log_path": log_path(service.name),
+        "log_dir": log_dir,
+        "log_path": log_path(service.name, log_dir),
         "sh": shlex.quote,
         "sh_join": shlex.join,
         "unit_quote": unit_quote,
@@ -424,10 +443,13 @@ def template_context(service: Service) -> dict[str, object]:
     }
 
 
-def render(service: Service, init_system: InitSystem) -> str:
-    """The file :func:`present` uploads, rendered locally (pyinfra's own jinja2 environment)."""
+def render(service: Service, init_system: InitSystem, log_dir: str = LOG_DIR) -> str:
+    """
+    The file :func:`present` uploads, rendered locally (pyinfra's own jinja2
+    environment); a runit service logs into ``log_dir``.
+    """
     return get_template(str(SUPERVISORS[init_system].template)).render(
-        template_context(service))
+        template_context(service, log_dir))
 
 
 def rendered_differs(service: Service, init_system: InitSystem) -> bool:

@@ -15,7 +15,7 @@ from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import KernelVersion, TmpDir
 
 from lab.modules import build
-from operations import driver
+from operations import driver, guard
 from operations.driver import (
     CandidateModule,
     LoadedModule,
@@ -313,6 +313,39 @@ def test_the_ranks_stop_for_exactly_the_swaps_the_driver_step_makes(candidate, l
                if "modprobe" in command or "insmod" in command]
     assert answer == f"'swap planned: {swaps}'"
     assert bool(reloads) is swaps
+
+
+def another_build_loaded(situation):
+    """The same workstation, an earlier pinned build of the candidate loaded."""
+    older = {"initstate": "live", "parameters": {"e2e": "Y", "tx_e2e": "Y"}, "build_id": "0" * 40}
+    return lambda cls, kwargs: older if cls is LoadedModule else situation(cls, kwargs)
+
+
+class DisarmJudge:
+    """``guard.disarm_first`` asked the way deploy.py's ``_if`` asks it: on the host."""
+
+    @staticmethod
+    def _inner(**arguments):
+        yield f"disarm first: {guard.disarm_first(**arguments)}"
+
+
+@pytest.mark.parametrize(("loaded", "wanted", "disarms"), [
+    # The pinned build stays loaded: the guard watches on.
+    ("candidate", "candidate", False),
+    # A new pinned build while staying in a candidate state: a reload, candidate to candidate.
+    ("another candidate", "candidate", True),
+    ("stock", "candidate", True),
+    ("candidate", "stock", True),
+    # No guard watches a stock driver: whatever one left goes, reload or not.
+    ("stock", "stock", True),
+])
+def test_the_guard_is_disarmed_before_any_reload_candidate_to_candidate_too(
+        candidate, loaded, wanted, disarms) -> None:
+    situation = facts(candidate, loaded.removeprefix("another "), staged=True)
+    if loaded == "another candidate":
+        situation = another_build_loaded(situation)
+    [answer] = run_operation(DisarmJudge, situation, loaded=wanted, candidate=candidate)
+    assert answer == f"'disarm first: {disarms}'"
 
 
 # Each branch of the driver judges, pinned by what it reports (issue 29 part 5).

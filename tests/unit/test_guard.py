@@ -6,12 +6,15 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 from operation_harness import a_run, run_operation
 from pyinfra.facts.files import Directory, File, Md5File, Sha1File, Sha256File
 from pyinfra.facts.server import TmpDir
+from pyinfra.operations import files
 
 from harness.status import guard_fired
 from operations import guard, ledger
@@ -23,7 +26,8 @@ SHELLS = [shell for shell in ("sh", "dash", "bash") if shutil.which(shell)]
 
 
 def a_guard(tmp_path: Path, init_system: str = "systemd", **changes: object) -> Guard:
-    fields = dict(interface="thunderbolt0", peer_address="169.254.77.2", stall_seconds=30,
+    fields = dict(interface="thunderbolt0", address="169.254.77.1", prefix_length=16,
+                  address_owner="twinbolt", peer_address="169.254.77.2", stall_seconds=30,
                   module="thunderbolt_net", rank_service="sglang-tp2-rank0",
                   init_system=init_system, run_dir="/run/twinbolt",
                   staged_candidate="/run/twinbolt/thunderbolt_net.ko",
@@ -45,70 +49,242 @@ def test_the_guard_script_and_the_transient_runit_scripts_parse(tmp_path, shell:
         assert parsed.returncode == 0, parsed.stderr
 
 
-def fake_tools(tmp_path: Path, ping_answers: bool) -> dict[str, str]:
-    """A PATH whose ping, systemctl and modprobe log their arguments; sleep is short."""
-    tools = tmp_path / "bin"
-    tools.mkdir()
-    log = tmp_path / "calls"
-    for name, status in (("ping", 0 if ping_answers else 1), ("systemctl", 0), ("modprobe", 0),
-                         ("rmmod", 0)):
-        (tools / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\nexit {status}\n')
-        (tools / name).chmod(0o755)
-    (tools / "sleep").write_text("#!/bin/sh\nexec /bin/sleep 0.05\n")
-    (tools / "sleep").chmod(0o755)
-    return {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}"}
+def test_the_guard_reads_the_host_where_the_kernel_shows_it() -> None:
+    script = a_guard(Path("/var/lib/twinbolt")).script()
+    assert "\nsysfs=/sys\n" in script and "\nuptime=/proc/uptime\n" in script
+
+
+# The bench's stand-ins for the host, each logging what it was asked to "calls".
+# ping answers with the exit status on line N of "answers" for its Nth call (the
+# bench's default after them) and first sources "on-ping-N" if there is one; sleep
+# moves the fake uptime on by "step" seconds; date steps by "jump" from its third
+# call; ip shows the address once "addressed" exists, and applying it makes it.
+STUBS = {
+    "ping": 'n=$(($(cat "$B/pings" 2>/dev/null || echo 0) + 1)); echo "$n" > "$B/pings"\n'
+            'echo "ping $*" >> "$B/calls"\n'
+            '[ -f "$B/on-ping-$n" ] && . "$B/on-ping-$n"\n'
+            'status=$(sed -n "${n}p" "$B/answers" 2>/dev/null)\n'
+            'exit "${status:-$(cat "$B/ping")}"',
+    "sleep": '/bin/sleep 0.01\nread -r up _ < "$B/uptime"\n'
+             'echo "$((${up%.*} + $(cat "$B/step"))).42 1.00" > "$B/uptime"',
+    "date": 'n=$(($(cat "$B/dates" 2>/dev/null || echo 0) + 1)); echo "$n" > "$B/dates"\n'
+            'jump=0; [ "$n" -gt 2 ] && jump=$(cat "$B/jump")\n'
+            'echo $((1796400000 + 2 * n + jump))',
+    "ip": 'echo "ip $*" >> "$B/calls"\n'
+          'case "$*" in\n'
+          '*" addr show "*) [ -e "$B/addressed" ] && echo "7: lo    inet 169.254.77.1/16 '
+          'scope link lo\\       valid_lft forever preferred_lft forever" ;;\n'
+          '"addr replace "*) touch "$B/addressed" ;;\n'
+          'esac; exit 0',
+    "systemctl": 'echo "systemctl $*" >> "$B/calls"',
+    "rmmod": 'echo "rmmod $*" >> "$B/calls"; cat "$B/events.jsonl" > "$B/seen-by-rmmod"\n'
+             '[ -e "$B/hang-rmmod" ] && exec /bin/sleep 60; rm -r "$B/sys/module/$1"',
+    "modprobe": 'echo "modprobe $*" >> "$B/calls"\n[ -e "$B/hang-modprobe" ] && exec /bin/sleep 60'
+                '\nexit 0',
+}
+
+
+class Bench:
+    """
+    A workstation for the guard's script: a fake sysfs with the link (carrier,
+    ifindex, counters) and the module, a fake ``/proc/uptime``, and stand-ins for
+    the commands it runs (:data:`STUBS`). The interface is ``lo``, which has
+    carrier and ifindex 1 on any machine, so that a script that reads the real
+    ``/sys`` sees a link too.
+    """
+
+    def __init__(self, tmp_path: Path, ping: int = 1, step: int = 2, jump: int = 0,
+                 addressed: bool = True, loaded: bool = True) -> None:
+        self.root = tmp_path
+        self.net = tmp_path / "sys/class/net/lo"
+        (self.net / "statistics").mkdir(parents=True)
+        self.set_link(ifindex=1, tx_bytes=5000, rx_bytes=4000, rx_errors=2)
+        (self.net / "carrier").write_text("1\n")
+        if loaded:
+            (tmp_path / "sys/module/thunderbolt_net/parameters").mkdir(parents=True)
+            (tmp_path / "sys/module/thunderbolt_net/parameters/tx_e2e").write_text("Y\n")
+        for name, value in (("ping", ping), ("step", step), ("jump", jump)):
+            (tmp_path / name).write_text(f"{value}\n")
+        (tmp_path / "uptime").write_text("1000.42 1.00\n")
+        if addressed:
+            (tmp_path / "addressed").touch()
+        (tmp_path / "bin").mkdir()
+        for name, body in STUBS.items():
+            (tmp_path / "bin" / name).write_text(f"#!/bin/sh\n{body}\n")
+            (tmp_path / "bin" / name).chmod(0o755)
+        self.env = {**os.environ, "B": str(tmp_path),
+                    "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+
+    def set_link(self, **values: int) -> None:
+        """The device's ifindex and counters, as its sysfs shows them now."""
+        for name, value in values.items():
+            path = self.net / name if name == "ifindex" else self.net / "statistics" / name
+            path.write_text(f"{value}\n")
+
+    def guard(self, **changes: object) -> Guard:
+        return a_guard(self.root, interface="lo", sysfs=str(self.root / "sys"),
+                       uptime_path=str(self.root / "uptime"),
+                       staged_candidate=str(self.root / "thunderbolt_net.ko"), **changes)
+
+    def run(self, watch: Guard, seconds: float) -> subprocess.CompletedProcess | None:
+        """The guard's script, run until it exits; ``None`` if it watches after ``seconds``."""
+        (self.root / "guard.sh").write_text(watch.script())
+        try:
+            return subprocess.run(["sh", str(self.root / "guard.sh")], env=self.env,
+                                  capture_output=True, text=True, timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def calls(self) -> list[str]:
+        path = self.root / "calls"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def events(self) -> list[dict]:
+        path = self.root / "events.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def restored(calls: list[str]) -> list[str]:
+    return [call for call in calls if call.split()[0] in ("rmmod", "modprobe", "systemctl")]
 
 
 def test_a_link_that_carries_nothing_has_the_guard_stop_the_rank_and_load_stock(
         tmp_path) -> None:
-    # The loopback interface stands for thunderbolt0: it exists, with real counters;
-    # a module that is not loaded is only loaded, never removed first.
-    staged = tmp_path / "thunderbolt_net.ko"
-    staged.write_bytes(b"candidate")
-    watch = a_guard(tmp_path, interface="lo", stall_seconds=1, module="twinbolt_absent_module",
-                    staged_candidate=str(staged))
-    (tmp_path / "guard.sh").write_text(watch.script())
-    ran = subprocess.run(["sh", str(tmp_path / "guard.sh")], env=fake_tools(tmp_path, False),
-                         capture_output=True, text=True, timeout=30)
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-    calls = (tmp_path / "calls").read_text().splitlines()
-    assert "systemctl stop sglang-tp2-rank0.service" in calls
-    assert calls[-1] == "modprobe twinbolt_absent_module"
-    assert not any(call.startswith("rmmod") for call in calls)
-    assert not staged.exists()
-    [event] = [json.loads(line) for line in Path(watch.events_path).read_text().splitlines()]
-    assert event["stalled_seconds"] >= 1 and event["peer"] == "169.254.77.2"
-    assert event["rank_stopped"] is True and event["stock_loaded"] is True
-    assert event["tx_e2e"] == "absent" and len(event["rx_errors"]) == 2
-    assert "restoring the stock twinbolt_absent_module" in ran.stdout
+    bench = Bench(tmp_path)
+    (tmp_path / "thunderbolt_net.ko").write_bytes(b"candidate")
+    ran = bench.run(bench.guard(stall_seconds=10), seconds=30)
+    assert ran is not None and ran.returncode == 0, ran and ran.stdout + ran.stderr
+    assert restored(bench.calls()) == ["systemctl stop sglang-tp2-rank0.service",
+                                       "rmmod thunderbolt_net", "modprobe thunderbolt_net"]
+    assert not (tmp_path / "thunderbolt_net.ko").exists()
+    [intent, done] = bench.events()
+    assert done["stalled_seconds"] == 10 and done["peer"] == "169.254.77.2"
+    assert done["rank_stopped"] is True and done["stock_loaded"] is True
+    assert done["tx_e2e"] == "Y" and done["rx_errors"] == [2, 2]
+    assert (done["tx_bytes"], done["rx_bytes"]) == (0, 0)
+    assert "restoring the stock thunderbolt_net" in ran.stdout
+
+
+def test_the_evidence_is_written_before_the_restore_and_completed_after(tmp_path) -> None:
+    """A restore that hangs, or a reboot during it, still leaves the stall recorded."""
+    bench = Bench(tmp_path)
+    ran = bench.run(bench.guard(stall_seconds=10), seconds=30)
+    assert ran is not None and ran.returncode == 0, ran and ran.stdout + ran.stderr
+    [intent] = [json.loads(line) for line in (tmp_path / "seen-by-rmmod").read_text()
+                .splitlines()]
+    assert intent["state"] == "restoring" and intent["kind"] == "stall"
+    assert intent["rank_stopped"] is None and intent["stock_loaded"] is None
+    assert intent["stalled_seconds"] == 10 and intent["tx_e2e"] == "Y"
+    # Read back, the completion replaces the line it completes.
+    lines = [f"event {line}" for line in Path(bench.guard().events_path).read_text().splitlines()]
+    [event] = GuardState().process(lines)["events"]
+    assert event == {**intent, "state": "done", "rank_stopped": True, "stock_loaded": True}
+    assert GuardState().process(lines[::-1])["events"] == [event]
+
+
+@pytest.mark.parametrize("hangs", ["rmmod", "modprobe"])
+def test_a_module_command_that_hangs_is_bounded_and_the_restore_recorded(tmp_path,
+                                                                        hangs: str) -> None:
+    # rmmod runs while the candidate is loaded; modprobe alone when it is not.
+    bench = Bench(tmp_path, loaded=hangs == "rmmod")
+    (tmp_path / f"hang-{hangs}").touch()
+    started = time.monotonic()
+    ran = bench.run(bench.guard(stall_seconds=4, module_seconds=1), seconds=20)
+    assert ran is not None, "the guard still waits on a hanging module command"
+    assert ran.returncode != 0 and time.monotonic() - started < 10
+    assert restored(bench.calls())[-1] == f"{hangs} thunderbolt_net"
+    assert bench.events()[-1]["state"] == "done"
+    assert bench.events()[-1]["stock_loaded"] is False
+    assert "the stock thunderbolt_net is NOT loaded" in ran.stdout
+
+
+def test_a_wall_clock_step_fires_nothing_a_stall_is_timed_since_boot(tmp_path) -> None:
+    # Three lost pings (6 s since boot), the wall clock stepped +1 h after two of them.
+    bench = Bench(tmp_path, ping=0, jump=3600)
+    (tmp_path / "answers").write_text("1\n1\n1\n")
+    assert bench.run(bench.guard(stall_seconds=30), seconds=3) is None
+    assert restored(bench.calls()) == [] and bench.events() == []
+
+
+def test_a_stall_is_timed_since_boot_whatever_the_wall_clock_does(tmp_path) -> None:
+    # 80 s since boot without an answer, the wall clock stepped back 1 h meanwhile.
+    bench = Bench(tmp_path, jump=-3600)
+    ran = bench.run(bench.guard(stall_seconds=80), seconds=30)
+    assert ran is not None and ran.returncode == 0, "an 80 s stall did not fire the guard"
+    assert bench.events()[-1]["stalled_seconds"] == 80
 
 
 def test_a_peer_that_answers_never_fires_the_guard(tmp_path) -> None:
-    watch = a_guard(tmp_path, interface="lo", stall_seconds=1, module="twinbolt_absent_module")
-    (tmp_path / "guard.sh").write_text(watch.script())
-    with pytest.raises(subprocess.TimeoutExpired):
-        subprocess.run(["sh", str(tmp_path / "guard.sh")], env=fake_tools(tmp_path, True),
-                       capture_output=True, text=True, timeout=3)
-    calls = (tmp_path / "calls").read_text().splitlines()
-    assert len(calls) > 10 and all(call.startswith("ping ") for call in calls)
-    assert not Path(watch.events_path).exists()
+    bench = Bench(tmp_path, ping=0)
+    assert bench.run(bench.guard(stall_seconds=4), seconds=3) is None
+    calls = bench.calls()
+    assert sum(call.startswith("ping ") for call in calls) > 10
+    assert restored(calls) == [] and bench.events() == []
 
 
 def test_a_link_without_carrier_is_no_stall(tmp_path) -> None:
     """The cable out or the peer asleep: the candidate's ring is not what stopped."""
-    watch = a_guard(tmp_path, interface="twinbolt_none0", stall_seconds=1)
-    (tmp_path / "guard.sh").write_text(watch.script())
-    with pytest.raises(subprocess.TimeoutExpired):
-        subprocess.run(["sh", str(tmp_path / "guard.sh")], env=fake_tools(tmp_path, False),
-                       capture_output=True, text=True, timeout=2)
-    assert not (tmp_path / "calls").exists()
-    assert not Path(watch.events_path).exists()
+    bench = Bench(tmp_path)
+    (bench.net / "carrier").write_text("0\n")
+    assert bench.run(bench.guard(stall_seconds=4), seconds=2) is None
+    assert restored(bench.calls()) == [] and bench.events() == []
 
 
-def guard_facts(armed: bool, script: str | None, events: list[dict] | None = None):
-    """A workstation whose guard runs or not, with this script in place (``None``: none)."""
+def test_an_interface_without_its_address_gets_it_from_a_guard_of_twinbolt_s_own(
+        tmp_path) -> None:
+    """A new thunderbolt0 after a plug: ping cannot even send (network unreachable)."""
+    bench = Bench(tmp_path, ping=2, addressed=False)
+    (tmp_path / "on-ping-1").write_text('echo 0 > "$B/ping"\n')
+    ran = bench.run(bench.guard(stall_seconds=4), seconds=3)
+    assert ran is None, ran and ran.stdout
+    calls = bench.calls()
+    assert "ip addr replace 169.254.77.1/16 dev lo" in calls
+    assert restored(calls) == [] and bench.events() == []
+    # Addressed, the link is watched again: its pings go on.
+    assert sum(call.startswith("ping ") for call in calls) > 10
+
+
+def test_an_interface_without_its_address_the_site_owns_is_reported_unaddressed(
+        tmp_path) -> None:
+    bench = Bench(tmp_path, ping=2, addressed=False)
+    ran = bench.run(bench.guard(stall_seconds=10, address_owner="system"), seconds=3)
+    assert ran is None, ran and ran.stdout
+    calls = bench.calls()
+    assert restored(calls) == [] and not any(" replace " in call for call in calls)
+    [event] = bench.events()
+    assert event["kind"] == "unaddressed" and event["unaddressed_seconds"] == 10
+    assert (event["interface"], event["address"]) == ("lo", "169.254.77.1")
+    described = guard.summary(event)
+    assert described.startswith("found the link unaddressed: ") and "no stall" in described
+
+
+def test_byte_counters_restarted_by_a_device_made_anew_never_go_negative(tmp_path) -> None:
+    bench = Bench(tmp_path)
+    # After the first lost ping, the device is made anew: another ifindex, counters from zero.
+    (tmp_path / "on-ping-2").write_text(
+        f'echo 9 > {bench.net}/ifindex; echo 300 > {bench.net}/statistics/tx_bytes; '
+        f'echo 0 > {bench.net}/statistics/rx_bytes\n')
+    ran = bench.run(bench.guard(stall_seconds=10), seconds=30)
+    assert ran is not None and ran.returncode == 0
+    event = bench.events()[-1]
+    assert (event["tx_bytes"], event["rx_bytes"]) == (300, 0)
+    # On the same device, a counter that went back is not known.
+    bench = Bench(tmp_path / "again")
+    (tmp_path / "again/on-ping-2").write_text(f"echo 10 > {bench.net}/statistics/tx_bytes\n")
+    ran = bench.run(bench.guard(stall_seconds=10), seconds=30)
+    assert ran is not None and bench.events()[-1]["tx_bytes"] is None
+    assert "(unknown bytes sent, 0 received" in guard.describe_event(bench.events()[-1])
+
+
+def guard_facts(armed: bool, script: str | None, events: list[dict] | None = None,
+                left: bool | None = None):
+    """
+    A workstation whose guard runs or not (and has left something, by default if
+    it runs), with this script in place (``None``: none).
+    """
     values = {
-        GuardState: {"armed": armed, "events": events or []},
+        GuardState: {"armed": armed, "left": armed if left is None else left,
+                     "events": events or []},
         FileDigest: digest(script, guard.SCRIPT_MODE) if script is not None else None,
         File: {"mode": 700, "size": 1} if script is not None else None,
         Sha1File: None, Md5File: None, Sha256File: None, Directory: None, TmpDir: "/tmp",
@@ -142,6 +318,34 @@ def test_under_runit_the_guard_is_its_own_runsv_in_run(tmp_path) -> None:
     assert "sv exit" in disarmed[0] and disarmed[0].endswith(f"- {directory}")
 
 
+def test_under_runit_the_guard_writes_nothing_outside_run(tmp_path) -> None:
+    """Its run script logs beside its directory in /run, not in the persistent /var/log."""
+    uploaded: dict[str, str] = {}
+
+    def put(src, dest: str, mode: str):
+        uploaded[dest] = src.getvalue()
+        yield f"upload {dest}"
+
+    with patch.object(files.put, "_inner", put):
+        commands = run_operation(guard.armed, guard_facts(False, None),
+                                 guard=a_guard(tmp_path, "runit"))
+    run_script = uploaded["/run/twinbolt-runit/twinbolt-guard/run"]
+    assert "exec >>/run/twinbolt-runit/twinbolt-guard.log 2>&1" in run_script
+    assert not any("/var/" in line for line in run_script.splitlines()), run_script
+    assert all("/run/" in command for command in commands if " /" in command), commands
+
+
+def test_under_runit_disarming_a_guard_that_exited_leaves_nothing(tmp_path) -> None:
+    """After a restore the guard has exited: its runsv and directory go all the same."""
+    state = GuardState().process(["left"])
+    assert (state["armed"], state["left"]) == (False, True)
+    disarmed = run_operation(guard.armed, guard_facts(False, None, left=True),
+                             guard=a_guard(tmp_path, "runit"), present=False)
+    assert disarmed[0] == f"sh -c '{RUNSV_EXIT}' - /run/twinbolt-runit/twinbolt-guard"
+    assert run_operation(guard.armed, guard_facts(False, None, left=False),
+                         guard=a_guard(tmp_path, "runit"), present=False) == []
+
+
 def test_disarming_stops_it_and_removes_the_script(tmp_path) -> None:
     watch = a_guard(tmp_path)
     commands = run_operation(guard.armed, guard_facts(True, "x"), guard=watch, present=False)
@@ -161,7 +365,7 @@ def test_the_guard_state_is_read_from_its_status_and_events() -> None:
     assert state["armed"] is True
     assert state["events"][0] == EVENT
     assert state["events"][1] == {"unreadable": '{"time": 1'}
-    assert GuardState().process([]) == {"armed": False, "events": []}
+    assert GuardState().process([]) == {"armed": False, "left": False, "events": []}
 
 
 def test_the_next_run_names_each_event_records_a_stall_and_moves_the_events(tmp_path) -> None:
@@ -186,6 +390,40 @@ def test_the_next_run_names_each_event_records_a_stall_and_moves_the_events(tmp_
     assert ledger.stall_reports([written], stalled)
     healthy = [ledger.Controller.of({**HOST, "nvm_version": "36.0"})] * 2
     assert not ledger.stall_reports([written], healthy)
+
+
+def ledger_of(tmp_path: Path, lines: list[str]) -> list[dict]:
+    """The ledger records a run writes from the guard's events file as these lines hold it."""
+    path = tmp_path / "ledger.jsonl"
+    run = a_run()
+    run.observed.hosts["wsa"] = HOST
+    events = GuardState().process([f"event {line}" for line in lines])["events"]
+    run_operation(guard.reported, guard_facts(False, None, events), shell=[], run=run,
+                  init_system="systemd", ledger_path=str(path))
+    return ledger.read(path)
+
+
+def test_an_unaddressed_link_is_never_recorded_as_a_stall(tmp_path) -> None:
+    unaddressed = {"kind": "unaddressed", "time": 1796411691, "interface": "thunderbolt0",
+                   "address": "169.254.77.1", "unaddressed_seconds": 30}
+    [written] = ledger_of(tmp_path, [json.dumps(unaddressed)])
+    assert written["outcome"] == "unaddressed" and written["stall"] is False
+    assert not ledger.stall_reports([written], [ledger.Controller.of(HOST)] * 2)
+
+
+def test_a_restore_that_never_finished_is_still_a_stall(tmp_path) -> None:
+    """The guard's intent line alone: its restore hung, or the host went down during it."""
+    intent = {**EVENT, "kind": "stall", "state": "restoring", "rank_stopped": None,
+              "stock_loaded": None}
+    [written] = ledger_of(tmp_path, [json.dumps(intent)])
+    assert written["outcome"] == "guarded" and written["stall"] is True
+    assert ledger.stall_reports([written], [ledger.Controller.of(HOST)] * 2)
+    assert "the restore did not finish" in written["evidence"]
+    # Completed, it is one event, its outcome the completion's.
+    done = {**intent, "state": "done", "rank_stopped": True, "stock_loaded": True}
+    [written] = ledger_of(tmp_path / "done", [json.dumps(intent), json.dumps(done)])
+    assert written["stall"] and written["evidence"].endswith(
+        "TP rank stopped, the stock driver loaded")
 
 
 def test_an_event_is_described_for_an_operator() -> None:
