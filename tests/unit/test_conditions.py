@@ -192,7 +192,8 @@ def test_each_condition_that_raises_fails_its_step_and_the_run_ends_in_the_rollb
         deploy, target, monkeypatch) -> None:
     every = cases(deploy(target))
     assert {case.condition for case in every} >= (
-        {"attempt.Attempt.healthy", "serving.replica_runs", "driver.swap_planned"}
+        {"attempt.Attempt.healthy", "serving.replica_runs", "driver.swap_planned",
+         "guard.disarm_first"}
         if target == "tp2_e2e" else {"attempt.Attempt.healthy"})
     for case in every:
         # Each case a run of its own: pyinfra runs a step once per host and run.
@@ -214,7 +215,7 @@ def test_each_condition_whose_fact_fails_fails_its_step_and_the_host_stays(
                if case.condition != "attempt.Attempt.healthy"]
     assert {(case.condition, case.preflight) for case in reading} == {
         ("serving.replica_runs", True), ("serving.replica_runs", False),
-        ("driver.swap_planned", False)}
+        ("driver.swap_planned", False), ("guard.disarm_first", False)}
     for case in reading:
         state = deploy("tp2_e2e")
         hosts = break_condition(state, case, "fact fails")
