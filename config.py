@@ -10,6 +10,9 @@ inventory, after ``inventory.py`` and ``group_data/`` have run (neither sees
 loads only after ``connect_all()`` has connected to every host. A typo must not
 cost a round of connections, let alone a half-run, so the check reads the CLI's
 own parsed arguments from click's context.
+
+It is also where twinbolt answers SIGINT, SIGTERM and SIGHUP in place of the
+CLI (:mod:`operations.interrupt`): before any host is connected to.
 """
 
 from pathlib import Path
@@ -18,6 +21,7 @@ import click
 from pyinfra import config, state
 from pyinfra.api.exceptions import PyinfraError
 
+from operations import interrupt
 from operations.run import remember_command_line
 from operations.states import resolve_state
 
@@ -39,6 +43,7 @@ if _cli is not None:
     if "state" in _data or any(Path(op).name == "deploy.py" for op in _cli.params["operations"]):
         resolve_state(_data.get("state"))
     remember_command_line(state, _cli.params)
+    interrupt.install(state)
     if _data.get("on_failure", "rollback") not in ON_FAILURE:
         raise PyinfraError(
             f"unknown on_failure {_data['on_failure']!r}; it is one of: {', '.join(ON_FAILURE)}"

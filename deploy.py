@@ -50,6 +50,7 @@ from operations import (
     gateway_route,
     gpu,
     guard,
+    interrupt,
     ledger,
     link,
     lock,
@@ -169,6 +170,9 @@ if workstation:
 gateway_route.admissible(name="Preflight: the large role answers, so small can fall back to it",
                          proxy=proxy, fallback=state.gateway_fallback, _timeout=request_bound)
 
+# From here a signal fails the attempt into the rollback; before, it ends the run.
+interrupt.changes_begin(name="Interrupt: from here a signal ends the run in production",
+                        interrupts=run.interrupts)
 # Taken only now, so that a run refused in preflight leaves nothing behind.
 lock.held(name="Lock: held by this run", run_dir=settings.run_dir, owner=this_run)
 
