@@ -25,9 +25,10 @@ report's discipline, one layer at a time:
 Around them: a host lock (one run at a time), the rule that a failure after
 the first change ends in a verified production (``--data on_failure=stop``
 leaves the hosts as they are instead), then a non-zero exit naming the host,
-the layer and the evidence; and the compatibility ledger, which records what
-each run met and how it ended, and refuses the candidate on controllers it has
-seen stall (``--data force_candidate=yes`` overrides).
+the layer and the evidence (a signal is such a failure: operations/interrupt.py);
+and the compatibility ledger, which records what each run met and how it ended,
+and refuses the candidate on controllers it has seen stall (``--data
+force_candidate=yes`` overrides).
 
 Every remote command is bounded, so that a host whose connection drops silently
 fails its step instead of hanging the run: by the site's ``[ssh]
