@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -439,6 +440,17 @@ def report_ending(path: Path, ending: Ending) -> None:
     path.write_text(json.dumps({"outcome": ending.outcome}))
 
 
+@contextmanager
+def ending_report() -> Iterator[Path]:
+    """A new file for a rollback to report its ending in (only this user reads it), then gone."""
+    descriptor, name = tempfile.mkstemp(prefix="twinbolt-rollback-", suffix=".json")
+    os.close(descriptor)
+    try:
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)
+
+
 def reported_ending(path: Path) -> str | None:
     """The outcome a rollback reported in ``path``; ``None`` if it reported none."""
     try:
@@ -473,10 +485,7 @@ def run_rollback(state: Any, host: Any, command: list[str], carried: list[str],
     host.log_styled(f"rollback: converging production: {' '.join(command)}"
                     + (f" (carrying --data {', '.join(keys)})" if keys else ""), fg="yellow",
                     log_func=logger.warning)
-    descriptor, name = tempfile.mkstemp(prefix="twinbolt-rollback-", suffix=".json")
-    os.close(descriptor)
-    ending = Path(name)
-    try:
+    with ending_report() as ending:
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
                                  env={**attempt.rollback_environment(carried),
                                       ENDING_ENV: str(ending)})
@@ -494,8 +503,6 @@ def run_rollback(state: Any, host: Any, command: list[str], carried: list[str],
         finally:
             attempt.rollback_pid = None
         attempt.rollback_ending = reported_ending(ending)
-    finally:
-        ending.unlink(missing_ok=True)
     return attempt.restored()
 
 

@@ -65,7 +65,7 @@ class Interrupts:
     # Whether a change may have happened: from :func:`changes_begin` on.
     changing: bool = False
     # The step pyinfra last started (:class:`Steps`), as it prints it, and its hash.
-    step: str = "connecting to the hosts"
+    step: str = "connecting and preparing"
     step_hash: str | None = None
     # When a signal last arrived that the run answered by going on (monotonic seconds).
     deferred_at: float | None = None
