@@ -24,9 +24,12 @@ so the terminal's Ctrl-C reaches only this run, which decides.
 
 Python runs a signal handler in the main thread between two bytecodes of
 whichever greenlet runs (pyinfra runs on gevent): the handler only records and
-prints, and never waits, so it is safe wherever it lands. An exit it raises
-(``SystemExit``) reaches the main greenlet through gevent's hub, as pyinfra's
-own handler's does.
+prints, and never waits, so it is safe wherever it lands. It never raises: a
+``SystemExit`` raised where it lands in a thread's greenlet (paramiko's
+transport, under gevent's monkey-patching) ends that thread silently, and the run
+then waits for it forever; pyinfra's own handler did so on the lab, a SIGINT
+hanging the run. The exits it decides are ``os._exit``, once the output is out
+(:func:`end_now`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -104,11 +107,19 @@ def react(interrupts: Interrupts, attempt: Attempt | None, signum: int, now: flo
                     f"{os.getpid()}): {LEFT_MID_TRANSITION}")
 
 
+def end_now(code: int) -> None:
+    """End the process with ``code`` at once, its output written: nothing may wait now."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 class Handler:
     """The signal handler of the run ``pyinfra_state`` executes (:func:`install`)."""
 
-    def __init__(self, pyinfra_state: Any) -> None:
+    def __init__(self, pyinfra_state: Any, end: Callable[[int], None] = end_now) -> None:
         self.state = pyinfra_state
+        self.end = end
 
     def __call__(self, signum: int, _frame: object) -> None:
         run = getattr(self.state, RUN_ATTRIBUTE, None)
@@ -116,24 +127,20 @@ class Handler:
         reaction = react(run.interrupts if run is not None else Interrupts(), attempt, signum,
                          time.monotonic())
         logger.warning(f"--> {reaction.message}")
-        if reaction.forced:
-            if attempt.rollback_pid is not None:
-                kill_rollback(attempt.rollback_pid)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            # Nothing may wait now: not a greenlet, not a host's disconnect.
-            os._exit(reaction.exit_code)
+        if reaction.forced and attempt.rollback_pid is not None:
+            kill_rollback(attempt.rollback_pid)
         if reaction.exit_code is not None:
-            raise SystemExit(reaction.exit_code)
+            self.end(reaction.exit_code)
 
 
-def install(pyinfra_state: Any) -> None:
+def install(pyinfra_state: Any, end: Callable[[int], None] = end_now) -> None:
     """
     Answer SIGINT, SIGTERM and SIGHUP for the run ``pyinfra_state`` executes, in
     place of pyinfra's CLI's own SIGINT handler. ``config.py`` calls this, before
     any host is connected to, so that no signal of the run finds pyinfra's.
+    ``end``: how to end the process (a test's own, in place of :func:`end_now`).
     """
-    handler = Handler(pyinfra_state)
+    handler = Handler(pyinfra_state, end)
     for signum in SIGNALS:
         signal.signal(signum, handler)
 
