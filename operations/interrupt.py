@@ -26,10 +26,10 @@ Python runs a signal handler in the main thread between two bytecodes of
 whichever greenlet runs (pyinfra runs on gevent): the handler only records and
 prints, and never waits, so it is safe wherever it lands. It never raises: a
 ``SystemExit`` raised where it lands in a thread's greenlet (paramiko's
-transport, under gevent's monkey-patching) ends that thread silently, and the run
-then waits for it forever; pyinfra's own handler did so on the lab, a SIGINT
-hanging the run. The exits it decides are ``os._exit``, once the output is out
-(:func:`end_now`).
+transport, under gevent's monkey-patching) ends only that thread, silently (as
+``threading`` ends a thread on one), and the run then waits on it: a SIGINT to a
+run under pyinfra's own handler, which raises one, hung it on the lab. The
+exits it decides are ``os._exit``, once the output is out (:func:`end_now`).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def react(interrupts: Interrupts, attempt: Attempt | None, signum: int, now: flo
         return Reaction(f"{name} during {interrupts.step!r}: the attempt stops after this step, "
                         f"production is converged and verified, then the run exits {code}")
     if interrupts.deferred_at is not None and now - interrupts.deferred_at <= FORCE_SECONDS:
-        return Reaction(f"{name} again: forced exit ({code}), the rollback's with it if it runs: "
+        return Reaction(f"{name} again: forced exit ({code}), killing the rollback if it runs: "
                         f"{LEFT_MID_TRANSITION}", code, forced=True)
     interrupts.deferred_at = now
     return Reaction(f"{name}: the run goes on, so that it ends in a verified production; to "
