@@ -8,14 +8,14 @@ For each leg of production -> tp2_e2e -> production, the leg's run is
 interrupted right after its k-th remote command (k = 1, 1+N, 1+2N, ...; or, with
 ``--points``, K points spread evenly over a clean run's commands), three times:
 
-- killed with SIGKILL, as a lost laptop would be; then a new run to the leg's
-  target must converge and ``pytest tests/verify`` must pass, with no candidate
-  copy, stale process, lock or temporary route left behind;
 - sent SIGINT, then SIGTERM, to its process group, as a terminal's Ctrl-C and a
   service manager's stop are: the run itself must end as it promises and
   ``pytest tests/verify`` prove it: in preflight, nothing changed (the leg's
   origin); after its first change, exit 130 or 143 and a verified production;
-  after its conclusion began, exit 0 and the target.
+  after its conclusion began, exit 0 and the target;
+- killed with SIGKILL, as a lost laptop would be; then a new run to the leg's
+  target must converge and ``pytest tests/verify`` must pass, with no candidate
+  copy, stale process, lock or temporary route left behind.
 
 The legs take turns, so the hosts a point leaves are where the other leg's
 next interrupted run starts.
@@ -41,7 +41,8 @@ PYINFRA = REPO / ".venv" / "bin" / "pyinfra"
 PYTHON = REPO / ".venv" / "bin" / "python"
 REMOTE_COMMAND = re.compile(r"Running command on \S+:")
 LEGS = (("production", "tp2_e2e"), ("tp2_e2e", "production"))
-SIGNALS = (signal.SIGKILL, signal.SIGINT, signal.SIGTERM)
+# SIGKILL last: the target it converges is the other leg's origin.
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
 # What a run interrupted in preflight says (operations/interrupt.py).
 NOTHING_CHANGED = "before any change: the run ends, nothing was changed"
 
