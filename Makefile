@@ -121,8 +121,9 @@ test-runit: root setup  ## a round trip and a rollback on lab hosts that boot ru
 	$(LAB_PY) -m pytest --durations=5 $(RUNIT_CASES)
 	$(PY) -m lab up --init systemd
 
-# Kill runs of production -> tp2_e2e -> production at SOAK_POINTS points per leg;
-# every next run must converge and verify.
+# Interrupt runs of production -> tp2_e2e -> production at SOAK_POINTS points per
+# leg, with SIGINT, SIGTERM and SIGKILL: each signalled run must end in a verified
+# production (or change nothing), and the run after each kill must converge and verify.
 SOAK_POINTS ?= 2
 soak: root lab  ## the interruption sweep (SOAK_POINTS per leg)
 	$(PY) tests/soak/interrupt.py --points $(SOAK_POINTS)

@@ -12,12 +12,15 @@ inventory, after ``inventory.py`` and ``group_data/`` have run (neither sees
 loads only after ``connect_all()`` has connected to every host. A typo must not
 cost a round of connections, let alone a half-run, so the check reads the CLI's
 own parsed arguments from click's context.
+
+It is also where twinbolt answers SIGINT, SIGTERM and SIGHUP in place of the
+CLI (:mod:`operations.interrupt`): before any host is connected to.
 """
 
 import click
 from pyinfra import config, state
 
-from operations import options, overrides
+from operations import interrupt, options, overrides
 from operations.run import remember_command_line
 from operations.states import resolve_state
 
@@ -39,3 +42,4 @@ if _cli is not None:
         options.refuse_passwords(_cli.params, _options)
     _options.remember(state)
     remember_command_line(state, _cli.params)
+    interrupt.install(state)

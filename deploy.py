@@ -25,9 +25,10 @@ report's discipline, one layer at a time:
 Around them: a host lock (one run at a time), the rule that a failure after
 the first change ends in a verified production (``--data on_failure=stop``
 leaves the hosts as they are instead), then a non-zero exit naming the host,
-the layer and the evidence; and the compatibility ledger, which records what
-each run met and how it ended, and refuses the candidate on controllers it has
-seen stall (``--data force_candidate=yes`` overrides).
+the layer and the evidence (a signal is such a failure: operations/interrupt.py);
+and the compatibility ledger, which records what each run met and how it ended,
+and refuses the candidate on controllers it has seen stall (``--data
+force_candidate=yes`` overrides).
 
 Every remote command is bounded, so that a host whose connection drops silently
 fails its step instead of hanging the run: by the site's ``[ssh]
@@ -50,6 +51,7 @@ from operations import (
     gateway_route,
     gpu,
     guard,
+    interrupt,
     ledger,
     link,
     lock,
@@ -169,6 +171,9 @@ if workstation:
 gateway_route.admissible(name="Preflight: the large role answers, so small can fall back to it",
                          proxy=proxy, fallback=state.gateway_fallback, _timeout=request_bound)
 
+# From here a signal fails the attempt into the rollback; before, it ends the run.
+interrupt.changes_begin(name="Interrupt: from here a signal ends the run in production",
+                        interrupts=run.interrupts)
 # Taken only now, so that a run refused in preflight leaves nothing behind.
 lock.held(name="Lock: held by this run", run_dir=settings.run_dir, owner=this_run)
 

@@ -28,7 +28,10 @@ layer it belongs to (:func:`operation`), and a plain command of it that fails
 is recorded under that layer, whatever the step's title says.
 
 How the run ended (:class:`Ending`: accepted, refused, rolled back, ...) is
-told once to whoever listens: the compatibility ledger does.
+told once to whoever listens: the compatibility ledger does, and a rollback's
+own ending is how the run that started it knows production was verified
+(:func:`run_rollback`). A signal after the first change is a failure too
+(:mod:`operations.interrupt`).
 """
 
 from __future__ import annotations
@@ -37,11 +40,15 @@ import functools
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from pyinfra import host, logger, state
@@ -71,11 +78,25 @@ class Layer(StrEnum):
 
 
 @dataclass(frozen=True)
+class Interruption:
+    """A signal that failed the attempt: its name and the step it arrived in."""
+
+    signal: str
+    step: str
+
+    @property
+    def exit_code(self) -> int:
+        """128 and the signal's number, as a shell reports a process the signal ended."""
+        return 128 + signal.Signals[self.signal]
+
+
+@dataclass(frozen=True)
 class Ending:
     """
     How a run ended: ``accepted``, ``refused`` (before any change), or after a
-    failure ``rolled_back``, ``rollback_failed`` or ``stopped`` (``on_failure=stop``);
-    the layer that failed or refused, its evidence, and the hosts it lost.
+    failure ``rolled_back``, ``interrupted`` (rolled back after a signal),
+    ``rollback_failed`` or ``stopped`` (``on_failure=stop``); the layer that failed
+    or refused, its evidence, the hosts it lost, and the signal that interrupted it.
     """
 
     outcome: str
@@ -83,6 +104,7 @@ class Ending:
     evidence: str = ""
     # The hosts whose connection died during the run (:func:`lose`).
     lost: tuple[str, ...] = ()
+    interrupted: Interruption | None = None
 
 
 @dataclass
@@ -99,6 +121,11 @@ class Attempt:
     # The run's other --data items, which the rollback gets in its environment.
     rollback_data: list[str] = field(default_factory=list)
     rollback_exit: int | None = None
+    # The outcome the rollback reported of itself (:data:`ENDING_ENV`): ``accepted``
+    # only once it verified production.
+    rollback_ending: str | None = None
+    # The rollback's pid while it runs, which leads its own session.
+    rollback_pid: int | None = None
     # The rollback's bound, once it expired: the rollback was stopped, not finished.
     rollback_expired: float | None = None
     dry: bool = False
@@ -106,6 +133,10 @@ class Attempt:
     caveats: list[str] = field(default_factory=list)
     listeners: list[Callable[[Ending], None]] = field(default_factory=list)
     ending: Ending | None = None
+    # The signal that failed the attempt (:mod:`operations.interrupt`).
+    interrupted: Interruption | None = None
+    # Set when the run reaches its rollback step: a signal can no longer fail the attempt.
+    closing: bool = False
 
     @classmethod
     def for_command_line(cls, params: dict[str, Any], target: str = "production") -> Attempt:
@@ -146,6 +177,18 @@ class Attempt:
                         f"{host_name} was lost during {step!r}; nothing more was done there",
                         layer)
 
+    def interrupt(self, interruption: Interruption, layer: Layer | None) -> None:
+        """Record, once, that a signal failed the attempt in ``interruption.step``."""
+        if self.interrupted is None:
+            self.interrupted = interruption
+            self.record(INTERRUPTED, None, f"interrupted by {interruption.signal} during "
+                        f"{interruption.step!r}: the attempt's remaining steps were skipped",
+                        layer)
+
+    def restored(self) -> bool:
+        """Whether the rollback restored production: it exited 0 *and* said it verified it."""
+        return self.rollback_exit == 0 and self.rollback_ending == "accepted"
+
     def speaker(self, hosts: Iterable[str]) -> str | None:
         """The first of ``hosts`` still reachable: it speaks for the run (``None``: none is)."""
         return next((name for name in hosts if name not in self.lost), None)
@@ -176,6 +219,8 @@ def of(pyinfra_state: Any) -> Attempt:
 
 # The failure key of a host's loss, which counts once whatever step met it.
 LOST = "lost"
+# The failure key of a signal, which is the run's, not a host's.
+INTERRUPTED = "interrupted"
 
 
 def step_name(state: Any, op_hash: str | None) -> str:
@@ -492,8 +537,52 @@ def stopped_at_bound(what: str, seconds: float, check: str) -> str:
     return f"{what} did not end within its bound of {seconds:g}s and was stopped; check {check}"
 
 
+# The file a rollback reports its own ending in, named in its environment: the run
+# that started it trusts production only once the rollback itself verified it.
+ENDING_ENV = "TWINBOLT_ROLLBACK_ENDING"
+
+
+def report_ending(path: Path, ending: Ending) -> None:
+    """Tell the run that started this rollback how it ended (a listener of its attempt)."""
+    path.write_text(json.dumps({"outcome": ending.outcome}))
+
+
+@contextmanager
+def ending_report() -> Iterator[Path]:
+    """A new file for a rollback to report its ending in (only this user reads it), then gone."""
+    descriptor, name = tempfile.mkstemp(prefix="twinbolt-rollback-", suffix=".json")
+    os.close(descriptor)
+    try:
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)
+
+
+def reported_ending(path: Path) -> str | None:
+    """The outcome a rollback reported in ``path``; ``None`` if it reported none."""
+    try:
+        return json.loads(path.read_text() or "{}").get("outcome")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def kill_rollback(pid: int) -> None:
+    """Kill the rollback ``pid`` and whatever it started: it leads its own session."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def run_rollback(state: Any, host: Any, command: list[str], carried: list[str],
                  timeout: float | None = None) -> bool:
+    """
+    Converge production with ``command``, a new run, and judge it by what it
+    verified: it must exit 0 and report an ``accepted`` ending (:data:`ENDING_ENV`),
+    which it reaches only once its own step 8 has verified production. It runs in
+    a session of its own, so that the operator's terminal does not signal it (a
+    Ctrl-C would end it, and a pyinfra that ends on one exits 0).
+    """
     attempt = of(state)
     if not command:
         return fail(state, host, Layer.ROLLBACK, ["no pyinfra command line to run again"])
@@ -503,17 +592,25 @@ def run_rollback(state: Any, host: Any, command: list[str], carried: list[str],
     host.log_styled(f"rollback: converging production: {' '.join(command)}"
                     + (f" (carrying --data {', '.join(keys)})" if keys else ""), fg="yellow",
                     log_func=logger.warning)
-    try:
-        attempt.rollback_exit = subprocess.run(
-            command, stdin=subprocess.DEVNULL, env=attempt.rollback_environment(carried),
-            timeout=timeout).returncode
-    except subprocess.TimeoutExpired:
-        # subprocess.run has killed it: the hosts are as after an interrupted run.
-        attempt.rollback_expired = timeout
-        return fail(state, host, Layer.ROLLBACK, [stopped_at_bound(
-            f"the rollback to production ({' '.join(command)})", timeout,
-            "that every host answers over SSH; the hosts are as after an interrupted run")])
-    return attempt.rollback_exit == 0
+    with ending_report() as ending:
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
+                                 env={**attempt.rollback_environment(carried),
+                                      ENDING_ENV: str(ending)})
+        attempt.rollback_pid = child.pid
+        try:
+            attempt.rollback_exit = child.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_rollback(child.pid)
+            child.wait()
+            # The hosts are as after an interrupted run.
+            attempt.rollback_expired = timeout
+            return fail(state, host, Layer.ROLLBACK, [stopped_at_bound(
+                f"the rollback to production ({' '.join(command)})", timeout,
+                "that every host answers over SSH; the hosts are as after an interrupted run")])
+        finally:
+            attempt.rollback_pid = None
+        attempt.rollback_ending = reported_ending(ending)
+    return attempt.restored()
 
 
 @operation(Layer.ROLLBACK)
@@ -541,6 +638,8 @@ def rolled_back(attempt: Attempt, on_failure: str, speakers: tuple[str, ...],
                             speakers=("wsa", "wsb", "gw"))
     """
     speaker = attempt.speaker(speakers)
+    if executing():
+        attempt.closing = True
     if not executing() or attempt.healthy() or on_failure == "stop":
         host.noop("nothing to roll back")
     elif host.name != speaker:
@@ -554,7 +653,8 @@ def rolled_back(attempt: Attempt, on_failure: str, speakers: tuple[str, ...],
 def concluded(attempt: Attempt, on_failure: str,
               speakers: tuple[str, ...]) -> Iterator[PyinfraCommand]:
     """
-    End the run non-zero if the attempt failed, saying what happened after.
+    End the run non-zero if the attempt failed, saying what happened after: with
+    128 and the signal's number if a signal interrupted it, as shells expect.
 
     + attempt: the run's :class:`Attempt`
     + on_failure: ``rollback`` (production was converged and proven) or ``stop``
@@ -578,16 +678,22 @@ def concluded(attempt: Attempt, on_failure: str,
             outcome, after = "stopped", (
                 "on_failure=stop: THE HOSTS WERE LEFT AS THEY ARE for debugging; "
                 f"restore with: {RESTORE}")
-        elif attempt.rollback_exit == 0:
-            outcome, after = "rolled_back", restored(attempt, speakers)
+        elif attempt.restored():
+            outcome = "interrupted" if attempt.interrupted else "rolled_back"
+            after = restored(attempt, speakers)
         else:
-            how = (f"stopped after {attempt.rollback_expired:g}s"
-                   if attempt.rollback_expired is not None else f"exit {attempt.rollback_exit}")
             outcome, after = "rollback_failed", (
-                f"the rollback to production failed too ({how}): the hosts need an operator")
+                f"the rollback to production failed too ({rollback_failure(attempt)}): "
+                "the hosts need an operator")
         layer = next((layer for layer in attempt.layers if layer), None)
-        attempt.end(Ending(outcome, layer, " | ".join(messages), tuple(attempt.lost)))
-        raise OperationError(" | ".join([*messages, after, *attempt.caveats]))
+        attempt.end(Ending(outcome, layer, " | ".join(messages), tuple(attempt.lost),
+                           attempt.interrupted))
+        conclusion = " | ".join([*messages, after, *attempt.caveats])
+        if attempt.interrupted:
+            # pyinfra's CLI ends an OperationError with exit 1: say it here, end as shells expect.
+            host.log_styled(conclusion, fg="red", log_func=logger.error)
+            raise SystemExit(attempt.interrupted.exit_code)
+        raise OperationError(conclusion)
     else:
         attempt.end(Ending("accepted"))
         for caveat in attempt.caveats:
@@ -597,6 +703,15 @@ def concluded(attempt: Attempt, on_failure: str,
 
 
 RESTORE = "pyinfra inventory.py deploy.py --data state=production"
+
+
+def rollback_failure(attempt: Attempt) -> str:
+    """How the rollback failed: stopped at its bound, its exit, or no verified production."""
+    if attempt.rollback_expired is not None:
+        return f"stopped after {attempt.rollback_expired:g}s"
+    if attempt.rollback_exit == 0:
+        return "exit 0, but it reported no verified production"
+    return f"exit {attempt.rollback_exit}"
 
 
 def restored(attempt: Attempt, speakers: Iterable[str]) -> str:

@@ -14,8 +14,9 @@ machine (site key ``ledger.path``):
   ``thunderbolt_net`` build-id and parameters, the peer's capabilities and the
   trained rate x lanes;
 - the declared driver, and the outcome: ``accepted``, ``refused`` or, after a
-  failure, ``rolled_back``, ``rollback_failed`` or ``stopped``, with the layer,
-  or ``guarded`` when the guard restored the stock driver with no run watching
+  failure, ``rolled_back``, ``interrupted`` (rolled back after a signal, which
+  ``interrupted`` names with its step), ``rollback_failed`` or ``stopped``, with
+  the layer, or ``guarded`` when the guard restored the stock driver with no run watching
   (:mod:`operations.guard`: always a stall);
 - tok/s, in the records ``experiment.py measure`` appends.
 
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
 
 LAYER = attempt.Layer.LEDGER
 
-FAILED = ("rolled_back", "rollback_failed", "stopped")
+FAILED = ("rolled_back", "interrupted", "rollback_failed", "stopped")
 # "guarded": the guard on a workstation found the candidate's link stalled and
 # restored the stock driver, with no run watching (operations/guard.py);
 # "unaddressed": it found the link up without its address, which is no stall.
@@ -160,13 +161,15 @@ def host_entry(name: str, values: dict[str, Any]) -> dict[str, Any]:
 def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
            layer: str | None = None, evidence: str = "", forced: bool = False,
            tok_s: float | None = None, lost: tuple[str, ...] = (),
-           event: dict[str, Any] | None = None) -> dict[str, Any]:
+           event: dict[str, Any] | None = None,
+           interrupted: attempt.Interruption | None = None) -> dict[str, Any]:
     """
     One ledger line. ``stall`` is the judgement :func:`stall_reports` acts on: the
     candidate's run failed at the link layer because nothing crossed a link that
     trained, which is what a TX ring that never gets credits does. ``lost``: the
     hosts whose connection died during the run, which its rollback left out.
     ``event``: a soak event's outcome (a ``hotplug`` or ``suspend`` record).
+    ``interrupted``: the signal that failed the run, and the step it arrived in.
     """
     if outcome not in OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r}; outcomes are: {', '.join(OUTCOMES)}")
@@ -182,6 +185,8 @@ def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
         "tok_s": tok_s,
         "evidence": evidence,
         "lost": list(lost),
+        "interrupted": ({"signal": interrupted.signal, "step": interrupted.step}
+                        if interrupted else None),
         "hosts": hosts,
         **({"event": event} if event is not None else {}),
     }
@@ -381,7 +386,8 @@ def keep(run: Run, path: str, state: str, driver: str) -> None:
     def write(ending: attempt.Ending) -> None:
         append(Path(path), record(state, driver, ending.outcome, list(observed.hosts.values()),
                                   layer=ending.layer, evidence=ending.evidence,
-                                  forced=observed.forced, lost=ending.lost))
+                                  forced=observed.forced, lost=ending.lost,
+                                  interrupted=ending.interrupted))
 
     run.attempt.listeners.append(write)
 

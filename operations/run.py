@@ -1,7 +1,7 @@
 """
 One run of ``deploy.py``, as one explicit object: its attempt and failures,
 what the compatibility ledger will record, the proofs it has made, and who it
-is (the owner its host locks name).
+is (the owner its host locks name), and where a signal finds it.
 
 pyinfra executes ``deploy.py`` once per host, in one process, under one
 :class:`pyinfra.api.State`, and runs each operation on every host before the
@@ -14,13 +14,23 @@ with a new one.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import gevent
 from pyinfra.api import OperationError
 
-from operations.attempt import RUN_ATTRIBUTE, Attempt, RecordFailedOperations
+from operations import interrupt
+from operations.attempt import (
+    ENDING_ENV,
+    RUN_ATTRIBUTE,
+    Attempt,
+    RecordFailedOperations,
+    report_ending,
+)
 from operations.ledger import Observations
 from operations.lock import RunOwner, run_owner
 from operations.probes import Proofs
@@ -33,12 +43,14 @@ class Run:
     + attempt: its failures, its end and its way back to production
     + observed: what it has seen of each workstation, for the ledger's record
     + proofs: the servers and routes it has already proven
+    + interrupts: where it is, as a signal needs to know it (:mod:`operations.interrupt`)
     """
 
     owner: RunOwner
     attempt: Attempt = field(default_factory=Attempt)
     observed: Observations = field(default_factory=Observations)
     proofs: Proofs = field(default_factory=Proofs)
+    interrupts: interrupt.Interrupts = field(default_factory=interrupt.Interrupts)
 
 
 # The attribute of pyinfra's state that holds its parsed command line (config.py).
@@ -64,7 +76,9 @@ def begin(pyinfra_state: Any, target: str, inherited_lock: str | None) -> Run:
     + target: the state it converges to, which its lock names
     + inherited_lock: for the rollback a failed run starts, that run's owner
 
-    Failed remote commands are recorded from then on. A refusal or a failure
+    Failed remote commands are recorded from then on, and the step each
+    operation starts is kept for a signal to name. A rollback reports its
+    ending where the run that started it said (:data:`ENDING_ENV`). A refusal or a failure
     raised while operations execute leaves pyinfra's host greenlet as an
     ``OperationError``; gevent would print a Python traceback for each such
     greenlet before pyinfra prints the message itself. The message already names
@@ -81,6 +95,9 @@ def begin(pyinfra_state: Any, target: str, inherited_lock: str | None) -> Run:
     )
     setattr(pyinfra_state, RUN_ATTRIBUTE, run)
     pyinfra_state.add_callback_handler(RecordFailedOperations())
+    pyinfra_state.add_callback_handler(interrupt.Steps())
+    if os.environ.get(ENDING_ENV):
+        run.attempt.listeners.append(partial(report_ending, Path(os.environ[ENDING_ENV])))
     hub = gevent.get_hub()
     if OperationError not in hub.NOT_ERROR:
         hub.NOT_ERROR = (*hub.NOT_ERROR, OperationError)

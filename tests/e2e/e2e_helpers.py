@@ -60,24 +60,25 @@ def deploy(state: str | None, *extra: str, timeout: float = 600) -> DeployRun:
     return DeployRun(result.returncode, results or {}, result.stdout + result.stderr)
 
 
-def deploy_meanwhile(state: str, marker: str, meanwhile: Callable[[], object], *extra: str,
+def deploy_meanwhile(state: str, marker: str, meanwhile: Callable[[int], object], *extra: str,
                      timeout: float = 600) -> DeployRun:
     """
-    A deploy to ``state`` during which ``meanwhile`` is done, as soon as the run
-    prints ``marker`` (the title of the step it has reached); what it printed,
-    without pyinfra's JSON results.
+    A deploy to ``state`` during which ``meanwhile(pid)`` is done, as soon as the
+    run prints ``marker`` (the title of the step it has reached); what it printed,
+    without pyinfra's JSON results. The run leads a process group of its own, as
+    a terminal's job does: ``os.killpg(pid, signal.SIGINT)`` is a Ctrl-C.
     """
     with tempfile.TemporaryFile("w+") as printed:
         running = subprocess.Popen(
             [str(PYINFRA), "-y", "inventory.py", "deploy.py", "--data", f"state={state}",
              *extra], cwd=REPO, stdout=printed, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, text=True)
+            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
         try:
             deadline = time.monotonic() + timeout
             while running.poll() is None and time.monotonic() < deadline:
                 printed.seek(0)
                 if marker in printed.read():
-                    meanwhile()
+                    meanwhile(running.pid)
                     break
                 time.sleep(0.2)
             returncode = running.wait(timeout=max(deadline - time.monotonic(), 1))

@@ -174,8 +174,8 @@ def test_a_host_lost_mid_attempt_is_named_the_rest_rolled_back_and_a_later_run_c
     """
     own_ledger = ("--data", f"ledger_path={tmp_path / 'ledger.jsonl'}")
     losses = {
-        "management path cut": lambda stack: stack.enter_context(unreachable("wsb")),
-        "rebooted": lambda stack: lab("reboot", "wsb"),
+        "management path cut": lambda stack, _: stack.enter_context(unreachable("wsb")),
+        "rebooted": lambda stack, _: lab("reboot", "wsb"),
     }
     for how, lose in losses.items():
         started = time.monotonic()

@@ -1,16 +1,24 @@
 """
-Interruption sweep: kill a run at every point and prove the next run converges.
+Interruption sweep: interrupt a run at every point and prove where it leaves the hosts.
 
     python tests/soak/interrupt.py [--stride N] [--limit M]
     python tests/soak/interrupt.py --points K
 
-For each leg of production -> tp2_e2e -> production, the leg's run is killed
-with SIGKILL right after its k-th remote command (k = 1, 1+N, 1+2N, ...; or,
-with ``--points``, K points spread evenly over a clean run's commands), as a
-lost laptop or a Ctrl-\\ would; then a new run to the leg's target must converge
-and ``pytest tests/verify`` must pass, with no candidate copy, stale process,
-lock or temporary route left behind. The legs take turns, so the hosts a point
-converged are where the other leg's next killed run starts.
+For each leg of production -> tp2_e2e -> production, the leg's run is
+interrupted right after its k-th remote command (k = 1, 1+N, 1+2N, ...; or, with
+``--points``, K points spread evenly over a clean run's commands), three times:
+
+- sent SIGINT, then SIGTERM, to its process group, as a terminal's Ctrl-C and a
+  service manager's stop are: the run itself must end as it promises and
+  ``pytest tests/verify`` prove it: in preflight, nothing changed (the leg's
+  origin); after its first change, exit 130 or 143 and a verified production;
+  after its conclusion began, exit 0 and the target;
+- killed with SIGKILL, as a lost laptop would be; then a new run to the leg's
+  target must converge and ``pytest tests/verify`` must pass, with no candidate
+  copy, stale process, lock or temporary route left behind.
+
+The legs take turns, so the hosts a point leaves are where the other leg's
+next interrupted run starts.
 It prints how many points it tried and how many converged, and exits non-zero
 if any did not.
 """
@@ -18,7 +26,9 @@ if any did not.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -31,6 +41,10 @@ PYINFRA = REPO / ".venv" / "bin" / "pyinfra"
 PYTHON = REPO / ".venv" / "bin" / "python"
 REMOTE_COMMAND = re.compile(r"Running command on \S+:")
 LEGS = (("production", "tp2_e2e"), ("tp2_e2e", "production"))
+# SIGKILL last: the target it converges is the other leg's origin.
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
+# What a run interrupted in preflight says (operations/interrupt.py).
+NOTHING_CHANGED = "before any change: the run ends, nothing was changed"
 
 
 def deploy(state: str) -> subprocess.CompletedProcess[str]:
@@ -43,28 +57,35 @@ def verified(state: str) -> subprocess.CompletedProcess[str]:
                            "-p", "no:cacheprovider"], cwd=REPO, capture_output=True, text=True)
 
 
-def run_killed_after(state: str, commands: int) -> int:
-    """Run towards ``state``, SIGKILL it after ``commands`` remote commands; return the count
-    seen (fewer than asked means the run finished first)."""
+def run_killed_after(state: str, commands: int, signum: int = signal.SIGKILL
+                     ) -> tuple[int, int, str]:
+    """
+    Run towards ``state``, send ``signum`` to its process group after ``commands``
+    remote commands, and let it end; the count seen (fewer than asked means the run
+    finished first), its exit code and its output.
+    """
     run = subprocess.Popen(
         [str(PYINFRA), "-y", "--debug", "inventory.py", "deploy.py", "--data", f"state={state}"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
     )
-    seen = 0
+    seen, output = 0, []
     for line in run.stdout:
+        output.append(line)
         if REMOTE_COMMAND.search(line):
             seen += 1
-            if seen >= commands:
-                run.kill()
-                break
+            if seen == commands:
+                os.killpg(run.pid, signum)
+                if signum == signal.SIGKILL:
+                    break
     run.wait()
     run.stdout.close()
-    return seen
+    return seen, run.returncode, "".join(output)
 
 
 def clean_run(origin: str, target: str) -> int:
     """The leg's clean run, which must converge and verify; how many remote commands it took."""
-    total = run_killed_after(target, sys.maxsize)
+    total, _, _ = run_killed_after(target, sys.maxsize)
     checks = verified(target)
     if checks.returncode != 0:
         raise SystemExit(f"the clean {origin} -> {target} leg failed: verify {target} failed: "
@@ -87,6 +108,41 @@ def converge_or_explain(state: str) -> str | None:
     if checks.returncode != 0:
         return f"verify {state} failed: {checks.stdout[-1500:]}"
     return None
+
+
+def signalled_or_explain(origin: str, target: str, signum: int, code: int,
+                         output: str) -> tuple[str, str | None]:
+    """
+    Where a run sent ``signum`` (not SIGKILL) left the hosts, by its exit ``code``
+    and ``output``, and None if ``pytest tests/verify`` proves them there; else why not.
+    """
+    if NOTHING_CHANGED in output:
+        where = origin
+    elif code == 128 + signum:
+        where = "production"
+    elif code == 0:
+        where = target
+    else:
+        return target, f"exit {code}, not {128 + signum}: {output[-1500:]}"
+    checks = verified(where)
+    return where, (None if checks.returncode == 0
+                   else f"exit {code}, but verify {where} failed: {checks.stdout[-1500:]}")
+
+
+def interrupt_and_explain(origin: str, target: str, point: int, signum: int
+                          ) -> tuple[str | None, str | None] | None:
+    """
+    Interrupt a run of the leg after ``point`` remote commands with ``signum``:
+    where the hosts are then, and None or why they are not where they must be;
+    None if the run finished first.
+    """
+    seen, code, output = run_killed_after(target, point, signum)
+    if seen < point:
+        return None
+    if signum == signal.SIGKILL:
+        problem = converge_or_explain(target)
+        return (target if problem is None else None), problem
+    return signalled_or_explain(origin, target, signum, code, output)
 
 
 def alternating(first: Iterable[int], second: Iterable[int]) -> Iterator[tuple[int, int]]:
@@ -118,13 +174,14 @@ def main() -> int:
         if args.limit:
             plans = [plan[:args.limit] for plan in plans]
 
-    # The legs take turns: each point's converged target is the next point's origin, so no
-    # run is spent only on getting back.
+    # The legs take turns: where each interruption leaves the hosts is where the next starts,
+    # so no run is spent only on getting back unless they are elsewhere.
     at: str | None = origin
     tried = converged = 0
     failures: list[str] = []
     swept: set[int] = set()
-    for leg, point in alternating(*plans):
+    for (leg, point), signum in ((pair, signum) for pair in alternating(*plans)
+                                 for signum in SIGNALS):
         if leg in swept:
             continue
         origin, target = LEGS[leg]
@@ -133,25 +190,26 @@ def main() -> int:
                 print(f"cannot return to {origin}: {problem}")
                 return 2
         started = time.monotonic()
-        seen = run_killed_after(target, point)
-        if seen < point:
+        ended = interrupt_and_explain(origin, target, point, signum)
+        if ended is None:
             swept.add(leg)  # the run finished before this point: the leg is swept
             at = None
             if len(swept) == len(LEGS):
                 break
             continue
         tried += 1
-        problem = converge_or_explain(target)
+        at, problem = ended
         converged += problem is None
-        at = target if problem is None else None
-        verdict = "converged" if problem is None else f"DID NOT CONVERGE: {problem}"
-        print(f"{origin} -> {target}: killed after remote command {point}: {verdict} "
-              f"({time.monotonic() - started:.0f}s)", flush=True)
+        verdict = f"ends in {at}" if problem is None else f"DID NOT END WELL: {problem}"
+        print(f"{origin} -> {target}: {signal.Signals(signum).name} after remote command "
+              f"{point}: {verdict} ({time.monotonic() - started:.0f}s)", flush=True)
         if problem:
-            failures.append(f"{origin} -> {target} killed after command {point}")
-    print(f"interruption points tried: {tried}, converged: {converged}")
+            at = None
+            failures.append(f"{origin} -> {target} {signal.Signals(signum).name} after "
+                            f"command {point}")
+    print(f"interruption points tried: {tried}, ended well: {converged}")
     for failure in failures:
-        print(f"did not converge: {failure}")
+        print(f"did not end well: {failure}")
     return 0 if tried and converged == tried else 1
 
 

@@ -7,7 +7,9 @@ and asserts the commands the operation yields, or that it yields none.
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
@@ -17,7 +19,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
-from operations.attempt import RUN_ATTRIBUTE
+from operations.attempt import ENDING_ENV, RUN_ATTRIBUTE
 from operations.lock import this_run
 from operations.run import Run
 
@@ -83,3 +85,27 @@ def run_operation(operation: Callable, facts: Callable[[type, dict], Any],
             patch.object(Host, "run_shell_command", run_shell_command), \
             ctx_state.use(state), ctx_host.use(host):
         return [describe(command) for command in operation._inner(**arguments)]
+
+
+class RollbackProcess:
+    """
+    A rollback's process, in place of ``subprocess.Popen``: it records the
+    command and environment it was given, exits ``exit_code`` and reports the
+    ``ending`` it reached, as ``deploy.py`` does, to the file its environment names.
+    """
+
+    ran: list[tuple[list[str], dict[str, str]]]
+
+    @classmethod
+    def ending(cls, outcome: str | None = "accepted", exit_code: int = 0) -> type:
+        return type(cls.__name__, (cls,), {"outcome": outcome, "exit_code": exit_code,
+                                           "ran": []})
+
+    def __init__(self, command: list[str], env: dict[str, str], **_: Any) -> None:
+        self.ran.append((command, env))
+        self.pid = 0
+        if self.outcome is not None:
+            Path(env[ENDING_ENV]).write_text(json.dumps({"outcome": self.outcome}))
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.exit_code

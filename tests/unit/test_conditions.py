@@ -15,11 +15,11 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from unittest.mock import patch
 
 import pyinfra
 import pytest
+from operation_harness import RollbackProcess
 from pyinfra.api import Config, OperationError, State
 from pyinfra.api.host import Host
 from pyinfra.api.operations import run_host_op
@@ -164,12 +164,11 @@ def ends_in_the_rollback(state: State, case: Case, hosts: list[Host], error: str
         f"{host.name}: {run.layer_of[case.op_hash]} layer: the condition {case.condition} of "
         f"{case.step!r} could not be answered: {error}; the step was skipped"
         for host in hosts]
-    ran: list[list[str]] = []
-    monkeypatch.setattr(attempt.subprocess, "run", lambda command, **_: (
-        ran.append(command) or SimpleNamespace(returncode=0)))
+    rollback = RollbackProcess.ending("accepted")
+    monkeypatch.setattr(attempt.subprocess, "Popen", rollback)
     speaker = next(iter(state.inventory))
     execute(state, speaker, ROLLBACK)
-    assert [command[-4:] for command in ran] == [
+    assert [command[-4:] for command, _ in rollback.ran] == [
         ["--data", "state=production", "--data", "on_failure=stop"]]
     with pytest.raises(OperationError, match="production was restored and verified"):
         execute(state, speaker, CONCLUSION)

@@ -11,7 +11,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from operation_harness import a_run, run_operation
+from operation_harness import RollbackProcess, a_run, run_operation
 from pyinfra.api import OperationError, StringCommand
 
 from operations import attempt, link, lock, phase
@@ -232,7 +232,7 @@ def test_conclusion_is_silent_after_success(fresh_attempt) -> None:
 
 def test_conclusion_names_the_failure_and_the_restoration(fresh_attempt) -> None:
     fresh_attempt.record("wsa", "op1", "wsa: link layer: the link to wsb trained at 10 Gb/s")
-    fresh_attempt.rollback_exit = 0
+    fresh_attempt.rollback_exit, fresh_attempt.rollback_ending = 0, "accepted"
     with pytest.raises(OperationError) as error:
         run_operation(attempt.concluded, no_facts, attempt=fresh_attempt,
                       on_failure="rollback", speakers=("wsa",))
@@ -274,15 +274,14 @@ def test_a_data_secret_reaches_the_rollback_in_its_environment_not_its_command_l
     environment = fresh_attempt.rollback_environment([lock.inheriting(OWNER)])
     assert json.loads(environment[attempt.CARRIED_DATA_ENV]) == [
         "_sudo_password=hunter2", "campaign_retries=3", lock.inheriting(OWNER)]
-    ran: list[tuple[list[str], dict]] = []
-    monkeypatch.setattr(attempt.subprocess, "run", lambda command, **options: (
-        ran.append((command, options["env"])) or SimpleNamespace(returncode=0)))
+    rollback = RollbackProcess.ending("accepted")
+    monkeypatch.setattr(attempt.subprocess, "Popen", rollback)
     logged: list[str] = []
     fake_host = SimpleNamespace(log_styled=lambda message, **_: logged.append(message))
     pyinfra_state = SimpleNamespace(**{attempt.RUN_ATTRIBUTE: Run(OWNER, fresh_attempt)})
     assert attempt.run_rollback(pyinfra_state, fake_host, fresh_attempt.rollback_command,
                                 [lock.inheriting(OWNER)])
-    [(command, env)] = ran
+    [(command, env)] = rollback.ran
     assert "hunter2" not in " ".join(command) + logged[0]
     assert logged[0].endswith("(carrying --data _sudo_password, campaign_retries, "
                               "lock_inherited)")

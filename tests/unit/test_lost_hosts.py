@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
-from operation_harness import a_run, run_operation
+from operation_harness import RollbackProcess, a_run, run_operation
 from pyinfra.api import Inventory, OperationError
 
 from operations import attempt, services
@@ -84,7 +84,7 @@ def test_the_first_host_still_reachable_speaks_and_says_what_was_restored() -> N
     run.attempt.lose("wsb", "Serving: the TP ranks run", attempt.Layer.SERVING)
     assert run.attempt.speaker(("wsb", "wsa", "gw")) == "wsa"
     assert run.attempt.speaker(("wsb",)) is None
-    run.attempt.rollback_exit = 0
+    run.attempt.rollback_exit, run.attempt.rollback_ending = 0, "accepted"
     # The lost host neither rolls back nor concludes: the harness's host, wsa, does.
     assert run_operation(attempt.rolled_back, no_facts, run=run, on_failure="rollback",
                          speakers=("gw", "wsb")) == []
@@ -100,13 +100,12 @@ def test_the_rollback_leaves_the_lost_hosts_out_and_says_so_in_its_data(monkeypa
     run = a_run()
     run.attempt.rollback_command = ["pyinfra", "-y", "inventory.py", "deploy.py"]
     run.attempt.lose("wsb", "Serving: the TP ranks run", attempt.Layer.SERVING)
-    ran: list[tuple[list[str], dict]] = []
-    monkeypatch.setattr(attempt.subprocess, "run", lambda command, **options: (
-        ran.append((command, options["env"])) or SimpleNamespace(returncode=0)))
+    rollback = RollbackProcess.ending("accepted")
+    monkeypatch.setattr(attempt.subprocess, "Popen", rollback)
     assert executed(attempt.FunctionCommand(
         attempt.run_rollback, (run.attempt.rollback_command, ["lock_inherited=x"]), {}),
         run, "wsa")
-    [(command, env)] = ran
+    [(command, env)] = rollback.ran
     assert command[-2:] == ["--exclude", "wsb"]
     assert json.loads(env[attempt.CARRIED_DATA_ENV]) == ["lock_inherited=x",
                                                          'lost_hosts=["wsb"]']

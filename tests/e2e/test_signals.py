@@ -1,0 +1,54 @@
+"""
+Signals on the lab: a run interrupted mid-transition, as a terminal's Ctrl-C or a
+service manager's stop interrupts it, ends in a verified production and says so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from functools import partial
+
+from e2e_helpers import deploy_meanwhile, ssh, verify
+
+from operations import ledger
+
+# The steps a signal arrives in: the candidate being loaded, then the TP ranks starting.
+AT_THE_DRIVER = "Driver: thunderbolt_net is the candidate build"
+AT_THE_RANKS = "Serving: the TP ranks run"
+
+
+def send(signum: int, sent: list[float], pid: int) -> None:
+    """Signal the run's process group, as a terminal does, noting when."""
+    sent.append(time.monotonic())
+    os.killpg(pid, signum)
+
+
+def test_a_signal_mid_transition_ends_in_a_verified_production_and_exits_as_shells_expect(
+        tmp_path) -> None:
+    """
+    From production towards tp2_e2e, SIGINT to the run's process group (a Ctrl-C)
+    in the driver step, then SIGTERM in the serving step: each run skips the rest
+    of its attempt, rolls back, exits 130 or 143, leaves no candidate loaded
+    and production verified, and records ``interrupted`` at that step. Each ends
+    in production, where the next starts.
+    """
+    own_ledger = ("--data", f"ledger_path={tmp_path / 'ledger.jsonl'}")
+    for signum, step in ((signal.SIGINT, AT_THE_DRIVER), (signal.SIGTERM, AT_THE_RANKS)):
+        name, sent = signal.Signals(signum).name, []
+        run = deploy_meanwhile("tp2_e2e", f"Starting operation: {step}",
+                               partial(send, signum, sent), *own_ledger)
+        assert run.returncode == 128 + signum, (name, run.output[-3000:])
+        assert f"interrupted by {name} during {step!r}" in run.output, run.output[-3000:]
+        assert "production was restored and verified" in run.output, run.output[-3000:]
+        checks = verify("production")
+        print(f"{name} in {step!r} to a verified production: "
+              f"{time.monotonic() - sent[0]:.1f}s")
+        assert checks.returncode == 0, checks.stdout[-3000:]
+        for host in ("wsa", "wsb"):
+            assert "tx_e2e" not in ssh(host, "ls /sys/module/thunderbolt_net/parameters"), host
+        *_, rollback, interrupted = ledger.read(tmp_path / "ledger.jsonl")
+        assert (rollback["state"], rollback["outcome"]) == ("production", "accepted")
+        assert (interrupted["state"], interrupted["outcome"], interrupted["interrupted"]) == (
+            "tp2_e2e", "interrupted", {"signal": name, "step": step})
