@@ -1,7 +1,7 @@
 """
 One run of ``deploy.py``, as one explicit object: its attempt and failures,
-what the compatibility ledger will record, the proofs it has made, and who it
-is (the owner its host locks name).
+what the compatibility ledger will record, the proofs it has made, who it is
+(the owner its host locks name) and the locks it holds.
 
 pyinfra executes ``deploy.py`` once per host, in one process, under one
 :class:`pyinfra.api.State`, and runs each operation on every host before the
@@ -22,7 +22,7 @@ from pyinfra.api import OperationError
 
 from operations.attempt import RUN_ATTRIBUTE, Attempt, RecordFailedOperations
 from operations.ledger import Observations
-from operations.lock import RunOwner, run_owner
+from operations.lock import Locks, RunOwner, run_owner
 from operations.probes import Proofs
 
 
@@ -33,12 +33,18 @@ class Run:
     + attempt: its failures, its end and its way back to production
     + observed: what it has seen of each workstation, for the ledger's record
     + proofs: the servers and routes it has already proven
+    + locks: the host locks it holds, which a refusal releases
     """
 
     owner: RunOwner
     attempt: Attempt = field(default_factory=Attempt)
     observed: Observations = field(default_factory=Observations)
     proofs: Proofs = field(default_factory=Proofs)
+    locks: Locks = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.locks = Locks(self.owner)
+        self.attempt.listeners.append(self.locks.released_if_refused)
 
 
 # The attribute of pyinfra's state that holds its parsed command line (config.py).
