@@ -25,8 +25,8 @@ build disarms it first, so that the two never swap the driver at once.
 - The next run reads the events (:func:`reported`), under its lock: it moves
   them aside, names them, and the compatibility ledger records each, once, as
   a stall of the candidate on that controller, so the next candidate run on it
-  is refused. ``status`` shows
-  whether the guard is armed and any event no run has read yet.
+  is refused. ``status`` shows whether the guard is armed and any event no run
+  has read yet.
 """
 
 from __future__ import annotations

@@ -231,9 +231,10 @@ def seen_as(owner: RunOwner | None) -> str:
     return "" if owner is None else f"present {owner.line()}"
 
 
-def clearing(path: str) -> str:
-    """The one command an operator types to remove ``path`` on each host of the inventory."""
-    return f"pyinfra inventory.py exec -- rm -f {path}"
+def clearing(path: str, only: str | None = None) -> str:
+    """The one command an operator types to remove ``path`` on each host, or ``only`` on one."""
+    limit = f"--limit {only} " if only else ""
+    return f"pyinfra {limit}inventory.py exec -- rm -f {path}"
 
 
 def held_by(path: str, holder: RunOwner) -> str:
@@ -290,7 +291,7 @@ class Locks:
                 path = lock_path(run_dir)
                 logger.warning(f"{taken_host.print_prefix}{path}, taken by this refused run, "
                                f"could not be released ({output.stderr}): clear it with "
-                               f"`{clearing(path)}`")
+                               f"`{clearing(path, taken_host.name)}`")
 
 
 @operation(LAYER, is_idempotent=True)

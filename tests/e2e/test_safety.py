@@ -19,6 +19,7 @@ from functools import partial
 
 import pytest
 from e2e_helpers import (
+    PYINFRA,
     PYTHON,
     REPO,
     SHORT_LINK_WAIT,
@@ -127,7 +128,15 @@ def test_a_run_refuses_while_another_live_run_holds_the_lock() -> None:
         assert "another run holds /run/twinbolt/lock: ana@operator-laptop pid 77" in run.output
         assert "Traceback" not in run.output, run.output[-3000:]
         assert time.monotonic() - started < 60
+        # wsa's lock, taken before wsb refused, was released: nothing changed.
         assert snapshot() == before
+        # Taken on another machine, it is never stale: the message says how to clear it.
+        clearing = re.search(r"clear it on each host with `pyinfra ([^`]+)`", run.output)
+        assert clearing, run.output[-3000:]
+        cleared = subprocess.run([str(PYINFRA), *shlex.split(clearing.group(1))], cwd=REPO,
+                                 capture_output=True, text=True, timeout=120)
+        assert cleared.returncode == 0, cleared.stdout[-3000:] + cleared.stderr[-3000:]
+        assert ssh("wsb", f"test -e {LOCK} && echo held").strip() == ""
     finally:
         ssh("wsb", f"rm -f {LOCK}")
 

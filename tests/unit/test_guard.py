@@ -318,3 +318,14 @@ def test_a_rename_that_fails_refuses_the_run_and_records_nothing(tmp_path, event
                                              r"Read-only file system\); nothing was recorded"):
         read_events(holding_the_lock(), tmp_path / "ledger.jsonl")
     assert not (tmp_path / "ledger.jsonl").exists()
+
+
+def test_status_still_shows_events_a_run_moved_aside_and_did_not_finish_with(
+        tmp_path, events_here) -> None:
+    later = {**EVENT, "time": EVENT["time"] + 600}
+    Path(f"{guard.EVENTS}.0123abcd").write_text(json.dumps(EVENT) + "\n")
+    Path(guard.EVENTS).write_text(json.dumps(later) + "\n")
+    command = GuardState().command("runit").get_raw_value()
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
+    assert sorted(GuardState().process(output.splitlines())["events"],
+                  key=lambda event: event["time"]) == [EVENT, later]
