@@ -132,12 +132,25 @@ if workstation:
     ledger.keep(run, settings.ledger.path, state.name, state.driver)
     ledger.observed(name="Ledger: the controller, kernel and driver this run meets",
                     run=run, module=settings.candidate.module_name)
-    # A stall the guard met with no run watching is named, and counts in this run's refusal.
+
+# One run at a time: the pair's locks, all or nothing, before anything else is read.
+# One step per host, in the inventory's order, so that of two runs started together
+# the one that takes the first host proceeds; a refusal from here on (the lock's,
+# or preflight's) releases what this run took, and so leaves nothing behind.
+for member in in_run:
+    lock.held(name=f"Lock: held on {member.name}", run_dir=settings.run_dir, run=run,
+              holder=member.name)
+# The locks are the run's first write: from here a signal fails the attempt into the
+# rollback, which releases them and ends in a verified production (nothing to undo
+# yet in preflight); before, it ends the run at once.
+interrupt.changes_begin(name="Interrupt: from here a signal ends the run in production",
+                        interrupts=run.interrupts)
+
+if workstation:
+    # A stall the guard met with no run watching is named, and counts in this run's
+    # refusal; read under the lock, so that a run the lock refuses leaves it in place.
     guard.reported(name="Guard: what the guard did since the last run", run=run,
                    init_system=settings.serving.init_system, ledger_path=settings.ledger.path)
-
-lock.available(name="Lock: no other run holds these hosts", run_dir=settings.run_dir,
-               owner=this_run)
 
 # 1. Preflight: read-only; every refusal happens here, before any change.
 if workstation:
@@ -170,12 +183,6 @@ if workstation:
                        serving=state.serving, speculative=state.speculative)
 gateway_route.admissible(name="Preflight: the large role answers, so small can fall back to it",
                          proxy=proxy, fallback=state.gateway_fallback, _timeout=request_bound)
-
-# From here a signal fails the attempt into the rollback; before, it ends the run.
-interrupt.changes_begin(name="Interrupt: from here a signal ends the run in production",
-                        interrupts=run.interrupts)
-# Taken only now, so that a run refused in preflight leaves nothing behind.
-lock.held(name="Lock: held by this run", run_dir=settings.run_dir, owner=this_run)
 
 # Steps 2-8 are the attempt: after a failure the remaining steps are skipped on
 # every host, and the failure is recorded rather than ending the run at once.

@@ -26,9 +26,10 @@ build disarms it first, so that the two never swap the driver at once.
   host's TP rank, loads the stock driver (each module command bounded) and
   appends how that ended. It touches neither the gateway nor the other host:
   the fallback present in every TP state keeps ``small`` answering.
-- The next run reads the events (:func:`reported`): it names them, and the
-  compatibility ledger records each stall, finished or not, as a stall of the
-  candidate on that controller, so the next candidate run on it is refused;
+- The next run reads the events (:func:`reported`), under its lock: it moves
+  them aside, names them, and the compatibility ledger records each stall,
+  finished or not, once, as a stall of the candidate on that controller, so
+  the next candidate run on it is refused;
   an ``unaddressed`` event is recorded as what it is, no stall. ``status``
   shows whether the guard is armed and any event no run has read yet.
 """
@@ -51,7 +52,7 @@ from pyinfra.api.util import get_template
 from pyinfra.operations import files
 
 from operations import ledger
-from operations.attempt import Layer, operation
+from operations.attempt import Layer, operation, refuse
 from operations.driver import CandidateModule, staged_path, swap_planned
 from operations.facts import EmptyMeansSomething, FileDigest, digest
 from operations.phase import executing, run_now
@@ -71,8 +72,16 @@ SCRIPT_MODE = "700"
 EVENTS = "/var/lib/twinbolt/guard-events.jsonl"
 # The events a run has read, kept for the operator.
 REPORTED = "/var/lib/twinbolt/guard-events.reported.jsonl"
-# Read events move aside in one step: the guard of a later stall appends anew.
-MOVE_REPORTED = f"cat {EVENTS} >> {REPORTED} && rm -f {EVENTS}"
+# A run renames the events aside (``EVENTS.<its token>``) before it reads them: a
+# guard's later append makes a new EVENTS, never lost in what is being read. It
+# prints every file moved aside, its own and any an earlier run moved but did not
+# finish with, as the fact's lines.
+MOVE_ASIDE = ('events=$1 moved=$2; if [ -e "$events" ]; then mv -f "$events" "$moved" || exit 1; '
+              'fi; for file in "$events".*; do [ -e "$file" ] || continue; '
+              'sed "s/^/event /" "$file" || exit 1; done')
+# Once recorded, what was moved aside is appended to REPORTED.
+FINISH_MOVED = ('events=$1 reported=$2; for file in "$events".*; do [ -e "$file" ] || continue; '
+                'cat "$file" >> "$reported" && rm -f "$file" || exit 1; done')
 # How often it pings the peer.
 INTERVAL_SECONDS = 2
 # How long rmmod, then modprobe, may take before the guard gives up on the restore.
@@ -155,22 +164,21 @@ class GuardState(EmptyMeansSomething):
 
     def command(self, init_system: InitSystem) -> StringCommand:
         supervisor = SUPERVISORS[init_system]
+        # The events, and any a run moved aside and did not finish with.
         script = (supervisor.transient_active_script() + supervisor.transient_left_script()
-                  + f"sed 's/^/event /' {EVENTS} 2>/dev/null; true")
+                  + f"sed 's/^/event /' {EVENTS} {EVENTS}.* 2>/dev/null; true")
         return StringCommand("sh", "-c", QuoteString(script), "-", NAME)
 
     def process(self, output: list[str]) -> dict[str, Any]:
-        state: dict[str, Any] = {"armed": False, "left": False, "events": []}
-        lines = []
-        for line in output:
-            if line.strip() == "active":
-                state["armed"] = True
-            elif line.strip() == "left":
-                state["left"] = True
-            elif line.startswith("event "):
-                lines.append(event_of(line.removeprefix("event ")))
-        state["events"] = completed(lines)
-        return state
+        return {"armed": any(line.strip() == "active" for line in output),
+                "left": any(line.strip() == "left" for line in output),
+                "events": events_in(output)}
+
+
+def events_in(output: list[str]) -> list[dict[str, Any]]:
+    """The events among a command's ``event <json>`` lines, each restore once."""
+    return completed([event_of(line.removeprefix("event ")) for line in output
+                      if line.startswith("event ")])
 
 
 def event_of(line: str) -> dict[str, Any]:
@@ -249,11 +257,27 @@ def ledger_entry(event: dict[str, Any], observed: dict[str, Any]) -> dict[str, A
     """
     The ledger's record of one event: a stall of the candidate on this host's
     controller, whether its restore finished or not; a link without its address
-    is recorded as what it is, never a stall.
+    is recorded as what it is, never a stall. It keeps the event itself, by
+    which a record is known (:func:`recorded`).
     """
     return ledger.record("guard", "candidate", "unaddressed" if unaddressed(event) else "guarded",
                          [observed], layer=Layer.LINK,
-                         evidence=f"the guard on {observed['host']}: {describe_event(event)}")
+                         evidence=f"the guard on {observed['host']}: {describe_event(event)}",
+                         event=event)
+
+
+def recorded(entry: dict[str, Any], records: list[dict[str, Any]]) -> bool:
+    """
+    Whether the ledger already has ``entry``'s event from its host: an event read again
+    (moved aside by a run that failed before it finished) is recorded once, and so is a
+    restore whose first line a run recorded before the guard appended how it ended (the
+    two lines share their time).
+    """
+    hosts = [part.get("host") for part in entry["hosts"]]
+    return any(record["outcome"] == entry["outcome"]
+               and (record.get("event") or {}).get("time") == entry["event"].get("time")
+               and [part.get("host") for part in record["hosts"]] == hosts
+               for record in records)
 
 
 def disarm_first(loaded: Driver, candidate: CandidateModule) -> bool:
@@ -319,12 +343,15 @@ def reported(run: Run, init_system: InitSystem, ledger_path: str) -> Iterator[Py
     Read what the guard did since the last run: name each event, and have the
     ledger record it as a stall of the candidate on this host's controller.
 
-    Each event is read once: when the run executes, the events move to
-    :data:`REPORTED` and their records are appended to the ledger. That is
-    bookkeeping about the hosts, not their state: reported as no change, and
-    left alone by ``--dry``. Call it after ``ledger.observed``, whose reading of
-    the controller the records name, and before the stall refusal, which counts
-    them in this very run.
+    Each event is recorded once: when the run executes, the events are renamed
+    aside (:data:`MOVE_ASIDE`) and read, their records not yet in the ledger are
+    appended, and then they move to :data:`REPORTED`; a run that fails in between
+    leaves them aside, for the next run to read again. That is bookkeeping about
+    the hosts, not their state: reported as no change, and left alone by
+    ``--dry``. Only a run that holds this host's lock reads them, so a run the
+    lock refuses never takes them from the one that holds it. Call it after
+    ``lock.held`` and ``ledger.observed``, whose reading of the controller the
+    records name, and before the stall refusal, which counts them in this very run.
 
     + run: the :class:`~operations.run.Run`, whose observations the records name
     + init_system: the workstation's init system
@@ -337,18 +364,42 @@ def reported(run: Run, init_system: InitSystem, ledger_path: str) -> Iterator[Py
         guard.reported(name="Guard: what it did since the last run", run=run,
                        init_system="systemd", ledger_path="~/.local/state/twinbolt/ledger.jsonl")
     """
-    events = host.get_fact(GuardState, init_system=init_system)["events"]
+    events = moved_aside(run) if executing() else host.get_fact(
+        GuardState, init_system=init_system)["events"]
     if not events:
         host.noop("the guard recorded nothing")
         return
+    records, _ = ledger.read_all(Path(ledger_path))
     entries = [ledger_entry(event, run.observed.hosts[host.name]) for event in events]
-    run.observed.guarded[host.name] = entries
+    run.observed.guarded[host.name] = [entry for entry in entries
+                                       if not recorded(entry, records)]
     for event in events:
         host.log_styled(f"the guard {summary(event)}",
                         fg="yellow", log_func=logger.warning)
     if executing():
-        for entry in entries:
+        for entry in run.observed.guarded[host.name]:
             ledger.append(Path(ledger_path), entry)
-        run_now(StringCommand("sh", "-c", QuoteString(MOVE_REPORTED)))
+        finished, output = run_now(StringCommand("sh", "-c", QuoteString(FINISH_MOVED), "-",
+                                                 EVENTS, REPORTED))
+        if not finished:
+            host.log_styled(f"the guard's events are recorded, but could not move to {REPORTED} "
+                            f"({output.stderr}): the next run reads them again, and records "
+                            "them once", fg="yellow", log_func=logger.warning)
     host.noop(f"{len(events)} guard event(s) read")
     yield from ()
+
+
+def moved_aside(run: Run) -> list[dict[str, Any]]:
+    """
+    The guard's events, renamed aside under this run's lock and read; refuse, with
+    nothing recorded, where the run does not hold the lock or the rename fails.
+    """
+    if not run.locks.holds(host.name):
+        refuse(Layer.LOCK, [f"the guard's events are read only under this run's lock, which it "
+                            f"does not hold on {host.name}"])
+    moved, output = run_now(StringCommand("sh", "-c", QuoteString(MOVE_ASIDE), "-", EVENTS,
+                                          f"{EVENTS}.{run.owner.token}"))
+    if not moved:
+        refuse(Layer.LEDGER, [f"the guard's events could not be moved aside to be read "
+                              f"({output.stderr}); nothing was recorded"])
+    return events_in(output.stdout_lines)

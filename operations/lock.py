@@ -8,6 +8,13 @@ start time and target state; a second run refuses at once and says who holds
 it. A lock whose owner is gone (a run killed mid-way) is taken over with a
 warning, so an interrupted run never blocks the next one.
 
+The locks of the pair are all or nothing. They are taken host by host, always
+in the inventory's order (workstations first), so that of two runs started
+together the one that takes the first host proceeds and the other is refused
+there, having taken nothing; a run refused on a later host releases the locks
+it took before the refusal ends it (:class:`Locks`), as any refusal after them
+does.
+
 A run is named by a random token, not by its machine's host name and pid: two
 operator machines may share a host name, and a pid means something only on
 one boot of one machine, in one pid namespace (its ``boot``). An owner is
@@ -30,18 +37,25 @@ import secrets
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, Host, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
+from pyinfra.context import ctx_host
 
-from operations.attempt import Layer, operation, refuse
-from operations.phase import executing, run_now
+from operations.attempt import Ending, Layer, operation, refuse
+from operations.phase import connector_arguments, executing, run_now
+
+if TYPE_CHECKING:
+    from operations.run import Run
 
 LAYER = Layer.LOCK
 LOCK_NAME = "lock"
+STARTED_FORMAT = "%Y-%m-%dT%H:%M:%S%z"
 # flock(1) of this file serializes every change of the lock (util-linux, on
 # every distribution twinbolt targets); the lock itself is renamed over.
 GUARD_NAME = "lock.guard"
@@ -93,6 +107,18 @@ class RunOwner:
         return (f"{self.user}@{self.machine} pid {self.pid} since {self.started} "
                 f"(state {self.state})")
 
+    def age(self) -> str:
+        """How long it has held the lock, as ``H:MM:SS``; a start that cannot be read says so."""
+        try:
+            started = datetime.strptime(self.started, STARTED_FORMAT)
+        except ValueError:
+            return "an unknown time"
+        return str(timedelta(seconds=max(0, int(time.time() - started.timestamp()))))
+
+    def checkable(self) -> bool:
+        """Whether its pid means a process here: it is of this boot and pid namespace."""
+        return bool(self.boot) and self.boot == boot_here()
+
     def gone(self) -> bool:
         """
         True only when the owner is provably gone: its pid is of this boot and pid
@@ -100,7 +126,7 @@ class RunOwner:
         even one with this host name, or this one before a reboot) cannot be
         checked from here, so it counts as alive.
         """
-        if not self.boot or self.boot != boot_here():
+        if not self.checkable():
             return False
         try:
             stat = Path(f"/proc/{self.pid}/stat").read_text()
@@ -143,7 +169,7 @@ def this_run(state: str) -> RunOwner:
     same value on every host, though ``deploy.py`` runs once per host.
     """
     return RunOwner(socket.gethostname(), getpass.getuser(), os.getpid(),
-                    time.strftime("%Y-%m-%dT%H:%M:%S%z"), state, secrets.token_hex(12),
+                    time.strftime(STARTED_FORMAT), state, secrets.token_hex(12),
                     boot_here())
 
 
@@ -205,6 +231,26 @@ def seen_as(owner: RunOwner | None) -> str:
     return "" if owner is None else f"present {owner.line()}"
 
 
+def clearing(path: str, only: str | None = None) -> str:
+    """The one command an operator types to remove ``path`` on each host, or ``only`` on one."""
+    limit = f"--limit {only} " if only else ""
+    return f"pyinfra {limit}inventory.py exec -- rm -f {path}"
+
+
+def held_by(path: str, holder: RunOwner) -> str:
+    """
+    Why a live run's lock refuses this one: who holds it and for how long; for a run
+    this machine cannot check (another operator machine, or this one before a
+    reboot), which is never judged stale, the command that clears it if it is gone.
+    """
+    found = f"another run holds {path}: {holder.describe()}, for {holder.age()}"
+    if holder.checkable():
+        return f"{found}; it still runs on this machine"
+    return (f"{found}; it was taken on another machine (or before this one rebooted), so it "
+            f"is never judged stale from here: if no such run exists any more, clear it on "
+            f"each host with `{clearing(path)}`")
+
+
 def held_elsewhere(run_dir: str, owner: RunOwner) -> RunOwner | None:
     """The run holding this host's lock if it is another, live one; refuse in that case."""
     current = host.get_fact(HostLock, run_dir=run_dir)
@@ -213,62 +259,93 @@ def held_elsewhere(run_dir: str, owner: RunOwner) -> RunOwner | None:
         refuse(LAYER, [f"{path} on {host.name} is {current.why} and names no run: if no "
                         f"run holds these hosts, remove {path} on {host.name}"])
     if current is not None and current != owner and not current.gone():
-        refuse(LAYER, [f"another run holds {path}: {current.describe()}; if no such run "
-                        f"exists any more, remove {path} on {host.name}"])
+        refuse(LAYER, [held_by(path, current)])
     return current
+
+
+@dataclass
+class Locks:
+    """
+    The host locks a run holds, and those it took, in order, each with how its host
+    was reached (the connector arguments: ``_sudo`` above all). A refusal ends the
+    run at once, before its release step: :meth:`released_if_refused`, told how the
+    run ended, releases what it took, newest first.
+    """
+
+    owner: RunOwner
+    holding: set[str] = field(default_factory=set)
+    taken: list[tuple[Host, str, dict[str, Any]]] = field(default_factory=list)
+
+    def holds(self, host_name: str) -> bool:
+        return host_name in self.holding
+
+    def released_if_refused(self, ending: Ending) -> None:
+        if ending.outcome != "refused":
+            return
+        while self.taken:
+            taken_host, run_dir, arguments = self.taken.pop()
+            self.holding.discard(taken_host.name)
+            released, output = taken_host.run_shell_command(
+                swapped(run_dir, seen_as(self.owner), None), **arguments)
+            if not released:
+                path = lock_path(run_dir)
+                logger.warning(f"{taken_host.print_prefix}{path}, taken by this refused run, "
+                               f"could not be released ({output.stderr}): clear it with "
+                               f"`{clearing(path, taken_host.name)}`")
+
+
 @operation(LAYER, is_idempotent=True)
-def available(run_dir: str, owner: RunOwner) -> Iterator[PyinfraCommand]:
+def held(run_dir: str, run: Run, holder: str) -> Iterator[PyinfraCommand]:
     """
-    Refuse at once when another live run holds this host's lock. Read-only: a run
-    refused later, in preflight, must leave no lock behind.
-
-    + run_dir: the tmpfs directory holding the lock
-    + owner: this run
-
-    **Example:**
-
-    .. code:: python
-
-        lock.available(name="Lock: no other run holds these hosts", run_dir="/run/twinbolt",
-                       owner=this_run("tp2_e2e"))
-    """
-    held_elsewhere(run_dir, owner)
-    host.noop("no other run holds this host")
-    yield from ()
-
-
-@operation(LAYER, is_idempotent=True)
-def held(run_dir: str, owner: RunOwner) -> Iterator[PyinfraCommand]:
-    """
-    Hold this host's lock for the rest of the run: refuse if another live run
+    Hold ``holder``'s lock for the rest of the run: refuse if another live run
     holds it, take it over (with a warning) if its owner is gone.
 
+    Called once for each host of the run, in the inventory's order, and a step for
+    one host passes on every other: the hosts' locks are taken one after another,
+    never at once, so that of two runs the one that takes the first proceeds.
+
     + run_dir: the tmpfs directory holding the lock
-    + owner: this run
+    + run: the :class:`~operations.run.Run`, whose owner the lock names and whose
+      :class:`Locks` note it
+    + holder: the host whose lock this step takes
 
     **Example:**
 
     .. code:: python
 
-        lock.held(name="Lock: held by this run", run_dir="/run/twinbolt",
-                  owner=this_run("tp2_e2e"))
+        lock.held(name="Lock: held on wsa", run_dir="/run/twinbolt", run=run, holder="wsa")
     """
+    if host.name != holder:
+        host.noop(f"the lock of {holder} is taken there")
+        return
     if not executing():
         host.noop("the host lock is taken when the run executes")
         return
+    owner = run.owner
     current = held_elsewhere(run_dir, owner)
-    if current == owner:
-        host.noop("this run holds the lock")
-        return
+    if current != owner:
+        take(run_dir, run.locks, current)
+    run.locks.holding.add(host.name)
+    host.noop("this run holds the lock")
+    yield from ()
+
+
+def take(run_dir: str, locks: Locks, current: RunOwner | None) -> None:
+    """
+    Take this host's lock, free or ``current``'s (a stale one), for ``locks``; refuse,
+    naming the holder, if another run took it first.
+    """
     path = lock_path(run_dir)
     if current is not None:
         logger.warning(f"{host.print_prefix}taking over the stale lock of {current.describe()}")
     # One winner: the lock is replaced only if it still reads what was judged above.
-    taken, output = run_now(swapped(run_dir, seen_as(current), owner.line()))
+    taken, output = run_now(swapped(run_dir, seen_as(current), locks.owner.line()))
     if not taken:
-        refuse(LAYER, [f"{path} could not be taken: {output.stderr}"])
-    host.noop("this run holds the lock")
-    yield from ()
+        winner = host.get_fact(HostLock, run_dir=run_dir)
+        refuse(LAYER, [held_by(path, winner) if isinstance(winner, RunOwner)
+                       else f"{path} could not be taken: {output.stderr}"])
+    # The host itself, not pyinfra's proxy for whichever host is current when released.
+    locks.taken.append((ctx_host.get(), run_dir, connector_arguments()))
 
 
 @operation(LAYER, is_idempotent=True)

@@ -27,9 +27,16 @@ def run_now(command: StringCommand) -> tuple[bool, Any]:
     data above all) to the commands an operation yields and to its facts, but
     not to a direct ``host.run_shell_command``.
     """
+    return host.run_shell_command(command, **connector_arguments())
+
+
+def connector_arguments() -> dict[str, Any]:
+    """
+    The current operation's connector arguments on this host (``_sudo``, ``_timeout``,
+    ...): how :func:`run_now` runs a command, and how a later one on this host must.
+    """
     arguments = host.current_op_global_arguments or {}
-    return host.run_shell_command(command, **{key: value for key, value in arguments.items()
-                                              if key in CONNECTOR_ARGUMENT_KEYS})
+    return {key: value for key, value in arguments.items() if key in CONNECTOR_ARGUMENT_KEYS}
 
 
 def elsewhere(settings: object | None, role: str) -> bool:

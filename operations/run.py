@@ -1,7 +1,7 @@
 """
 One run of ``deploy.py``, as one explicit object: its attempt and failures,
-what the compatibility ledger will record, the proofs it has made, and who it
-is (the owner its host locks name), and where a signal finds it.
+what the compatibility ledger will record, the proofs it has made, who it is
+(the owner its host locks name), the locks it holds, and where a signal finds it.
 
 pyinfra executes ``deploy.py`` once per host, in one process, under one
 :class:`pyinfra.api.State`, and runs each operation on every host before the
@@ -32,7 +32,7 @@ from operations.attempt import (
     report_ending,
 )
 from operations.ledger import Observations
-from operations.lock import RunOwner, run_owner
+from operations.lock import Locks, RunOwner, run_owner
 from operations.probes import Proofs
 
 
@@ -44,6 +44,7 @@ class Run:
     + observed: what it has seen of each workstation, for the ledger's record
     + proofs: the servers and routes it has already proven
     + interrupts: where it is, as a signal needs to know it (:mod:`operations.interrupt`)
+    + locks: the host locks it holds, which a refusal releases
     """
 
     owner: RunOwner
@@ -51,6 +52,11 @@ class Run:
     observed: Observations = field(default_factory=Observations)
     proofs: Proofs = field(default_factory=Proofs)
     interrupts: interrupt.Interrupts = field(default_factory=interrupt.Interrupts)
+    locks: Locks = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.locks = Locks(self.owner)
+        self.attempt.listeners.append(self.locks.released_if_refused)
 
 
 # The attribute of pyinfra's state that holds its parsed command line (config.py).

@@ -301,10 +301,13 @@ for f in "$@"; do
 done
 """
 
+# A directory itself is read without its mtime, which any entry that comes and goes
+# changes: the host lock a refused run took and released, bookkeeping, leaves only that.
 DIRECTORY_SCRIPT = r"""
 for d in "$@"; do
   if [ -d "$d" ]; then
-    find "$d" -xdev -printf '%P %y %m %u %s %T@\n' | sort |
+    printf 'directory %s\t. %s\n' "$d" "$(stat -c '%F %a %U' "$d")"
+    find "$d" -xdev -mindepth 1 -printf '%P %y %m %u %s %T@\n' | sort |
       while IFS= read -r entry; do printf 'directory %s\t%s\n' "$d" "$entry"; done
   else printf 'directory %s\tmissing\n' "$d"; fi
 done

@@ -13,11 +13,13 @@ import shlex
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from functools import partial
 
 import pytest
 from e2e_helpers import (
+    PYINFRA,
     PYTHON,
     REPO,
     SHORT_LINK_WAIT,
@@ -126,7 +128,15 @@ def test_a_run_refuses_while_another_live_run_holds_the_lock() -> None:
         assert "another run holds /run/twinbolt/lock: ana@operator-laptop pid 77" in run.output
         assert "Traceback" not in run.output, run.output[-3000:]
         assert time.monotonic() - started < 60
+        # wsa's lock, taken before wsb refused, was released: nothing changed.
         assert snapshot() == before
+        # Taken on another machine, it is never stale: the message says how to clear it.
+        clearing = re.search(r"clear it on each host with `pyinfra ([^`]+)`", run.output)
+        assert clearing, run.output[-3000:]
+        cleared = subprocess.run([str(PYINFRA), *shlex.split(clearing.group(1))], cwd=REPO,
+                                 capture_output=True, text=True, timeout=120)
+        assert cleared.returncode == 0, cleared.stdout[-3000:] + cleared.stderr[-3000:]
+        assert ssh("wsb", f"test -e {LOCK} && echo held").strip() == ""
     finally:
         ssh("wsb", f"rm -f {LOCK}")
 
@@ -142,6 +152,34 @@ def test_a_stale_lock_is_taken_over_with_a_warning() -> None:
     assert run.returncode == 0, run.output[-3000:]
     assert "taking over the stale lock" in run.output
     assert ssh("wsa", f"test -e {LOCK} && echo held").strip() == ""
+
+
+def test_of_two_runs_started_together_exactly_one_proceeds_and_no_lock_is_left(
+        tmp_path) -> None:
+    """
+    The pair's locks are taken host by host in one order: the run that takes wsa's
+    converges, the other is refused there, naming it, and leaves no host locked.
+    """
+    own_ledger = ("--data", f"ledger_path={tmp_path / 'ledger.jsonl'}")
+    started = time.monotonic()
+    with ThreadPoolExecutor(2) as together:
+        runs = list(together.map(lambda _: deploy("tp2_stock", *own_ledger), range(2)))
+    print(f"two tp2_stock runs started together: {time.monotonic() - started:.1f}s")
+    [winner] = [run for run in runs if run.returncode == 0]
+    [loser] = [run for run in runs if run is not winner]
+    assert loser.returncode != 0, [run.output[-2000:] for run in runs]
+    assert re.search(r"wsa: lock layer: another run holds /run/twinbolt/lock: \S+@\S+ pid \d+ "
+                     r"since \S+ \(state tp2_stock\), for [\d:]+; it still runs on this machine",
+                     loser.output), loser.output[-3000:]
+    assert "Traceback" not in loser.output, loser.output[-3000:]
+    for host in ("wsa", "wsb", "gw"):
+        assert ssh(host, f"test -e {LOCK} && echo held").strip() == "", host
+    assert sorted(entry["outcome"] for entry in ledger.read(tmp_path / "ledger.jsonl")) == [
+        "accepted", "refused"]
+    restored = deploy("production", *own_ledger)
+    assert restored.returncode == 0, restored.output[-3000:]
+    assert_production_verified()
+    print(f"... and back in a verified production: {time.monotonic() - started:.1f}s")
 
 
 @contextmanager

@@ -55,23 +55,23 @@ def run_arguments(operation: Callable, run: Run, arguments: dict[str, Any]) -> d
 def run_operation(operation: Callable, facts: Callable[[type, dict], Any],
                   executing: bool = True, shell: list[str] | None = None,
                   run: Run | None = None, conditions: list[Callable[[], bool]] | None = None,
-                  **arguments: Any) -> list[str]:
+                  host_name: str = "wsa", **arguments: Any) -> list[str]:
     """
     The commands ``operation`` yields on a host whose facts ``facts(cls, kwargs)``
     gives, in ``run`` (a new one unless given); commands it runs directly
     (``host.run_shell_command``) succeed and are appended to ``shell``.
     ``conditions``: the operation's ``_if``, which the step asks itself, before
-    its body (``operations.attempt.conditions_hold``).
+    its body (``operations.attempt.conditions_hold``). ``host_name``: the host it runs on.
 
     The run's parts are passed as ``deploy.py`` passes them (:func:`run_arguments`).
     """
     run = run or a_run()
     arguments = run_arguments(operation, run, arguments)
-    inventory = Inventory((["wsa"], {}))
+    inventory = Inventory(([host_name], {}))
     state = State(inventory, Config())
     setattr(state, RUN_ATTRIBUTE, run)
     state.current_stage = StateStage.Execute if executing else StateStage.Prepare
-    host = inventory.get_host("wsa")
+    host = inventory.get_host(host_name)
     host.current_op_global_arguments = {"_if": conditions or []}
 
     def get_fact(self: Host, cls: type, *args: Any, **kwargs: Any) -> Any:

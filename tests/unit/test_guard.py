@@ -12,6 +12,8 @@ from unittest.mock import patch
 
 import pytest
 from operation_harness import a_run, run_operation
+from pyinfra.api import OperationError
+from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.facts.files import Directory, File, Md5File, Sha1File, Sha256File
 from pyinfra.facts.server import TmpDir
 from pyinfra.operations import files
@@ -20,6 +22,7 @@ from harness.status import guard_fired
 from operations import guard, ledger
 from operations.facts import FileDigest, digest
 from operations.guard import Guard, GuardState
+from operations.run import Run
 from operations.services import RUNSV_EXIT, RUNSV_ONCE
 
 SHELLS = [shell for shell in ("sh", "dash", "bash") if shutil.which(shell)]
@@ -368,23 +371,60 @@ def test_the_guard_state_is_read_from_its_status_and_events() -> None:
     assert GuardState().process([]) == {"armed": False, "left": False, "events": []}
 
 
-def test_the_next_run_names_each_event_records_a_stall_and_moves_the_events(tmp_path) -> None:
-    path = tmp_path / "ledger.jsonl"
+@pytest.fixture
+def events_here(tmp_path, monkeypatch) -> list[str]:
+    """
+    The guard's event files under ``tmp_path``, and the commands ``guard.reported``
+    runs at once run here by ``sh``, as on the host; each one's script is listed.
+    """
+    monkeypatch.setattr(guard, "EVENTS", str(tmp_path / "guard-events.jsonl"))
+    monkeypatch.setattr(guard, "REPORTED", str(tmp_path / "guard-events.reported.jsonl"))
+    ran: list[str] = []
+
+    def run_here(command) -> tuple[bool, CommandOutput]:
+        ran.append(command.get_raw_value())
+        result = subprocess.run(["sh", "-c", command.get_raw_value()], capture_output=True,
+                                text=True)
+        lines = [OutputLine("stdout", line) for line in result.stdout.splitlines()]
+        lines += [OutputLine("stderr", line) for line in result.stderr.splitlines()]
+        return result.returncode == 0, CommandOutput(lines)
+
+    monkeypatch.setattr(guard, "run_now", run_here)
+    return ran
+
+
+def holding_the_lock() -> Run:
+    """A run that holds wsa's lock and has observed its controller."""
     run = a_run()
+    run.locks.holding.add("wsa")
     run.observed.hosts["wsa"] = HOST
+    return run
+
+
+def read_events(run: Run, ledger_path: Path) -> list[str]:
+    return run_operation(guard.reported, guard_facts(False, None), run=run,
+                         init_system="systemd", ledger_path=str(ledger_path))
+
+
+def test_the_next_run_names_each_event_records_a_stall_and_moves_the_events(
+        tmp_path, events_here) -> None:
+    path = tmp_path / "ledger.jsonl"
+    run = holding_the_lock()
     shell: list[str] = []
     predicted = run_operation(guard.reported, guard_facts(False, None, [EVENT]), executing=False,
                               shell=shell, run=run, init_system="systemd", ledger_path=str(path))
-    assert predicted == [] and shell == [] and not path.exists()
+    assert predicted == [] and shell == [] and events_here == [] and not path.exists()
     [entry] = run.observed.guarded["wsa"]
     assert entry["outcome"] == "guarded" and entry["stall"] is True
     assert "rx_errors 0 -> 4" in entry["evidence"] and "the guard on wsa" in entry["evidence"]
 
-    run_operation(guard.reported, guard_facts(False, None, [EVENT]), shell=shell, run=run,
-                  init_system="systemd", ledger_path=str(path))
+    Path(guard.EVENTS).write_text(json.dumps(EVENT) + "\n")
+    assert read_events(run, path) == []
     [written] = ledger.read(path)
-    assert written["stall"] and written["hosts"] == [HOST]
-    assert shell == [f"sh -c '{guard.MOVE_REPORTED}'"]
+    assert written["stall"] and written["hosts"] == [HOST] and written["event"] == EVENT
+    assert sorted(file.name for file in tmp_path.iterdir()) == [
+        "guard-events.reported.jsonl", "ledger.jsonl"]
+    assert json.loads(Path(guard.REPORTED).read_text()) == EVENT
     # That controller on that firmware is refused from now on; the healthy firmware is not.
     stalled = [ledger.Controller.of(HOST), ledger.Controller.of({**HOST, "host": "wsb"})]
     assert ledger.stall_reports([written], stalled)
@@ -395,15 +435,13 @@ def test_the_next_run_names_each_event_records_a_stall_and_moves_the_events(tmp_
 def ledger_of(tmp_path: Path, lines: list[str]) -> list[dict]:
     """The ledger records a run writes from the guard's events file as these lines hold it."""
     path = tmp_path / "ledger.jsonl"
-    run = a_run()
-    run.observed.hosts["wsa"] = HOST
-    events = GuardState().process([f"event {line}" for line in lines])["events"]
-    run_operation(guard.reported, guard_facts(False, None, events), shell=[], run=run,
-                  init_system="systemd", ledger_path=str(path))
+    path.parent.mkdir(exist_ok=True)
+    Path(guard.EVENTS).write_text("".join(f"{line}\n" for line in lines))
+    read_events(holding_the_lock(), path)
     return ledger.read(path)
 
 
-def test_an_unaddressed_link_is_never_recorded_as_a_stall(tmp_path) -> None:
+def test_an_unaddressed_link_is_never_recorded_as_a_stall(tmp_path, events_here) -> None:
     unaddressed = {"kind": "unaddressed", "time": 1796411691, "interface": "thunderbolt0",
                    "address": "169.254.77.1", "unaddressed_seconds": 30}
     [written] = ledger_of(tmp_path, [json.dumps(unaddressed)])
@@ -411,7 +449,7 @@ def test_an_unaddressed_link_is_never_recorded_as_a_stall(tmp_path) -> None:
     assert not ledger.stall_reports([written], [ledger.Controller.of(HOST)] * 2)
 
 
-def test_a_restore_that_never_finished_is_still_a_stall(tmp_path) -> None:
+def test_a_restore_that_never_finished_is_still_a_stall(tmp_path, events_here) -> None:
     """The guard's intent line alone: its restore hung, or the host went down during it."""
     intent = {**EVENT, "kind": "stall", "state": "restoring", "rank_stopped": None,
               "stock_loaded": None}
@@ -443,3 +481,97 @@ def test_a_campaign_or_soak_names_a_guard_that_did_not_stay_quietly_armed() -> N
     assert found[0].startswith("wsa: the guard restored stock: ")
     assert found[1:] == ["wsb: the guard is not armed",
                          "gw: the guard cannot be read: ssh: timed out"]
+
+
+# Events are read under the lock, moved aside at once, and recorded once (issue 44)
+
+
+def test_a_run_that_does_not_hold_the_lock_leaves_the_events_in_place(tmp_path,
+                                                                      events_here) -> None:
+    """A run the lock refused (one from another operator machine, say) takes nothing."""
+    Path(guard.EVENTS).write_text(json.dumps(EVENT) + "\n")
+    run = holding_the_lock()
+    run.locks.holding.clear()
+    with pytest.raises(OperationError, match="wsa: lock layer: the guard's events are read only "
+                                             "under this run's lock"):
+        read_events(run, tmp_path / "ledger.jsonl")
+    assert events_here == [] and not (tmp_path / "ledger.jsonl").exists()
+    assert json.loads(Path(guard.EVENTS).read_text()) == EVENT
+
+
+def test_the_events_are_renamed_aside_before_they_are_read(tmp_path, events_here,
+                                                           monkeypatch) -> None:
+    """An event the guard appends while a run reads goes to a new file, for the next run."""
+    later = {**EVENT, "time": EVENT["time"] + 600}
+    moving = guard.run_now
+
+    def guard_appends_meanwhile(command) -> tuple[bool, CommandOutput]:
+        result = moving(command)
+        if guard.MOVE_ASIDE in command.get_raw_value():
+            with open(guard.EVENTS, "a") as events:
+                events.write(json.dumps(later) + "\n")
+        return result
+
+    Path(guard.EVENTS).write_text(json.dumps(EVENT) + "\n")
+    monkeypatch.setattr(guard, "run_now", guard_appends_meanwhile)
+    read_events(holding_the_lock(), tmp_path / "ledger.jsonl")
+    assert [entry["event"] for entry in ledger.read(tmp_path / "ledger.jsonl")] == [EVENT]
+    assert json.loads(Path(guard.REPORTED).read_text()) == EVENT
+    assert [json.loads(line) for line in Path(guard.EVENTS).read_text().splitlines()] == [later]
+
+
+def test_events_read_again_after_a_run_failed_to_finish_are_recorded_once(
+        tmp_path, events_here, monkeypatch) -> None:
+    path = tmp_path / "ledger.jsonl"
+    Path(guard.EVENTS).write_text(json.dumps(EVENT) + "\n")
+    moving = guard.run_now
+    monkeypatch.setattr(guard, "run_now", lambda command: (
+        (False, CommandOutput([OutputLine("stderr", "No space left on device")]))
+        if guard.FINISH_MOVED in command.get_raw_value() else moving(command)))
+    first = holding_the_lock()
+    read_events(first, path)
+    [moved] = [file for file in tmp_path.iterdir() if file.name.startswith("guard-events.jsonl.")]
+    assert moved.name == f"guard-events.jsonl.{first.owner.token}"
+
+    monkeypatch.setattr(guard, "run_now", moving)
+    again = holding_the_lock()
+    read_events(again, path)
+    [written] = ledger.read(path)
+    assert written["event"] == EVENT
+    # Already in the ledger: the stall refusal counts it from there, not twice.
+    assert again.observed.guarded["wsa"] == []
+    assert not moved.exists() and not Path(guard.EVENTS).exists()
+    assert json.loads(Path(guard.REPORTED).read_text()) == EVENT
+
+
+def test_a_rename_that_fails_refuses_the_run_and_records_nothing(tmp_path, events_here,
+                                                                 monkeypatch) -> None:
+    Path(guard.EVENTS).write_text(json.dumps(EVENT) + "\n")
+    monkeypatch.setattr(guard, "run_now", lambda command: (
+        False, CommandOutput([OutputLine("stderr", "mv: cannot move: Read-only file system")])))
+    with pytest.raises(OperationError, match=r"wsa: ledger layer: the guard's events could not "
+                                             r"be moved aside to be read \(mv: cannot move: "
+                                             r"Read-only file system\); nothing was recorded"):
+        read_events(holding_the_lock(), tmp_path / "ledger.jsonl")
+    assert not (tmp_path / "ledger.jsonl").exists()
+
+
+def test_status_still_shows_events_a_run_moved_aside_and_did_not_finish_with(
+        tmp_path, events_here) -> None:
+    later = {**EVENT, "time": EVENT["time"] + 600}
+    Path(f"{guard.EVENTS}.0123abcd").write_text(json.dumps(EVENT) + "\n")
+    Path(guard.EVENTS).write_text(json.dumps(later) + "\n")
+    command = GuardState().command("runit").get_raw_value()
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
+    assert sorted(GuardState().process(output.splitlines())["events"],
+                  key=lambda event: event["time"]) == [EVENT, later]
+
+
+def test_a_restore_recorded_unfinished_is_not_recorded_again_once_it_finishes(
+        tmp_path, events_here) -> None:
+    """A run read the intent line alone; the guard appended how it ended after: one stall."""
+    intent = {**EVENT, "kind": "stall", "state": "restoring", "rank_stopped": None,
+              "stock_loaded": None}
+    [unfinished] = ledger_of(tmp_path, [json.dumps(intent)])
+    done = {**intent, "state": "done", "rank_stopped": True, "stock_loaded": True}
+    assert ledger_of(tmp_path, [json.dumps(done)]) == [unfinished]

@@ -30,14 +30,15 @@ def holding(owner: RunOwner | None):
 def test_a_free_lock_is_taken_without_reporting_a_change() -> None:
     shell: list[str] = []
     assert run_operation(lock.held, holding(None), shell=shell, run_dir="/run/twinbolt",
-                         owner=OWNER) == []
+                         run=Run(OWNER), holder="wsa") == []
     assert shell == [lock.swapped("/run/twinbolt", "", OWNER.line()).get_raw_value()]
 
 
 def test_a_lock_held_by_a_live_run_is_refused_naming_the_holder() -> None:
     other = RunOwner("operator-laptop", "ana", 77, "2026-11-29T12:00:00+0000", "tp2_stock")
     with pytest.raises(OperationError) as refused:
-        run_operation(lock.held, holding(other), run_dir="/run/twinbolt", owner=OWNER)
+        run_operation(lock.held, holding(other), run_dir="/run/twinbolt", run=Run(OWNER),
+                  holder="wsa")
     assert "wsa: lock layer: another run holds /run/twinbolt/lock: ana@operator-laptop pid 77" \
         in str(refused.value)
 
@@ -48,7 +49,8 @@ def test_a_stale_lock_is_taken_over() -> None:
     stale = RunOwner(socket.gethostname(), "root", dead.pid, "earlier", "tp2_e2e", "feed",
                      lock.boot_here())
     shell: list[str] = []
-    run_operation(lock.held, holding(stale), shell=shell, run_dir="/run/twinbolt", owner=OWNER)
+    run_operation(lock.held, holding(stale), shell=shell, run_dir="/run/twinbolt",
+                  run=Run(OWNER), holder="wsa")
     assert shell == [lock.swapped("/run/twinbolt", f"present {stale.line()}",
                                   OWNER.line()).get_raw_value()]
 
@@ -58,16 +60,16 @@ def test_a_lock_this_very_run_holds_is_kept_without_a_write() -> None:
     this_run = RunOwner(socket.gethostname(), "root", os.getpid(), "2026-11-29T13:00:00+0000",
                         "tp2_e2e", "fedcba9876543210fedcba98", lock.boot_here())
     shell: list[str] = []
-    for operation in (lock.available, lock.held):
-        assert run_operation(operation, holding(this_run), shell=shell, run_dir="/run/twinbolt",
-                             owner=this_run) == []
-    assert shell == []
+    run = Run(this_run)
+    assert run_operation(lock.held, holding(this_run), shell=shell, run_dir="/run/twinbolt",
+                         run=run, holder="wsa") == []
+    assert shell == [] and run.locks.holds("wsa") and run.locks.taken == []
 
 
 def test_the_lock_is_only_taken_when_executing_and_released_only_if_ours() -> None:
     shell: list[str] = []
     run_operation(lock.held, holding(None), executing=False, shell=shell,
-                  run_dir="/run/twinbolt", owner=OWNER)
+                  run_dir="/run/twinbolt", run=Run(OWNER), holder="wsa")
     assert shell == []
     run_operation(lock.released, holding(OWNER), shell=shell, run_dir="/run/twinbolt",
                   owner=OWNER)
@@ -77,16 +79,6 @@ def test_the_lock_is_only_taken_when_executing_and_released_only_if_ours() -> No
     run_operation(lock.released, holding(other), shell=shell, run_dir="/run/twinbolt",
                   owner=OWNER)
     assert shell == [removal]
-
-
-def test_availability_is_read_only_and_refuses_a_live_holder() -> None:
-    shell: list[str] = []
-    assert run_operation(lock.available, holding(None), shell=shell, run_dir="/run/twinbolt",
-                         owner=OWNER) == []
-    assert shell == []
-    other = RunOwner("operator-laptop", "ana", 77, "2026-11-29T12:00:00+0000", "tp2_stock")
-    with pytest.raises(OperationError, match="ana@operator-laptop pid 77"):
-        run_operation(lock.available, holding(other), run_dir="/run/twinbolt", owner=OWNER)
 
 
 def test_lock_line_round_trips_through_the_fact() -> None:
@@ -121,7 +113,8 @@ def test_an_empty_lock_file_is_refused_naming_the_file_and_the_fix(content: str,
     found = HostLock().process(output.splitlines())
     assert found == lock.UnreadableLock(why)
     with pytest.raises(OperationError) as refused:
-        run_operation(lock.held, holding(found), run_dir=str(tmp_path), owner=OWNER)
+        run_operation(lock.held, holding(found), run_dir=str(tmp_path), run=Run(OWNER),
+                  holder="wsa")
     assert (f"{tmp_path}/lock on wsa is {why} and names no run: if no run holds these hosts, "
             f"remove {tmp_path}/lock on wsa") in str(refused.value)
 
@@ -299,7 +292,7 @@ def test_the_rollback_holds_the_failed_runs_lock_and_leaves_it_to_that_run(fresh
     inherited = lock.run_owner("production", OWNER.line())
     assert inherited == OWNER
     assert run_operation(lock.held, holding(OWNER), run_dir="/run/twinbolt",
-                         owner=inherited) == []
+                         run=Run(inherited), holder="wsa") == []
     shell: list[str] = []
     run_operation(lock.released, holding(OWNER), shell=shell, run_dir="/run/twinbolt",
                   owner=inherited, inherited=True)
@@ -370,7 +363,8 @@ def test_a_lost_race_for_the_lock_is_refused_in_the_swaps_own_words(monkeypatch)
     lost = "another run changed it first; it now reads: present machine=x"
     monkeypatch.setattr(lock, "run_now", lambda command: (False, SimpleNamespace(stderr=lost)))
     with pytest.raises(OperationError) as refused:
-        run_operation(lock.held, holding(None), run_dir="/run/twinbolt", owner=OWNER)
+        run_operation(lock.held, holding(None), run_dir="/run/twinbolt", run=Run(OWNER),
+                  holder="wsa")
     assert f"wsa: lock layer: /run/twinbolt/lock could not be taken: {lost}" in str(refused.value)
 
 
@@ -412,3 +406,79 @@ def test_a_live_run_that_sleeps_is_not_gone() -> None:
     finally:
         sleeping.kill()
         sleeping.wait()
+
+
+# The pair's lock is all or nothing (issue 44)
+
+
+def test_each_hosts_lock_is_taken_in_its_own_step_and_the_others_pass() -> None:
+    run = Run(OWNER)
+    shell: list[str] = []
+    assert run_operation(lock.held, holding(None), shell=shell, host_name="wsb",
+                         run_dir="/run/twinbolt", run=run, holder="wsa") == []
+    assert shell == [] and not run.locks.holding
+
+
+def test_a_run_refused_on_a_later_host_releases_the_locks_it_took() -> None:
+    run = Run(OWNER)
+    shell: list[str] = []
+    run_operation(lock.held, holding(None), shell=shell, run_dir="/run/twinbolt", run=run,
+                  holder="wsa")
+    [(wsa, _, _)] = run.locks.taken
+    other = RunOwner("operator-laptop", "ana", 77, "2026-11-29T12:00:00+0000", "tp2_stock")
+    with pytest.raises(OperationError, match="wsb: lock layer: another run holds"):
+        run_operation(lock.held, holding(other), shell=shell, host_name="wsb",
+                      run_dir="/run/twinbolt", run=run, holder="wsb")
+    assert shell == [lock.swapped("/run/twinbolt", "", OWNER.line()).get_raw_value(),
+                     lock.swapped("/run/twinbolt", lock.seen_as(OWNER), None).get_raw_value()]
+    assert wsa.name == "wsa" and run.locks.taken == [] and not run.locks.holds("wsa")
+    assert run.attempt.ending.outcome == "refused"
+
+
+def test_only_a_refusal_releases_the_locks_at_once() -> None:
+    """Any other ending is the run's own: its release step comes after the rollback."""
+    run = Run(OWNER)
+    shell: list[str] = []
+    run_operation(lock.held, holding(None), shell=shell, run_dir="/run/twinbolt", run=run,
+                  holder="wsa")
+    run.attempt.end(attempt.Ending("accepted"))
+    assert len(shell) == 1 and run.locks.holds("wsa")
+
+
+def test_a_lock_of_another_machine_names_its_holder_age_and_the_command_that_clears_it(
+        ) -> None:
+    started = time.strftime(lock.STARTED_FORMAT, time.localtime(time.time() - 3723))
+    other = RunOwner("operator-laptop", "ana", 77, started, "tp2_stock", "a1", "another-boot/1")
+    with pytest.raises(OperationError) as refused:
+        run_operation(lock.held, holding(other), run_dir="/run/twinbolt", run=Run(OWNER),
+                      holder="wsa")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"wsa: lock layer: another run holds /run/twinbolt/lock: ana@operator-laptop pid 77 "
+        f"since {started} (state tp2_stock), for 1:02:0")
+    assert message.endswith(
+        "it was taken on another machine (or before this one rebooted), so it is never judged "
+        "stale from here: if no such run exists any more, clear it on each host with "
+        "`pyinfra inventory.py exec -- rm -f /run/twinbolt/lock`")
+
+
+def test_a_live_run_of_this_machine_is_said_to_still_run() -> None:
+    here = RunOwner(socket.gethostname(), "root", os.getpid(), "not a time", "tp2_e2e", "h",
+                    lock.boot_here())
+    with pytest.raises(OperationError) as refused:
+        run_operation(lock.held, holding(here), run_dir="/run/twinbolt", run=Run(OWNER),
+                      holder="wsa")
+    assert str(refused.value).endswith(
+        f"pid {os.getpid()} since not a time (state tp2_e2e), for an unknown time; it still "
+        "runs on this machine")
+
+
+def test_a_lost_race_for_the_lock_names_the_run_that_won(monkeypatch) -> None:
+    winner = RunOwner("operator-laptop", "ana", 77, "2026-11-29T12:00:00+0000", "tp2_stock")
+    reads = iter([None, winner])
+    monkeypatch.setattr(lock, "run_now", lambda command: (False, SimpleNamespace(stderr="")))
+    with pytest.raises(OperationError, match="another run holds /run/twinbolt/lock: "
+                                             "ana@operator-laptop pid 77"):
+        run_operation(lock.held, lambda cls, kwargs: next(reads), run_dir="/run/twinbolt",
+                      run=Run(OWNER), holder="wsa")
