@@ -14,9 +14,14 @@ from e2e_helpers import deploy_meanwhile, ssh, verify
 
 from operations import ledger
 
-# The steps a signal arrives in: the candidate being loaded, then the TP ranks starting.
+# The steps a signal is sent in: the candidate being loaded, then the TP ranks starting.
 AT_THE_DRIVER = "Driver: thunderbolt_net is the candidate build"
 AT_THE_RANKS = "Serving: the TP ranks run"
+# Where it may land: the lab's insmod takes milliseconds, so the signal, sent once
+# the run has printed the step's title, may find the next step begun; the candidate
+# is loaded in both. A step runs for seconds, and the ranks' start is one.
+LANDS_IN = {AT_THE_DRIVER: (AT_THE_DRIVER, "Link: trained at the expected rate, the peer answers"),
+            AT_THE_RANKS: (AT_THE_RANKS,)}
 
 
 def send(signum: int, sent: list[float], pid: int) -> None:
@@ -40,7 +45,9 @@ def test_a_signal_mid_transition_ends_in_a_verified_production_and_exits_as_shel
         run = deploy_meanwhile("tp2_e2e", f"Starting operation: {step}",
                                partial(send, signum, sent), *own_ledger)
         assert run.returncode == 128 + signum, (name, run.output[-3000:])
-        assert f"interrupted by {name} during {step!r}" in run.output, run.output[-3000:]
+        landed = next((where for where in LANDS_IN[step]
+                       if f"interrupted by {name} during {where!r}" in run.output), None)
+        assert landed, run.output[-3000:]
         assert "production was restored and verified" in run.output, run.output[-3000:]
         checks = verify("production")
         print(f"{name} in {step!r} to a verified production: "
@@ -51,4 +58,4 @@ def test_a_signal_mid_transition_ends_in_a_verified_production_and_exits_as_shel
         *_, rollback, interrupted = ledger.read(tmp_path / "ledger.jsonl")
         assert (rollback["state"], rollback["outcome"]) == ("production", "accepted")
         assert (interrupted["state"], interrupted["outcome"], interrupted["interrupted"]) == (
-            "tp2_e2e", "interrupted", {"signal": name, "step": step})
+            "tp2_e2e", "interrupted", {"signal": name, "step": landed})
