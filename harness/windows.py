@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt
 
 from harness import counters, server_stats
 from harness.client import Sample, rate, session, stream_generate
-from harness.progress import reporting, say
+from harness.progress import reporting, say, where
 from harness.topology import Endpoint
 
 WINDOWS = ("single", "concurrent", "prefix", "long")
@@ -273,7 +273,7 @@ async def run_window(measurement: Measurement, name: str) -> dict[str, Any]:
     One window, bracketed by both workstations' link counters and the servers'
     counters, read before the first request and after the last answer.
     """
-    say(f"window {name}: reading counters")
+    say(f"{where(f'window {name}')}: reading counters")
     servers = measurement.endpoint.servers
     links_before, servers_before = await asyncio.gather(
         measurement.link_snapshot(), server_stats.snapshot(measurement.client, servers))
@@ -306,7 +306,8 @@ async def run_window(measurement: Measurement, name: str) -> dict[str, Any]:
             "after": [_server_counters(snap) for snap in servers_after],
         },
     }
-    say(f"window {name}: done in {seconds:.1f}s" + (f", {len(errors)} failed" if errors else ""))
+    say(f"{where(f'window {name}')}: done in {seconds:.1f}s"
+        + (f", {len(errors)} failed" if errors else ""))
     return result
 
 
