@@ -251,7 +251,9 @@ def parser() -> argparse.ArgumentParser:
                                  help="each run of flows, whole seconds (default %(default)s)")
     linktest_parser.add_argument("--out", type=Path, default=REPORTS)
 
-    compare_parser = commands.add_parser("compare", help="a table and a chart across reports")
+    compare_parser = commands.add_parser(
+        "compare", help="a table and a chart across reports; several reports of one state are "
+                        "its trials: medians, intervals and verdicts")
     compare_parser.add_argument("reports", nargs="+", type=Path, metavar="REPORT.json")
     compare_parser.add_argument("--baseline", help="ratios against this state's report "
                                                    "(default: the row above)")
