@@ -132,8 +132,8 @@ def time_left(seconds_per_visit: list[float], remaining: int) -> str:
     """The model stage's time left, at the pace of the visits so far."""
     if not seconds_per_visit:
         return "time left unknown until a state is measured"
-    left = fmean(seconds_per_visit) * remaining
-    return f"about {left // 60:.0f} min {left % 60:.0f} s left"
+    left = round(fmean(seconds_per_visit) * remaining)
+    return f"about {left // 60} min {left % 60} s left"
 
 
 def time_spent(steps: list[Step]) -> dict[str, float | None]:
