@@ -390,6 +390,8 @@ class Campaign:
         links = [json.loads(path.read_text()) for path in self.linktests]
         table = compare.comparison(measured) if measured else ""
         chart = compare.chart(measured, self.directory / "comparison.png") if measured else None
+        links_chart = (linktest_report.transport_chart(links, self.directory / "transport.png")
+                       if links else None)
         result = {
             "format": FORMAT,
             "started_at": started_at,
@@ -409,6 +411,7 @@ class Campaign:
             "reports": [path.name for path in self.reports],
             "linktests": [path.name for path in self.linktests],
             "transport": transport_tables(links) if links else "",
+            "transport_chart": links_chart.name if links_chart else None,
             "comparison": table,
             "chart": chart.name if chart else None,
             "does_not_prove": caveats.does_not_prove(measured) if measured else [],
@@ -460,6 +463,8 @@ def markdown(result: dict[str, Any]) -> str:
     if result["transport"]:
         lines += ["", "## Transport: the link alone, under production's replicas", "",
                   result["transport"]]
+        if result.get("transport_chart"):
+            lines += [f"![transport]({result['transport_chart']})"]
     if result["comparison"]:
         lines += ["", "## Comparison", "", result["comparison"]]
     if result["chart"]:

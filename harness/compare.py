@@ -296,6 +296,14 @@ def side_by_side(reports: list[dict[str, Any]]) -> list[str]:
     return [*lines, *table(header, body), "", SIDE_BY_SIDE_NOTE]
 
 
+def axis_top(values: list[float]) -> float | None:
+    """
+    The top of an axis from zero: matplotlib's own unless every value is zero,
+    when it would centre the zeros on a +-0.04 axis; then 1, so zero shows as zero.
+    """
+    return None if any(values) else 1.0
+
+
 def chart(reports: list[dict[str, Any]], path: Path) -> Path:
     """
     A bar chart per figure, one bar per state: a figure's median with its 95%
@@ -329,7 +337,7 @@ def chart(reports: list[dict[str, Any]], path: Path) -> Path:
         bars = axis.bar(range(len(heights)), heights, color="tab:blue",
                         yerr=[below, above], capsize=4)
         axis.bar_label(bars, labels=texts, fontsize=8)
-        axis.set_ylim(bottom=0, top=None if any(heights) else 1)
+        axis.set_ylim(bottom=0, top=axis_top(heights))
         axis.set_title(TITLES[key])
         axis.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
     drawn.suptitle("twinbolt: states over their trials, medians with 95% intervals")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import campaign, progress
+from harness import campaign, linktest_report, progress
 from harness.campaign import Campaign, CampaignRefused, StepFailed
 from harness.windows import WindowSettings
 
@@ -274,3 +274,16 @@ def test_a_number_of_trials_out_of_bounds_is_one_line_and_runs_nothing():
         env={"TWINBOLT_SITE": "/nonexistent/site.toml", "PATH": "/usr/bin:/bin"})
     assert (result.returncode, result.stderr) == (
         1, "experiment: campaign: --trials must be in [1, 50]\n")
+
+
+def test_the_campaign_report_draws_the_transport_chart_beside_its_tables(tmp_path):
+    from test_linktest import report as linktest
+
+    run = Campaign(None, campaign.check_plan(["tp2_stock"], baseline=False), ["single"],
+                   WindowSettings(), tmp_path, baseline=False)
+    run.linktests = [linktest_report.write(built, tmp_path)
+                     for built in (linktest("stock", 14.0, 7), linktest("candidate", 16.0, 0))]
+    result = run.finish("t", restored=True)
+    assert result["transport_chart"] == "transport.png"
+    assert (tmp_path / "transport.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![transport](transport.png)" in (tmp_path / "campaign.md").read_text()
