@@ -62,7 +62,8 @@ FORMAT = "twinbolt-campaign/1"
 BASELINE = "production"
 TRIALS = 5
 ORDER = ("ABBA: odd trials pass over the plan forward, even trials backward; a trial starts "
-         "with the state the one before ended on, measured again without a deploy")
+         "with the state the one before ended on, measured again without a deploy (the only "
+         "order whose every move changes one layer: nothing is drawn, so there is no seed)")
 PLAN = ("tp2_stock_nospec", "tp2_stock", "tp2_e2e", "tp2_e2e_nospec")
 # From production and back, the driver alone changing at each step: the
 # candidate, then the report's control, the stock build with receive-side E2E off.
