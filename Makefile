@@ -87,14 +87,15 @@ lab-down:  ## remove the lab: namespaces, links, processes
 
 # Production converged and proven; then the campaign: the transport alone first
 # (production under the candidate and under e2e=0, a linktest in each), then
-# tp2_stock and tp2_e2e, one layer apart, each deployed, verified and measured,
-# and production restored and verified whatever failed. The exit code says
-# whether anything failed. Last, the compatibility ledger those runs wrote.
+# tp2_stock and tp2_e2e, one layer apart, each deployed, verified and measured in
+# three trials (ABBA: stock, e2e, e2e, stock, stock, e2e), and production
+# restored and verified whatever failed. The exit code says whether anything
+# failed. Last, the compatibility ledger those runs wrote.
 demo: root lab  ## the experiment on the lab: the link alone, then production, tp2_stock, tp2_e2e, compared, production
 	$(VENV)/bin/pyinfra -y inventory.py deploy.py --data state=production
 	$(VENV)/bin/pytest tests/verify --state production -q
 	$(PY) experiment.py campaign --no-baseline --states tp2_stock,tp2_e2e --linktest-seconds 1 \
-		$(DEMO_WINDOWS)
+		--trials 3 $(DEMO_WINDOWS)
 	$(PY) experiment.py matrix
 
 lint: root setup  ## ruff

@@ -5,7 +5,8 @@ The experiment, from the operator's chair:
     python experiment.py diagnose [--json]       # every rung from the route to the cable
     python experiment.py matrix [--ledger PATH]  # the compatibility ledger as a table
     python experiment.py measure [--window NAME ...] [--out DIR]
-    python experiment.py campaign [--states A,B,...] [--no-baseline] [--no-transport] [--out DIR]
+    python experiment.py campaign [--states A,B,...] [--trials N] [--no-baseline] [--no-transport]
+                                  [--out DIR]
     python experiment.py soak --minutes N [--interval S] [--out DIR]
                               [--events unplug@5,plug@6,suspend@10 [--allow-suspend]]
     python experiment.py linktest [--seconds S] [--out DIR]   # the link alone, no model
@@ -48,6 +49,8 @@ from operations import ledger
 from operations.states import STATES
 
 REPORTS = Path(__file__).resolve().parent / "reports"
+# A day of the windows at most; beyond, a typo.
+MAX_TRIALS = 50
 
 
 def window_options(parser: argparse.ArgumentParser) -> None:
@@ -99,7 +102,8 @@ async def run_campaign(arguments: argparse.Namespace, topology: Topology) -> int
     result = await campaign.Campaign(topology, arguments.plan, arguments.windows or list(WINDOWS),
                                      window_settings(arguments), directory,
                                      baseline=arguments.baseline,
-                                     linktest_seconds=arguments.linktest_seconds).run()
+                                     linktest_seconds=arguments.linktest_seconds,
+                                     trials=arguments.trials).run()
     print((directory / "campaign.md").read_text())
     if result["chart"]:
         print(f"chart: {directory / result['chart']}")
@@ -205,6 +209,9 @@ def parser() -> argparse.ArgumentParser:
     campaign_parser = commands.add_parser("campaign", help="production, then one layer at a time")
     campaign_parser.add_argument("--states", help="the steps after production, comma-separated "
                                                   f"(default {','.join(campaign.PLAN)})")
+    campaign_parser.add_argument(
+        "--trials", type=int, default=campaign.TRIALS,
+        help="passes over the plan's states, in the order ABBA (default %(default)s)")
     campaign_parser.add_argument("--no-baseline", dest="baseline", action="store_false",
                                  help="do not measure production; the move from it to the "
                                       "first state may then change several layers")
@@ -244,7 +251,9 @@ def parser() -> argparse.ArgumentParser:
                                  help="each run of flows, whole seconds (default %(default)s)")
     linktest_parser.add_argument("--out", type=Path, default=REPORTS)
 
-    compare_parser = commands.add_parser("compare", help="a table and a chart across reports")
+    compare_parser = commands.add_parser(
+        "compare", help="a table and a chart across reports; several reports of one state are "
+                        "its trials: medians, intervals and verdicts")
     compare_parser.add_argument("reports", nargs="+", type=Path, metavar="REPORT.json")
     compare_parser.add_argument("--baseline", help="ratios against this state's report "
                                                    "(default: the row above)")
@@ -275,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         if (arguments.command == "campaign" and arguments.linktest_seconds is not None
                 and not 0 < arguments.linktest_seconds <= 600):
             raise ValueError("campaign: --linktest-seconds must be in (0, 600]")
+        if arguments.command == "campaign" and not 0 < arguments.trials <= MAX_TRIALS:
+            raise ValueError(f"campaign: --trials must be in [1, {MAX_TRIALS}]")
         # An interval longer than the soak would take no sample; inf never ends, nan no test.
         if arguments.command == "soak" and not (
                 0 < arguments.minutes <= 24 * 60

@@ -4,8 +4,17 @@ a time, then production restored and proven, then the comparison.
 
     preflight -> linktest production
               -> (deploy T -> verify T -> linktest T) for each transport state -> production
-              -> measure production -> (deploy X -> verify X -> measure X) for each step
+              -> trial 1: measure production -> (deploy X -> verify X -> measure X) for each step
+              -> trial 2: the same states backwards, ... (N trials)
               -> deploy production -> verify production -> compare
+
+The model states are measured in N trials, each one pass over the plan, in the
+order ABBA: odd trials forward, even ones backward. Drift in the machine or the
+link over the campaign then lands on every state alike, and every move is still
+one layer (a trial starts where the one before ended, and measures that state
+again without a deploy). It is the only order that keeps both: in a chain of
+one-layer steps, a pass can only run forward or backward, so there is nothing
+to draw at random and no seed.
 
 The transport stage is the field report's "integrity before model speed": the
 driver changes under production's replicas, which never use the link, so the
@@ -36,11 +45,12 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 from harness import caveats, compare, linktest, linktest_report, report
 from harness.measure import NotMeasurable, failures, measure_state
-from harness.progress import reporting, say
+from harness.progress import placed, reporting, say
 from harness.status import guard_fired, guard_states, observe
 from harness.topology import Topology
 from harness.windows import EndpointDown, WindowSettings
@@ -50,6 +60,10 @@ from operations.states import State, UnknownState, layers_changed, resolve_state
 
 FORMAT = "twinbolt-campaign/1"
 BASELINE = "production"
+TRIALS = 5
+ORDER = ("ABBA: odd trials pass over the plan forward, even trials backward; a trial starts "
+         "with the state the one before ended on, measured again without a deploy (the only "
+         "order whose every move changes one layer: nothing is drawn, so there is no seed)")
 PLAN = ("tp2_stock_nospec", "tp2_stock", "tp2_e2e", "tp2_e2e_nospec")
 # From production and back, the driver alone changing at each step: the
 # candidate, then the report's control, the stock build with receive-side E2E off.
@@ -98,6 +112,39 @@ class Step:
     ok: bool
     seconds: float
     detail: str = ""
+
+    @property
+    def measuring(self) -> bool:
+        """Whether the step measured (a window or a linktest), rather than converged or proved."""
+        return self.name.startswith(("measure ", "linktest "))
+
+
+def order(plan: list[State], trials: int, baseline: bool = True) -> list[tuple[int, State]]:
+    """
+    The (trial, state) visits of the model stage, in ``ORDER``; production is
+    among the states only with the ``baseline``.
+    """
+    measured = plan if baseline else plan[1:]
+    return [(trial, state) for trial in range(1, trials + 1)
+            for state in (measured if trial % 2 else measured[::-1])]
+
+
+def time_left(seconds_per_visit: list[float], remaining: int) -> str:
+    """The model stage's time left, at the pace of the visits so far."""
+    if not seconds_per_visit:
+        return "time left unknown until a state is measured"
+    left = round(fmean(seconds_per_visit) * remaining)
+    return f"about {left // 60} min {left % 60} s left"
+
+
+def time_spent(steps: list[Step]) -> dict[str, float | None]:
+    """The campaign's seconds measuring, and converging and proving, and measuring's share."""
+    measuring = sum(step.seconds for step in steps if step.measuring)
+    converging = sum(step.seconds for step in steps if not step.measuring)
+    total = measuring + converging
+    return {"measuring_seconds": round(measuring, 1),
+            "converging_and_proving_seconds": round(converging, 1),
+            "measuring_share": round(measuring / total, 3) if total else None}
 
 
 async def run_command(label: str, argv: list[str],
@@ -192,10 +239,13 @@ class Campaign:
 
     def __init__(self, topology: Topology, plan: list[State], windows: list[str],
                  settings: WindowSettings, directory: Path, baseline: bool = True,
-                 linktest_seconds: int | None = linktest.FLOW_SECONDS) -> None:
+                 linktest_seconds: int | None = linktest.FLOW_SECONDS,
+                 trials: int = TRIALS) -> None:
         self.topology = topology
         self.plan = plan
         self.baseline = baseline
+        self.trials = trials
+        self.visits = order(plan, trials, baseline)
         # None: no transport stage.
         self.linktest_seconds = linktest_seconds
         self.linktests: list[Path] = []
@@ -204,6 +254,8 @@ class Campaign:
         self.directory = directory
         self.steps: list[Step] = []
         self.reports: list[Path] = []
+        # (trial, state, report) of each measurement, in the order measured.
+        self.measured: list[dict[str, Any]] = []
         self.failure: Step | None = None
 
     # The steps
@@ -221,13 +273,16 @@ class Campaign:
     async def verify(self, state: str) -> str:
         return await verify(state, self.topology.verify_timeout)
 
-    async def measure(self, state: str) -> str:
+    async def measure(self, state: str, trial: int) -> str:
+        """One trial of ``state``: its report in the trial's own directory."""
         try:
             path, built = await measure_state(self.topology, self.windows, self.settings,
-                                              self.directory, expected=state)
+                                              self.directory / f"trial-{trial}", expected=state)
         except (NotMeasurable, EndpointDown) as error:
             raise StepFailed(str(error)) from None
         self.reports.append(path)
+        self.measured.append({"trial": trial, "state": state,
+                              "report": str(path.relative_to(self.directory))})
         failed = failures(built)
         if failed:
             raise StepFailed(f"{len(failed)} request(s) failed: " + "; ".join(failed[:5]))
@@ -263,6 +318,26 @@ class Campaign:
             if state.name != BASELINE:
                 await self.step(f"linktest {state.name}", self.linktest(state.name, seconds))
 
+    async def model_states(self) -> None:
+        """Every visit of :func:`order`, deploying and verifying only where the state changes."""
+        current = self.plan[0]
+        paces: list[float] = []
+        for index, (trial, state) in enumerate(self.visits):
+            started = time.monotonic()
+            if state.name != current.name:
+                layers = ", ".join(layers_changed(current, state))
+                await self.step(f"deploy {state.name} (changes {layers})",
+                                self.deploy(state.name))
+                await self.step(f"verify {state.name}", self.verify(state.name))
+                current = state
+            place = f"trial {trial} of {self.trials}, {state.name}"
+            left = time_left(paces, len(self.visits) - index)
+            say(f"== {place}: {left}")
+            with placed(place, left):
+                await self.step(f"measure {state.name} (trial {trial} of {self.trials})",
+                                self.measure(state.name, trial))
+            paces.append(time.monotonic() - started)
+
     # The order
 
     async def step(self, name: str, action: Awaitable[str]) -> None:
@@ -291,14 +366,7 @@ class Campaign:
         try:
             if self.linktest_seconds is not None:
                 await self.transport(self.linktest_seconds)
-            if self.baseline:
-                await self.step(f"measure {BASELINE}", self.measure(BASELINE))
-            for previous, state in pairwise(self.plan):
-                layers = ", ".join(layers_changed(previous, state))
-                await self.step(f"deploy {state.name} (changes {layers})",
-                                self.deploy(state.name))
-                await self.step(f"verify {state.name}", self.verify(state.name))
-                await self.step(f"measure {state.name}", self.measure(state.name))
+            await self.model_states()
         except StepFailed:
             self.failure = self.steps[-1]
         except asyncio.CancelledError:
@@ -323,11 +391,18 @@ class Campaign:
         links = [json.loads(path.read_text()) for path in self.linktests]
         table = compare.comparison(measured) if measured else ""
         chart = compare.chart(measured, self.directory / "comparison.png") if measured else None
+        links_chart = (linktest_report.transport_chart(links, self.directory / "transport.png")
+                       if links else None)
         result = {
             "format": FORMAT,
             "started_at": started_at,
             "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "plan": [state.name for state in self.plan],
+            "trials": self.trials,
+            "order": ORDER,
+            "visits": [[trial, state.name] for trial, state in self.visits],
+            "measured": self.measured,
+            "time": time_spent(self.steps),
             "windows": self.windows,
             "settings": self.settings.model_dump(),
             "steps": [asdict(step) for step in self.steps],
@@ -337,6 +412,7 @@ class Campaign:
             "reports": [path.name for path in self.reports],
             "linktests": [path.name for path in self.linktests],
             "transport": transport_tables(links) if links else "",
+            "transport_chart": links_chart.name if links_chart else None,
             "comparison": table,
             "chart": chart.name if chart else None,
             "does_not_prove": caveats.does_not_prove(measured) if measured else [],
@@ -364,11 +440,18 @@ def outcome(result: dict[str, Any]) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
+    spent = result["time"]
     lines = [
         "# twinbolt campaign",
         "",
         f"- {result['started_at']} to {result['finished_at']}: {outcome(result)}",
         f"- plan: {' -> '.join(result['plan'])}, windows {', '.join(result['windows'])}",
+        f"- {result['trials']} trial(s), in the order {result['order']}: "
+        + ", ".join(f"{state} ({trial})" for trial, state in result["visits"]),
+        f"- time: {spent['measuring_seconds']:.0f} s measuring, "
+        f"{spent['converging_and_proving_seconds']:.0f} s converging and proving"
+        + (f" ({spent['measuring_share']:.0%} measuring)"
+           if spent["measuring_share"] is not None else ""),
     ]
     if result["failure"]:
         lines += ["", "## Why it failed", "", "```", result["failure"], "```"]
@@ -381,6 +464,8 @@ def markdown(result: dict[str, Any]) -> str:
     if result["transport"]:
         lines += ["", "## Transport: the link alone, under production's replicas", "",
                   result["transport"]]
+        if result.get("transport_chart"):
+            lines += [f"![transport]({result['transport_chart']})"]
     if result["comparison"]:
         lines += ["", "## Comparison", "", result["comparison"]]
     if result["chart"]:

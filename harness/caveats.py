@@ -11,9 +11,10 @@ caveats are stated for either case, claiming neither.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
-from harness.compare import CANDIDATE, CONTROL, latest
+from harness.compare import CANDIDATE, CONTROL
 
 # inventory.py puts the embedded lab's hosts in this group; a site's never are.
 LAB_GROUP = "lab"
@@ -48,8 +49,12 @@ WHERE = {
         "retransmissions with the candidate do not validate the driver.",
     ],
 }
-ONCE = ("Each state was measured once, and its single-stream window is one request: no "
-        "run-to-run spread is known, so a ratio near 1.00× may be noise.")
+ONCE = ("A state was measured in one trial only, and its single-stream window is one request: "
+        "no run-to-run spread is known, so no ratio to it gets a verdict.")
+REPEATED = ("Each state was measured in {n} trials or more, in one campaign on one machine: the "
+            "intervals hold the spread between those trials, not between machines, days or "
+            "cables, and take the trials' logarithms as normal; 'no difference detected at "
+            "n={n}' is not 'no difference'.")
 
 
 def ran_on(reports: list[dict[str, Any]]) -> str | None:
@@ -74,10 +79,11 @@ def window_bound(reports: list[dict[str, Any]]) -> str:
     measure it. With the candidate's windows at hand, say how short they were.
     """
     claim = "A short window bounds a rare fault's rate; it does not measure it"
-    candidate = latest(reports, CANDIDATE)
-    if candidate is None:
+    candidates = [report for report in reports if report["state"] == CANDIDATE]
+    if not candidates:
         return f"{claim}: a fault rarer than the windows are long may not have come at all."
-    seconds = f"{sum(window['seconds'] for window in candidate['windows']):.0f} s"
+    spent = sum(window["seconds"] for report in candidates for window in report["windows"])
+    seconds = f"{spent:.0f} s"
     return (f"{claim}: {CANDIDATE}'s windows lasted {seconds} in all. A fault rarer than that "
             f"may not have come at all; seeing none puts its rate below about 3 per {seconds} "
             "(95%), not at zero.")
@@ -85,4 +91,10 @@ def window_bound(reports: list[dict[str, Any]]) -> str:
 
 def does_not_prove(reports: list[dict[str, Any]]) -> list[str]:
     """The bullets of a campaign report's "What this does not prove", from its reports."""
-    return [*WHERE[ran_on(reports)], window_bound(reports), ONCE]
+    return [*WHERE[ran_on(reports)], window_bound(reports), repeated(reports)]
+
+
+def repeated(reports: list[dict[str, Any]]) -> str:
+    """What the trials' number leaves open: everything, from one; the spread beyond them, else."""
+    fewest = min(Counter(report["state"] for report in reports).values())
+    return ONCE if fewest == 1 else REPEATED.format(n=fewest)

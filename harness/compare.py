@@ -1,13 +1,19 @@
 """
-Measurements side by side: a Markdown table with ratios, and a PNG chart.
+Measurements side by side: a Markdown table of every state over its trials,
+with the ratios' intervals and verdicts, and a PNG chart.
 
-Each ratio is taken against a reference row: by default the row above, so that
-in a campaign (one layer changed per step) every ratio is the effect of the one
-layer the "changed" column names; or against a named baseline state.
+A state measured in several trials (a campaign's ``--trials``, or several
+reports of it given to ``experiment.py compare``) is one row: each figure's
+median and 95% interval, each count's total and its trials
+(:mod:`harness.intervals`). Each ratio is taken against a reference row: by
+default the row above, so that in a campaign (one layer changed per step) every
+ratio is the effect of the one layer the "changed" column names; or against a
+named baseline state. A ratio is never printed without its interval and its
+verdict; from one trial there is none, and the table says so.
 
 Below it, the stock driver and the candidate are set beside the field report's
-own figures, so a reader sees which of its claims the measurements reproduce,
-and which it never made.
+own figures, each of them one observation, so a reader sees which of its claims
+the measurements reproduce, and which it never made.
 """
 
 from __future__ import annotations
@@ -16,26 +22,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import server_stats
-from harness.report import accept_length_cell, headline, number, replaced, table
+from harness import intervals, server_stats
+from harness.counters import combined
+from harness.report import headline, number, replaced, table
 from operations.states import STATES, layers_changed
 
-# (headline key, column title, digits, whether a ratio column follows)
-COLUMNS = (
-    ("single_tok_s", "single tok/s", 1, True),
-    ("roofline_single_tok_s", "roofline single tok/s", 1, False),
-    ("aggregate_tok_s", "aggregate tok/s", 1, True),
-    ("per_request_tok_s", "per-request tok/s", 1, False),
-    ("accept_length", "accept length", 2, False),
-    ("receiver_errors", "receiver errors", 0, True),
-    ("socket_retransmissions", "TP-socket retransmissions", 0, True),
-    ("max_socket_retransmissions", "max per socket", 0, False),
-    ("retransmissions", "host-wide retransmissions", 0, True),
-    ("gib_per_1k_tokens", "GiB / 1k output tokens", 3, True),
+RATE = ("faster", "slower")
+# (headline key, column title, digits, the verdict's words, or None for no ratio)
+FIGURES = (
+    ("single_tok_s", "single tok/s", 1, RATE),
+    ("roofline_single_tok_s", "roofline single tok/s", 1, None),
+    ("aggregate_tok_s", "aggregate tok/s", 1, RATE),
+    ("per_request_tok_s", "per-request tok/s", 1, None),
+    ("accept_length", "accept length", 2, None),
+    ("gib_per_1k_tokens", "GiB / 1k output tokens", 3, ("more", "less")),
 )
+# Counts: totalled over the trials, each trial's beside it; never averaged or divided.
+COUNTS = (
+    ("receiver_errors", "receiver errors"),
+    ("socket_retransmissions", "TP-socket retransmissions"),
+    ("retransmissions", "host-wide retransmissions"),
+)
+MAX_PER_SOCKET = ("max_socket_retransmissions", "max per socket")
 CHARTED = ("single_tok_s", "aggregate_tok_s", "accept_length", "receiver_errors",
            "socket_retransmissions", "gib_per_1k_tokens")
-DIGITS = {key: digits for key, _, digits, _ in COLUMNS}
+TITLES = {key: title for key, title, *_ in FIGURES} | dict(COUNTS) | dict([MAX_PER_SOCKET])
+DIGITS = {key: digits for key, _, digits, _ in FIGURES} | dict.fromkeys(
+    [*dict(COUNTS), MAX_PER_SOCKET[0]], 0)
 
 # The field report compares these two states: the stock driver, then the
 # candidate with tx_e2e=1, both with TP2 and NEXTN.
@@ -80,19 +93,21 @@ SIDE_BY_SIDE = (
     ("gib_per_1k_tokens", "GiB / 1k output tokens"),
 )
 SIDE_BY_SIDE_NOTE = (
-    f"× : {CANDIDATE} / {CONTROL}. *Field*: the field report's figures (shared/REFERENCE.md), "
-    "one hardware pair, controlled observations rather than a benchmark; 'not reported' only "
-    "where it gives none. *Receiver errors*: `rx_errors` of the link on both workstations, "
-    "over every window. *Host-wide retransmissions*: `RetransSegs` of both workstations. "
-    "*Max retransmissions of one TP socket*: the most any one of the TP group's sockets "
-    "retransmitted in one window."
+    f"× : {CANDIDATE} / {CONTROL}, the ratio of their geometric means, its 95% interval and the "
+    "verdict. *Field*: the field report's figures (shared/REFERENCE.md), one hardware pair, "
+    "each of them one observation: controlled observations rather than a benchmark, with no "
+    "interval; 'not reported' only where it gives none. *Receiver errors*: `rx_errors` of "
+    "the link on both workstations, over every window, totalled over the trials with each "
+    "trial's count in brackets. *Host-wide retransmissions*: `RetransSegs` of both "
+    "workstations. *Max retransmissions of one TP socket*: the most any one of the TP group's "
+    "sockets retransmitted in one window of any trial."
 )
 
 
 def ratio(value: float | None, reference: float | None, digits: int) -> str:
     """
-    ``value / reference``; none to a reference the table shows as zero (production
-    moves a few bytes over a link it does not use: a ratio to that means nothing).
+    ``value / reference``, for the field report's single observations; none to a
+    reference shown as zero (a ratio to nothing means nothing).
     """
     if value is None or reference is None or round(reference, digits) == 0:
         return "—"
@@ -101,7 +116,9 @@ def ratio(value: float | None, reference: float | None, digits: int) -> str:
 
 def figure(value: float | None, digits: int) -> str:
     """A cell: a counter (no digits) as a whole number, anything else to ``digits``."""
-    return number(int(value) if digits == 0 and value is not None else value, digits)
+    if value is None:
+        return number(None)
+    return number(int(value) if digits == 0 else float(value), digits)
 
 
 def changed(previous: str, current: str) -> str:
@@ -111,96 +128,220 @@ def changed(previous: str, current: str) -> str:
     return ", ".join(layers_changed(STATES[previous], STATES[current])) or "none"
 
 
+def by_state(reports: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Each state's headlines, one per trial, the states in the order first measured."""
+    states: dict[str, list[dict[str, Any]]] = {}
+    for report in reports:
+        states.setdefault(report["state"], []).append(headline(report))
+    return states
+
+
+def trials(rows: list[dict[str, Any]], key: str) -> list[Any]:
+    return [row[key] for row in rows]
+
+
+def spread_cell(values: list[float | None], digits: int) -> str:
+    """A figure over its trials: median [95% interval]; from one trial, its value, so marked."""
+    shown = intervals.spread(values)
+    if shown.n == 0:
+        return "—"
+    if shown.interval is None:
+        return f"{figure(shown.median, digits)} (n={shown.n})"
+    low, high = shown.interval
+    return f"{figure(shown.median, digits)} [{figure(low, digits)}–{figure(high, digits)}]"
+
+
+def verdict_cell(said: intervals.Verdict) -> str:
+    """A ratio only with its interval and the verdict; without an interval, why there is none."""
+    if min(said.n) == 0:
+        return "—"
+    if said.interval is None:
+        return said.words
+    low, high = said.interval
+    return f"{said.ratio:.2f}× [{low:.2f}–{high:.2f}] {said.words}"
+
+
+def count_cell(values: list[int | None]) -> str:
+    """A count over the trials: the total, and each trial's."""
+    counted = intervals.counts(values)
+    return f"{number(counted.total)} ({', '.join(number(value) for value in values)})"
+
+
+def accept_cell(rows: list[dict[str, Any]]) -> str:
+    """The accept length over the trials, marked ``*`` when a trial's is cumulative."""
+    cumulative = any(row["accept_length_cumulative"] for row in rows)
+    return spread_cell(trials(rows, "accept_length"), 2) + (" *" if cumulative else "")
+
+
+def long_prefill_cell(rows: list[dict[str, Any]]) -> str:
+    labels = [row["long_prefill"] for row in rows if row["long_prefill"]]
+    if not labels:
+        return "—"
+    return (f"{', '.join(dict.fromkeys(labels))} "
+            f"({spread_cell(trials(rows, 'long_ttft_s'), 2)} s TTFT)")
+
+
 def comparison_header() -> list[str]:
     """The comparison table's columns (the README quotes its header line)."""
-    header = ["state", "changed"]
-    for _, title, _, with_ratio in COLUMNS:
-        header += [title, "×"] if with_ratio else [title]
-    return [*header, "long prefill"]
+    header = ["state", "changed", "trials"]
+    for _, title, _, words in FIGURES:
+        header += [title, "×"] if words else [title]
+    return [*header, *(title for _, title in COUNTS), MAX_PER_SOCKET[1], "long prefill"]
 
 
 def comparison(reports: list[dict[str, Any]], baseline: str | None = None) -> str:
-    """The Markdown table; ratios against the row above, or against ``baseline``'s row."""
-    rows = [headline(report) for report in reports]
-    states = [row["state"] for row in rows]
+    """
+    The Markdown table, one row per state over its trials; ratios against the
+    row above, or against ``baseline``'s row. Then each state's figures over its
+    trials, each count's verdict, and the field report beside the control and
+    the candidate.
+    """
+    states = by_state(reports)
+    names = list(states)
     if baseline is not None and baseline not in states:
-        raise ValueError(f"no report of the baseline state {baseline!r} (have {states})")
-    header = comparison_header()
+        raise ValueError(f"no report of the baseline state {baseline!r} (have {names})")
     body = []
-    for index, row in enumerate(rows):
-        reference = rows[states.index(baseline)] if baseline else rows[index - 1] if index else {}
-        cells = [row["state"], changed(states[index - 1], row["state"]) if index else "—"]
-        for key, _, digits, with_ratio in COLUMNS:
-            value = row[key]
-            cells.append(accept_length_cell(value, row["accept_length_cumulative"])
-                         if key == "accept_length" else figure(value, digits))
-            if with_ratio:
-                cells.append(ratio(value, reference.get(key), digits))
-        cells.append(f"{row['long_prefill'] or '—'} ({number(row['long_ttft_s'], 2)} s TTFT)"
-                     if row["long_prefill"] else "—")
+    for index, (state, rows) in enumerate(states.items()):
+        reference = (states[baseline] if baseline
+                     else states[names[index - 1]] if index else None)
+        cells = [state, changed(names[index - 1], state) if index else "—", str(len(rows))]
+        for key, _, digits, words in FIGURES:
+            values = trials(rows, key)
+            cells.append(accept_cell(rows) if key == "accept_length"
+                         else spread_cell(values, digits))
+            if words:
+                cells.append(verdict_cell(intervals.verdict(values, trials(reference, key), words))
+                             if reference is not None and reference is not rows else "—")
+        cells += [count_cell(trials(rows, key)) for key, _ in COUNTS]
+        cells += [figure(combined(trials(rows, MAX_PER_SOCKET[0]), max), 0),
+                  long_prefill_cell(rows)]
         body.append(cells)
     against = f"the {baseline} row" if baseline else "the row above"
-    notes = [f"× : ratio to {against}."]
-    if lagging := [row for row in rows if row["accept_length_cumulative"]]:
+    notes = [f"Figures: the median of the trials [its 95% interval]; × : ratio to {against}, "
+             f"[its 95% interval] and the verdict. Method: {intervals.METHOD}. Counts: the "
+             "total over the trials (each trial's)."]
+    lagging = [row for rows in states.values() for row in rows if row["accept_length_cumulative"]]
+    if lagging:
         notes.append(server_stats.caveat(max(row["decode_log_interval"] for row in lagging)))
-    return "\n".join([*table(header, body), "", "\n\n".join(notes), "",
+    return "\n".join([*table(comparison_header(), body), "", "\n\n".join(notes), "",
+                      *each_state(states), "", *integrity(states), "",
                       *side_by_side(reports)]) + "\n"
 
 
-def latest(reports: list[dict[str, Any]], state: str) -> dict[str, Any] | None:
-    """The last report of ``state``: a campaign's only one, or the last one ``compare`` got."""
-    return next((report for report in reversed(reports) if report["state"] == state), None)
+def each_state(states: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Per state and figure: the median, the min–max, the 95% interval and every trial."""
+    body = []
+    for state, rows in states.items():
+        for key, title, digits, _ in FIGURES:
+            values = trials(rows, key)
+            shown = intervals.spread(values)
+            if shown.n == 0:
+                continue
+            interval = ("none from one trial" if shown.interval is None else
+                        f"{figure(shown.interval[0], digits)}–{figure(shown.interval[1], digits)}")
+            body.append([state, title, str(shown.n), figure(shown.median, digits),
+                         f"{figure(shown.low, digits)}–{figure(shown.high, digits)}", interval,
+                         ", ".join(figure(value, digits) for value in values)])
+    return ["### Each state over its trials", "",
+            *table(["state", "figure", "n", "median", "min–max", "95% interval", "trials"], body)]
+
+
+def integrity(states: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each count per trial and in total, and whether it was zero in every trial."""
+    body = []
+    for state, rows in states.items():
+        for key, title in COUNTS:
+            counted = intervals.counts(trials(rows, key))
+            body.append([state, title, ", ".join(number(value) for value in counted.per_trial),
+                         number(counted.total), counted.words])
+    return ["### Counts: zero in every trial?", "",
+            *table(["state", "count", "per trial", "total", "verdict"], body)]
 
 
 def side_by_side(reports: list[dict[str, Any]]) -> list[str]:
     """
-    The control and the candidate next to the field report, measure by measure.
-    Without a report of both, no ratio can be set beside the field report's: the
-    section says which is missing rather than comparing something else.
+    The control and the candidate over their trials next to the field report's
+    single observations, measure by measure. Without a report of both, no ratio
+    can be set beside the field report's: the section says which is missing
+    rather than comparing something else.
     """
     lines = ["### The field report side by side", ""]
-    found = {state: latest(reports, state) for state in (CONTROL, CANDIDATE)}
-    missing = [state for state, report in found.items() if report is None]
+    states = by_state(reports)
+    missing = [state for state in (CONTROL, CANDIDATE) if state not in states]
     if missing:
-        have = ", ".join(dict.fromkeys(report["state"] for report in reports))
-        return [*lines, f"No report of {' or '.join(missing)} (have {have}): the field report "
-                        f"compares {CONTROL} with {CANDIDATE}."]
-    stock, e2e = (headline(found[state]) for state in (CONTROL, CANDIDATE))
+        return [*lines, f"No report of {' or '.join(missing)} (have {', '.join(states)}): the "
+                        f"field report compares {CONTROL} with {CANDIDATE}."]
+    stock, e2e = states[CONTROL], states[CANDIDATE]
+    words = {key: words for key, _, _, words in FIGURES}
     body = []
     for key, title in SIDE_BY_SIDE:
         digits = DIGITS[key]
         field_stock, field_e2e = FIELD_REPORT.get(key, (None, None))
         field_ratio = (ratio(field_e2e.value, field_stock.value, digits)
                        if field_stock and field_e2e else "—")
-        body.append([title, figure(stock[key], digits), figure(e2e[key], digits),
-                     ratio(e2e[key], stock[key], digits),
+        if key in dict(COUNTS):
+            ours = [count_cell(trials(stock, key)), count_cell(trials(e2e, key)), "—"]
+        elif key == MAX_PER_SOCKET[0]:
+            ours = [figure(combined(trials(rows, key), max), 0) for rows in (stock, e2e)] + ["—"]
+        else:
+            ours = [spread_cell(trials(stock, key), digits), spread_cell(trials(e2e, key), digits),
+                    verdict_cell(intervals.verdict(trials(e2e, key), trials(stock, key),
+                                                   words[key] or ("higher", "lower")))]
+        body.append([title, *ours,
                      *(field.text if field else NOT_REPORTED for field in (field_stock, field_e2e)),
                      field_ratio])
-    header = ["measure", CONTROL, CANDIDATE, "×", f"field {CONTROL}", f"field {CANDIDATE}",
-              "field ×"]
+    header = ["measure", f"{CONTROL} (n={len(stock)})", f"{CANDIDATE} (n={len(e2e)})", "×",
+              f"field {CONTROL} (one observation)", f"field {CANDIDATE} (one observation)",
+              "field × (one observation each)"]
     return [*lines, *table(header, body), "", SIDE_BY_SIDE_NOTE]
 
 
+def axis_top(values: list[float]) -> float | None:
+    """
+    The top of an axis from zero: matplotlib's own unless every value is zero,
+    when it would centre the zeros on a +-0.04 axis; then 1, so zero shows as zero.
+    """
+    return None if any(values) else 1.0
+
+
 def chart(reports: list[dict[str, Any]], path: Path) -> Path:
-    """A bar chart per figure, one bar per measurement, written as a PNG."""
+    """
+    A bar chart per figure, one bar per state: a figure's median with its 95%
+    interval as the error bar, a count's total; every axis from zero, so that
+    counts of zero show as zero.
+    """
     import matplotlib
 
     # No display: the harness runs over SSH and in CI.
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [headline(report) for report in reports]
-    labels = [row["state"] for row in rows]
-    titles = {key: title for key, title, _, _ in COLUMNS}
-    figure, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
+    states = by_state(reports)
+    labels = [f"{state} (n={len(rows)})" for state, rows in states.items()]
+    drawn, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
     for axis, key in zip(axes.flat, CHARTED, strict=True):
-        values = [row[key] or 0 for row in rows]
-        bars = axis.bar(range(len(values)), values, color="tab:blue")
-        axis.bar_label(bars, labels=[number(row[key], 2) for row in rows], fontsize=8)
-        axis.set_title(titles[key])
+        heights, below, above, texts = [], [], [], []
+        for rows in states.values():
+            values = trials(rows, key)
+            if key in dict(COUNTS):
+                counted = intervals.counts(values)
+                height, interval, text = counted.total or 0, None, number(counted.total)
+            else:
+                shown = intervals.spread(values)
+                height, interval = shown.median or 0, shown.interval
+                text = spread_cell(values, DIGITS[key])
+            heights.append(height)
+            below.append(height - interval[0] if interval else 0)
+            above.append(interval[1] - height if interval else 0)
+            texts.append(text)
+        bars = axis.bar(range(len(heights)), heights, color="tab:blue",
+                        yerr=[below, above], capsize=4)
+        axis.bar_label(bars, labels=texts, fontsize=8)
+        axis.set_ylim(bottom=0, top=axis_top(heights))
+        axis.set_title(TITLES[key])
         axis.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
-    figure.suptitle("twinbolt: measurements compared")
+    drawn.suptitle("twinbolt: states over their trials, medians with 95% intervals")
     with replaced(path) as temporary:
-        figure.savefig(temporary, dpi=100, format="png")
-    plt.close(figure)
+        drawn.savefig(temporary, dpi=100, format="png")
+    plt.close(drawn)
     return path

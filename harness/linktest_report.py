@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.compare import NOT_REPORTED, Reported
+from harness.compare import NOT_REPORTED, Reported, axis_top
 from harness.counters import combined
 from harness.linktest import FLOW_COUNTS, FORMAT
 from harness.report import number, replaced, table, write_text
@@ -193,6 +193,43 @@ def chart(report: dict[str, Any], path: Path) -> Path:
                     fontsize=8)
     rtts.set_title("mean probe RTT, ms")
     figure.suptitle(f"twinbolt linktest: {report['state']}")
+    with replaced(path) as temporary:
+        figure.savefig(temporary, dpi=100, format="png")
+    plt.close(figure)
+    return path
+
+
+# The transport chart's panels: (headline key, title); the last two are counts.
+TRANSPORT_PANELS = (
+    ("gbit_s_4_flows", "Gbit/s delivered, 4 flows (mean of the directions)"),
+    ("receiver_errors", "receiver errors, 4-flow runs (both receivers)"),
+    ("retransmissions", "TCP retransmissions, 4-flow runs (both hosts)"),
+)
+
+
+def transport_chart(reports: list[dict[str, Any]], path: Path) -> Path:
+    """
+    The network-only A/B in one chart: the linktests' states side by side, in
+    Gbit/s, receiver errors and retransmissions, each axis from zero.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: over SSH and in CI
+    import matplotlib.pyplot as plt
+
+    rows = [headline(report) for report in reports]
+    labels = [f"{row['state']}\n({row['driver']})" for row in rows]
+    figure, axes = plt.subplots(1, len(TRANSPORT_PANELS), figsize=(15, 4.5),
+                                constrained_layout=True)
+    for axis, (key, title) in zip(axes, TRANSPORT_PANELS, strict=True):
+        values = [row[key] or 0 for row in rows]
+        bars = axis.bar(range(len(rows)), values, color="tab:blue")
+        axis.bar_label(bars, labels=[number(row[key], 2 if key == "gbit_s_4_flows" else 0)
+                                     for row in rows], fontsize=8)
+        axis.set_ylim(bottom=0, top=axis_top(values))
+        axis.set_xticks(range(len(rows)), labels, fontsize=8)
+        axis.set_title(title, fontsize=9)
+    figure.suptitle("twinbolt transport: the link alone, state by state")
     with replaced(path) as temporary:
         figure.savefig(temporary, dpi=100, format="png")
     plt.close(figure)

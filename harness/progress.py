@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
 
 INTERVAL_SECONDS = 1.0
+# Where a long run stands (a campaign's "trial 2 of 5, tp2_e2e") and its time left.
+PLACE: ContextVar[tuple[str, str] | None] = ContextVar("place", default=None)
 
 
 def say(line: str) -> None:
@@ -37,3 +40,19 @@ async def reporting(describe: Callable[[float], str],
         yield
     finally:
         task.cancel()
+
+
+@contextmanager
+def placed(place: str, left: str) -> Iterator[None]:
+    """Within the block, :func:`where` names ``place`` and the time ``left``."""
+    token = PLACE.set((place, left))
+    try:
+        yield
+    finally:
+        PLACE.reset(token)
+
+
+def where(what: str) -> str:
+    """``what``, within the place a campaign set (``trial 2 of 5, tp2_e2e, window single``)."""
+    place = PLACE.get()
+    return f"{place[0]}, {what} ({place[1]})" if place else what

@@ -89,9 +89,11 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
     """
     The figures a comparison puts side by side. Link figures total every window
     of the measurement; "GiB per 1,000 output tokens" divides the bytes put on
-    the link by the completion tokens of the same windows.
+    the link by the completion tokens of the same windows. A window marked
+    invalid (a cold one that found cached tokens) gives no figure.
     """
-    windows = {window["name"]: window for window in report["windows"]}
+    windows = {window["name"]: window for window in report["windows"]
+               if not window.get("invalid")}
     summary = {name: window["summary"] for name, window in windows.items()}
     totals = [window["link"]["totals"] for window in report["windows"]]
     tokens = sum(sample["completion_tokens"] or 0
@@ -168,6 +170,8 @@ def window_row(window: dict[str, Any]) -> list[str]:
         tokens = (f"{number(first['prompt_tokens'])}: cached {number(first['cached_tokens'])} "
                   f"({first['prefill']}) → {number(second['cached_tokens'])} "
                   f"({second['prefill']})")
+        if summary.get("hit_rate") is not None:
+            tokens += f", hit rate {summary['hit_rate']:.0%}"
     if name == "long":
         tokens = (f"{number(summary['prompt_tokens'])}: cached "
                   f"{number(summary['cached_tokens'])} ({summary['prefill']} prefill)")
@@ -218,6 +222,9 @@ def markdown(report: dict[str, Any]) -> str:
     errors = [error for window in report["windows"] for error in window["errors"]]
     if errors:
         lines += ["", "Failed requests:", "", *(f"- {error}" for error in errors)]
+    if invalid := [window for window in report["windows"] if window.get("invalid")]:
+        lines += ["", "Invalid windows, left out of every comparison:", "",
+                  *(f"- {window['name']}: {window['invalid']}" for window in invalid)]
     names = [*INTERFACE_COUNTERS, RETRANSMISSIONS]
     rows = []
     for window in report["windows"]:

@@ -19,6 +19,13 @@ what it asked for and what it sent.
 Every prompt starts with a word of its own, so nothing of one window (or an
 earlier run) is ever a cached prefix of another: "cold" is cold by construction
 and "warm" only where a window means it.
+
+Cold and warm are also kept apart by the server's word, as a warm cache can
+inflate a throughput by far (vllm-project/vllm#52884): every window starts
+from an empty cache (SGLang's ``/flush_cache`` on each server), and a cold
+window (``single``, ``concurrent``, ``long``) whose requests still report
+cached tokens is marked invalid, its figures left out of every comparison.
+``prefix`` is the warm one: it primes, measures, and reports its hit rate.
 """
 
 from __future__ import annotations
@@ -37,10 +44,12 @@ from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt
 
 from harness import counters, server_stats
 from harness.client import Sample, rate, session, stream_generate
-from harness.progress import reporting, say
+from harness.progress import reporting, say, where
 from harness.topology import Endpoint
 
 WINDOWS = ("single", "concurrent", "prefix", "long")
+# Measured from an empty cache; ``prefix`` primes it, then measures warm.
+COLD = ("single", "concurrent", "long")
 # The longest input leaves room for the few tokens a chat template (or a
 # tokenizer that counts the prompt differently) adds, so that the server does
 # not refuse it.
@@ -218,6 +227,9 @@ async def prefix(measurement: Measurement) -> tuple[list[Sample], dict[str, Any]
         "first": _prefill(first, measurement.cache_report),
         "second": _prefill(second, measurement.cache_report),
         "warm_ttft_seconds": second.ttft if second.cached_tokens else None,
+        # The share of the measured (second) prompt the server found cached.
+        "hit_rate": second.cached_tokens / second.prompt_tokens
+        if second.cached_tokens is not None and second.prompt_tokens else None,
         "warm_seconds": second.seconds if second.cached_tokens else None,
     }
 
@@ -273,7 +285,8 @@ async def run_window(measurement: Measurement, name: str) -> dict[str, Any]:
     One window, bracketed by both workstations' link counters and the servers'
     counters, read before the first request and after the last answer.
     """
-    say(f"window {name}: reading counters")
+    flushed = await flush_caches(measurement)
+    say(f"{where(f'window {name}')}: reading counters")
     servers = measurement.endpoint.servers
     links_before, servers_before = await asyncio.gather(
         measurement.link_snapshot(), server_stats.snapshot(measurement.client, servers))
@@ -292,6 +305,8 @@ async def run_window(measurement: Measurement, name: str) -> dict[str, Any]:
         "seconds": seconds,
         "summary": summary,
         "errors": errors,
+        "flushed": flushed,
+        "invalid": cached_in_cold(name, samples, measurement.cache_report),
         "samples": [sample.to_json(origin) for sample in samples],
         "link": {
             "before": {host: asdict(snap) for host, snap in links_before.items()},
@@ -306,8 +321,37 @@ async def run_window(measurement: Measurement, name: str) -> dict[str, Any]:
             "after": [_server_counters(snap) for snap in servers_after],
         },
     }
-    say(f"window {name}: done in {seconds:.1f}s" + (f", {len(errors)} failed" if errors else ""))
+    say(f"{where(f'window {name}')}: done in {seconds:.1f}s"
+        + (f", {len(errors)} failed" if errors else ""))
     return result
+
+
+async def flush_caches(measurement: Measurement) -> dict[str, str]:
+    """
+    Empty every server's prefix cache before a window (SGLang's ``/flush_cache``):
+    what each answered. A server that refuses leaves the window to the check of
+    :func:`cached_in_cold`.
+    """
+    answers = {}
+    for url in measurement.endpoint.servers:
+        try:
+            response = await measurement.client.post(f"{url}/flush_cache")
+        except httpx.HTTPError as error:
+            answers[url] = f"{type(error).__name__}: {error}"
+            continue
+        answers[url] = ("flushed" if response.status_code == 200
+                        else f"HTTP {response.status_code}: {response.text.strip()[:200]}")
+    return answers
+
+
+def cached_in_cold(name: str, samples: list[Sample], cache_report: bool) -> str | None:
+    """Why a cold window is invalid: a request of it reported cached tokens; None if none did."""
+    warm = [f"{sample.label} ({sample.cached_tokens:,})" for sample in samples
+            if name in COLD and cache_report and sample.cached_tokens]
+    if not warm:
+        return None
+    return (f"a cold window found cached tokens in {', '.join(warm)}: left out of the "
+            "figures")
 
 
 def _server_counters(snap: server_stats.ServerSnapshot) -> dict[str, Any]:

@@ -46,6 +46,9 @@ from lab.sglang_sim.tokens import block_hashes, tokenize
 # The lab's fault for a scheduler that stops behind an older release's green /health.
 GREEN_HEALTH_FAULT = "rank_hang_green_health"
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# SGLang's answer to a /flush_cache that emptied the cache (http_server.py, 0.5.9 and 0.5.23).
+FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. "
+           "(When there are running or waiting requests, the operation will not be performed.)\n")
 
 
 def dummy_health_app() -> App:
@@ -78,6 +81,7 @@ class Leader:
             "/v1/chat/completions": {"POST": self._when_ready(self.chat_completions)},
             "/v1/completions": {"POST": self._when_ready(self.completions)},
             "/generate": {"POST": self._when_ready(self.generate)},
+            "/flush_cache": {"GET": self.flush_cache, "POST": self.flush_cache},
         }
         if self._args.enable_metrics:
             routes["/metrics"] = {"GET": self.metrics}
@@ -104,6 +108,15 @@ class Leader:
         probe = Sequence("health", 1, [], max_new_tokens=1, log_metrics=False)
         self._scheduler.submit(probe)
         return Response(200 if probe.done.wait(self._knobs.health_check_timeout) else 503)
+
+    def flush_cache(self, request: Request) -> Response:
+        """
+        SGLang's ``/flush_cache`` (0.5.9 and 0.5.23 alike): 200 and its text once
+        the radix cache is empty; 400 while requests run or wait, as 0.5.23 words it.
+        """
+        if self._scheduler.flush_cache():
+            return Response(200, FLUSHED.encode(), "text/plain; charset=utf-8")
+        return Response(400, b"Flush cache failed.\n", "text/plain; charset=utf-8")
 
     def server_info(self, request: Request) -> Response:
         """Every server arg under SGLang's name, the version, and the scheduler's state."""

@@ -157,15 +157,29 @@ class Scheduler:
         self._waiting: queue.SimpleQueue[Sequence] = queue.SimpleQueue()
         self._cache = PrefixCache()
         self._decode_log = DecodeLog(stats)
+        # The requests being prefilled or decoded, as the loop last saw them.
+        self._running = 0
 
     def submit(self, sequence: Sequence) -> None:
         self._waiting.put(sequence)
+
+    def flush_cache(self) -> bool:
+        """
+        Forget every cached prefix, as SGLang's ``/flush_cache`` does; refused
+        (False) while a request runs or waits, as SGLang refuses it.
+        """
+        if self._running or not self._waiting.empty():
+            return False
+        self._cache = PrefixCache()
+        logger.info("Cache flushed successfully!")
+        return True
 
     def run(self, link: PeerLink | None) -> None:
         """The scheduler loop; it returns only by raising (a lost peer)."""
         running: list[Sequence] = []
         while True:
             new = self._admit(wait=not running)
+            self._running = len(running) + len(new)
             if not new and not running:
                 if link:
                     link.heartbeat()
@@ -175,6 +189,7 @@ class Scheduler:
             if running:
                 self._decode(running, link)
             running = self._still_running(running)
+            self._running = len(running)
 
     def _still_running(self, running: list[Sequence]) -> list[Sequence]:
         """Drop finished requests, and those whose client went away."""

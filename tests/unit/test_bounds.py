@@ -256,7 +256,7 @@ class Rehearsed(campaign.Campaign):
     async def verify(self, state: str) -> str:
         return "passed"
 
-    async def measure(self, state: str) -> str:
+    async def measure(self, state: str, trial: int) -> str:
         return "measured"
 
 

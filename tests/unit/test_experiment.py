@@ -70,7 +70,8 @@ def test_compare_reads_measurements_and_linktests_it_can_read(tmp_path) -> None:
         written(tmp_path, "e2e.json", measurement("tp2_e2e", 77.1, 310.0, 0, 20, 3.8)),
         written(tmp_path, "link.json", linktest_report("candidate", 19.0, 0)))
     assert result.returncode == 0, result.stderr
-    assert "| tp2_e2e | driver | 77.1 | 1.59× |" in result.stdout
+    # One report of each: their figures, and no verdict.
+    assert "| tp2_e2e | driver | 1 | 77.1 (n=1) | no verdict: one trial |" in result.stdout
     assert "### Linktests" in result.stdout
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from harness import linktest, linktest_report
+from harness import compare, linktest, linktest_report
 from harness.compare import NOT_REPORTED
 from operations.hosts import InventoryEntry
 from operations.settings import WorkstationSettings
@@ -166,3 +166,15 @@ def test_a_workstation_without_iperf3_is_refused_with_the_fix(monkeypatch) -> No
     with pytest.raises(linktest.NotTestable) as refusal:
         asyncio.run(linktest.preflight(topology))
     assert str(refusal.value) == f"wsb: no iperf3: {linktest.INSTALL_FIX}"
+
+
+def test_the_transport_chart_sets_the_states_side_by_side_counts_from_zero(tmp_path) -> None:
+    # All zero: an axis from 0 to 1, not zeros centred on a +-0.04 axis.
+    assert compare.axis_top([0, 0, 0]) == 1.0
+    assert compare.axis_top([0, 14, 0]) is None
+    assert [key for key, _ in linktest_report.TRANSPORT_PANELS] == [
+        "gbit_s_4_flows", "receiver_errors", "retransmissions"]
+    path = linktest_report.transport_chart(
+        [report("stock", 14.0, 7), report("candidate", 16.0, 0), report("stock_e2e_off", 15.0, 9)],
+        tmp_path / "transport.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import campaign
+from harness import campaign, linktest_report, progress
 from harness.campaign import Campaign, CampaignRefused, StepFailed
 from harness.windows import WindowSettings
 
@@ -53,12 +53,14 @@ class Rehearsal(Campaign):
     """A campaign whose steps only record that they ran, failing where told to."""
 
     def __init__(self, directory: Path, fail: str | None = None, baseline: bool = True,
-                 transport: bool = False) -> None:
-        super().__init__(None, campaign.check_plan(campaign.PLAN), ["single"],
+                 transport: bool = False, trials: int = 1,
+                 plan: tuple[str, ...] = campaign.PLAN) -> None:
+        super().__init__(None, campaign.check_plan(plan, baseline), ["single"],
                          WindowSettings(), directory, baseline=baseline,
-                         linktest_seconds=1 if transport else None)
+                         linktest_seconds=1 if transport else None, trials=trials)
         self.fail = fail
         self.ran: list[str] = []
+        self.trials_ran: list[tuple[int, str]] = []
 
     async def act(self, name: str) -> str:
         self.ran.append(name)
@@ -75,7 +77,8 @@ class Rehearsal(Campaign):
     async def verify(self, state: str) -> str:
         return await self.act(f"verify {state}")
 
-    async def measure(self, state: str) -> str:
+    async def measure(self, state: str, trial: int) -> str:
+        self.trials_ran.append((trial, state))
         return await self.act(f"measure {state}")
 
     async def linktest(self, state: str, seconds: int) -> str:
@@ -186,3 +189,101 @@ def test_without_the_baseline_production_is_not_measured(tmp_path):
     asyncio.run(rehearsal.run())
     assert "measure production" not in rehearsal.ran
     assert rehearsal.ran[:2] == ["preflight", "deploy tp2_stock_nospec"]
+
+
+def visits(plan: tuple[str, ...], trials: int, baseline: bool = True) -> list[tuple[int, str]]:
+    return [(trial, state.name)
+            for trial, state in campaign.order(campaign.check_plan(plan, baseline), trials,
+                                               baseline)]
+
+
+def test_trials_interleave_abba_so_that_drift_lands_on_every_state_alike():
+    assert visits(("tp2_stock", "tp2_e2e"), 3, baseline=False) == [
+        (1, "tp2_stock"), (1, "tp2_e2e"), (2, "tp2_e2e"), (2, "tp2_stock"),
+        (3, "tp2_stock"), (3, "tp2_e2e")]
+    # Over an even number of trials, every state's mean place in the order is the same:
+    # a linear drift adds as much to each.
+    order = visits(campaign.PLAN, 4)
+    places = {name: [index for index, (_, state) in enumerate(order) if state == name]
+              for name in ("production", *campaign.PLAN)}
+    assert {sum(indices) / len(indices) for indices in places.values()} == {(len(order) - 1) / 2}
+    assert all(len(indices) == 4 for indices in places.values())
+    # Nothing is drawn: the same plan and trials give the same order, as the report records it.
+    assert order == visits(campaign.PLAN, 4) and visits(campaign.PLAN, 1) == order[:5]
+
+
+@pytest.mark.parametrize("trials", [1, 2, 3, 5])
+def test_consecutive_visits_differ_by_one_layer_or_measure_the_same_state_again(trials):
+    states = campaign.order(campaign.check_plan(campaign.PLAN), trials)
+    for (_, before), (_, after) in zip(states, states[1:], strict=False):
+        assert before == after or len(campaign.layers_changed(before, after)) == 1
+
+
+def test_each_trial_measures_every_state_deploying_only_where_the_state_changes(tmp_path):
+    rehearsal = Rehearsal(tmp_path, baseline=False, trials=3, plan=("tp2_stock", "tp2_e2e"))
+    result = asyncio.run(rehearsal.run())
+    assert rehearsal.ran == [
+        "preflight",
+        "deploy tp2_stock", "verify tp2_stock", "measure tp2_stock",
+        "deploy tp2_e2e", "verify tp2_e2e", "measure tp2_e2e",
+        "measure tp2_e2e", "deploy tp2_stock", "verify tp2_stock", "measure tp2_stock",
+        "measure tp2_stock", "deploy tp2_e2e", "verify tp2_e2e", "measure tp2_e2e",
+        "deploy production", "verify production"]
+    assert rehearsal.trials_ran == [(1, "tp2_stock"), (1, "tp2_e2e"), (2, "tp2_e2e"),
+                                    (2, "tp2_stock"), (3, "tp2_stock"), (3, "tp2_e2e")]
+    assert result["failed_step"] is None and result["trials"] == 3
+    assert result["visits"] == [list(visit) for visit in rehearsal.trials_ran]
+    assert result["order"] == campaign.ORDER
+    assert "measure tp2_e2e (trial 2 of 3)" in [step["name"] for step in result["steps"]]
+    text = (tmp_path / "campaign.md").read_text()
+    assert ("- 3 trial(s), in the order ABBA: odd trials pass over the plan forward, even trials "
+            "backward") in text
+    assert "tp2_stock (1), tp2_e2e (1), tp2_e2e (2), tp2_stock (2), tp2_stock (3)" in text
+
+
+def test_the_time_spent_measuring_is_told_apart_from_converging_and_proving():
+    steps = [campaign.Step("preflight", True, 5.0),
+             campaign.Step("linktest production", True, 25.0),
+             campaign.Step("deploy tp2_e2e (changes driver)", True, 40.0),
+             campaign.Step("verify tp2_e2e", True, 10.0),
+             campaign.Step("measure tp2_e2e (trial 1 of 3)", True, 20.0)]
+    assert campaign.time_spent(steps) == {"measuring_seconds": 45.0,
+                                          "converging_and_proving_seconds": 55.0,
+                                          "measuring_share": 0.45}
+    assert campaign.time_spent([])["measuring_share"] is None
+
+
+def test_the_time_left_is_the_pace_so_far_times_the_visits_left():
+    assert campaign.time_left([], 6) == "time left unknown until a state is measured"
+    assert campaign.time_left([30.0, 50.0], 4) == "about 2 min 40 s left"
+
+
+def test_a_windows_progress_line_names_the_trial_the_state_and_the_time_left(capsys):
+    with progress.placed("trial 2 of 3, tp2_e2e", "about 1 min 0 s left"):
+        progress.say(progress.where("window single") + ": reading counters")
+    progress.say(progress.where("window single") + ": done")
+    assert capsys.readouterr().err.splitlines() == [
+        "trial 2 of 3, tp2_e2e, window single (about 1 min 0 s left): reading counters",
+        "window single: done"]
+
+
+def test_a_number_of_trials_out_of_bounds_is_one_line_and_runs_nothing():
+    result = subprocess.run(
+        [sys.executable, "experiment.py", "campaign", "--trials", "0"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={"TWINBOLT_SITE": "/nonexistent/site.toml", "PATH": "/usr/bin:/bin"})
+    assert (result.returncode, result.stderr) == (
+        1, "experiment: campaign: --trials must be in [1, 50]\n")
+
+
+def test_the_campaign_report_draws_the_transport_chart_beside_its_tables(tmp_path):
+    from test_linktest import report as linktest
+
+    run = Campaign(None, campaign.check_plan(["tp2_stock"], baseline=False), ["single"],
+                   WindowSettings(), tmp_path, baseline=False)
+    run.linktests = [linktest_report.write(built, tmp_path)
+                     for built in (linktest("stock", 14.0, 7), linktest("candidate", 16.0, 0))]
+    result = run.finish("t", restored=True)
+    assert result["transport_chart"] == "transport.png"
+    assert (tmp_path / "transport.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![transport](transport.png)" in (tmp_path / "campaign.md").read_text()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import experiment
 from harness import campaign, caveats, compare, counters, remote, report, server_stats
 from harness.client import Sample
 from harness.counters import LinkCounters, LinkSnapshot
@@ -197,7 +198,7 @@ def test_a_cumulative_accept_length_is_marked_and_said_to_lag_by_the_servers_int
     del built["config"]["server_info"]["decode_log_interval"]
     assert "may lag by up to 40 decode batches" in report.markdown(built)
     table = compare.comparison([built])
-    assert "| 3.80 * |" in table and "may lag by up to 40 decode batches" in table
+    assert "| 3.80 (n=1) * |" in table and "may lag by up to 40 decode batches" in table
 
 
 def test_an_accept_length_from_the_requests_needs_no_caveat():
@@ -278,27 +279,85 @@ def test_a_report_is_written_as_json_and_markdown_and_read_back(tmp_path):
 
 
 def campaign_reports() -> list[dict]:
-    return [measurement("tp2_stock", 48.4, 200.0, 120, 300, 3.8),
-            measurement("tp2_e2e", 77.1, 310.0, 0, 20, 3.8),
-            measurement("tp2_e2e_nospec", 30.0, 150.0, 0, 10, None)]
+    """Three trials of three states, in the order ABBA, the driver's effect well apart."""
+    stock = [(48.4, 200.0, 120), (50.1, 205.0, 90), (47.2, 198.0, 0)]
+    e2e = [(77.1, 310.0, 0), (79.0, 305.0, 0), (75.6, 312.0, 0)]
+    nospec = [(60.0, 250.0, 0), (40.0, 240.0, 0), (78.0, 255.0, 0)]
+    trials = [[stock[0], e2e[0], nospec[0]], [nospec[1], e2e[1], stock[1]],
+              [stock[2], e2e[2], nospec[2]]]
+    names = [["tp2_stock", "tp2_e2e", "tp2_e2e_nospec"],
+             ["tp2_e2e_nospec", "tp2_e2e", "tp2_stock"],
+             ["tp2_stock", "tp2_e2e", "tp2_e2e_nospec"]]
+    return [measurement(name, single, aggregate, errors, 20, 3.8 if "nospec" not in name else None)
+            for trial, order in zip(trials, names, strict=True)
+            for (single, aggregate, errors), name in zip(trial, order, strict=True)]
 
 
-def test_comparison_ratios_are_to_the_row_above_and_name_the_layer_changed():
-    table = compare.comparison(campaign_reports())
-    stock, e2e, nospec = [line for line in table.splitlines() if line.startswith("| tp2_")]
-    assert "| tp2_e2e | driver | 77.1 | 1.59× | — | 310.0 | 1.55× |" in e2e
-    assert "| 0 | 0.00× |" in e2e  # receiver errors: 120 -> 0
-    assert "| tp2_e2e_nospec | speculative | 30.0 | 0.39× |" in nospec
-    assert "| tp2_stock | — | 48.4 | — |" in stock
+def rows_of(table: str) -> dict[str, list[str]]:
+    """The comparison's rows by state, cell by cell."""
+    return {cells[0]: cells for cells in (line.strip("| ").split(" | ")
+                                          for line in table.splitlines()
+                                          if line.startswith("| tp2_"))
+            if len(cells) == len(compare.comparison_header())}
+
+
+def test_a_state_over_its_trials_is_one_row_of_medians_intervals_and_verdicts():
+    rows = rows_of(compare.comparison(campaign_reports()))
+    assert list(rows) == ["tp2_stock", "tp2_e2e", "tp2_e2e_nospec"]
+    column = {title: index for index, title in enumerate(compare.comparison_header())
+              if title != "×"}
+    stock, e2e, nospec = rows.values()
+    assert stock[:5] == ["tp2_stock", "—", "3", "48.4 [45.1–52.3]", "—"]
+    # The driver's effect: every trial of tp2_e2e above every trial of tp2_stock.
+    assert e2e[:5] == ["tp2_e2e", "driver", "3", "77.1 [73.1–81.6]", "1.59× [1.50–1.69] faster"]
+    # Speculative decoding off, its three trials spread from 40 to 78: a ratio's
+    # interval that holds 1, said as such rather than as the 0.78× of its first trial.
+    assert nospec[:5] == ["tp2_e2e_nospec", "speculative", "3", "60.0 [24.8–132.0]",
+                          "0.74× [0.43–1.27] no difference detected at n=3"]
+    # Counts are totals, each trial's beside it: never a ratio, never a mean.
+    assert stock[column["receiver errors"]] == "210 (120, 90, 0)"
+    assert e2e[column["receiver errors"]] == "0 (0, 0, 0)"
+    assert e2e[column["host-wide retransmissions"]] == "60 (20, 20, 20)"
+
+
+def test_each_state_and_figure_has_its_median_range_interval_and_trials():
+    lines = section(compare.comparison(campaign_reports()), "### Each state over its trials")
+    assert lines[1] == ("| state | figure | n | median | min–max | 95% interval | trials |")
+    assert "| tp2_stock | single tok/s | 3 | 48.4 | 47.2–50.1 | 45.1–52.3 | 48.4, 50.1, 47.2 |" \
+        in lines
+    integrity = section(compare.comparison(campaign_reports()), "### Counts: zero in every trial?")
+    assert "| tp2_stock | receiver errors | 120, 90, 0 | 210 | not zero in every trial: 2 of 3 " \
+           "counted some |" in integrity
+    assert "| tp2_e2e | receiver errors | 0, 0, 0 | 0 | zero in every trial (n=3) |" in integrity
+
+
+def test_one_trial_a_state_gives_its_figures_but_no_ratio_and_says_why():
+    reports = campaign_reports()[:3]
+    text = compare.comparison(reports)
+    _, e2e, _ = rows_of(text).values()
+    assert e2e[:5] == ["tp2_e2e", "driver", "1", "77.1 (n=1)", "no verdict: one trial"]
+    assert "1.59×" not in text.split("### The field report side by side")[0]
 
 
 def test_comparison_against_a_baseline_and_its_chart(tmp_path):
-    table = compare.comparison(campaign_reports(), baseline="tp2_stock")
-    assert "| tp2_e2e_nospec | speculative | 30.0 | 0.62× |" in table
+    rows = rows_of(compare.comparison(campaign_reports(), baseline="tp2_stock"))
+    assert rows["tp2_e2e_nospec"][4] == "1.18× [0.69–2.02] no difference detected at n=3"
+    assert rows["tp2_stock"][4] == "—"
     with pytest.raises(ValueError, match="baseline state 'production'"):
         compare.comparison(campaign_reports(), baseline="production")
     chart = compare.chart(campaign_reports(), tmp_path / "chart.png")
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_takes_several_reports_per_state(tmp_path, capsys):
+    paths = [report.write(built, tmp_path / f"trial-{index}")
+             for index, built in enumerate(campaign_reports())]
+    assert experiment.main(["compare", *map(str, paths), "--chart",
+                            str(tmp_path / "chart.png")]) == 0
+    printed = capsys.readouterr().out
+    assert rows_of(printed)["tp2_e2e"][4] == "1.59× [1.50–1.69] faster"
+    assert "| single-stream tok/s | 48.4 [45.1–52.3] | 77.1 [73.1–81.6] | 1.59× [1.50–1.69] " \
+           "faster | 48.4 | 77.1 | 1.59× |" in printed
 
 
 def test_a_reset_window_shows_its_problem_in_the_summary():
@@ -335,20 +394,24 @@ def section(text: str, title: str) -> list[str]:
 def test_the_field_report_is_set_beside_this_campaigns_stock_and_candidate():
     lines = section(compare.comparison(stock_and_candidate()), "### The field report side by side")
     rows = [line for line in lines if line.startswith("| ")]
-    assert rows[0] == ("| measure | tp2_stock | tp2_e2e | × | field tp2_stock | field tp2_e2e "
-                       "| field × |")
-    # Measured 40 -> 70 here; the field report's 48.4 -> 77.1 stays its own. Every
-    # figure the report gives is beside its lab figure; "not reported" only where it
-    # gives none (a TP socket's own count; GiB per 1k tokens under the candidate).
+    assert rows[0] == ("| measure | tp2_stock (n=1) | tp2_e2e (n=1) | × "
+                       "| field tp2_stock (one observation) | field tp2_e2e (one observation) "
+                       "| field × (one observation each) |")
+    # Measured 40 -> 70 here, once: no verdict; the field report's 48.4 -> 77.1 stays
+    # its own, one observation each. Every figure the report gives is beside its lab
+    # figure; "not reported" only where it gives none (a TP socket's own count; GiB
+    # per 1k tokens under the candidate).
     assert rows[1:] == [
-        "| single-stream tok/s | 40.0 | 70.0 | 1.75× | 48.4 | 77.1 | 1.59× |",
-        "| aggregate tok/s | 200.0 | 310.0 | 1.55× | 172.9 | 199.6 | 1.15× |",
-        "| accept length | 3.80 | 3.80 | 1.00× | about 2 to 3 | 3.83 to 4.00 | — |",
-        "| receiver errors | 120 | 0 | 0.00× | 109 (one receiver) | 0 (both) | 0.00× |",
-        "| host-wide retransmissions | 300 | 20 | 0.07× | 2,026 (239 + 1,787) | 847 (529 + 318) "
-        "| 0.42× |",
-        "| max retransmissions of one TP socket | 9 | 0 | 0.00× | not reported | not reported "
-        "| — |",
+        "| single-stream tok/s | 40.0 (n=1) | 70.0 (n=1) | no verdict: one trial | 48.4 | 77.1 "
+        "| 1.59× |",
+        "| aggregate tok/s | 200.0 (n=1) | 310.0 (n=1) | no verdict: one trial | 172.9 | 199.6 "
+        "| 1.15× |",
+        "| accept length | 3.80 (n=1) | 3.80 (n=1) | no verdict: one trial | about 2 to 3 "
+        "| 3.83 to 4.00 | — |",
+        "| receiver errors | 120 (120) | 0 (0) | — | 109 (one receiver) | 0 (both) | 0.00× |",
+        "| host-wide retransmissions | 300 (300) | 20 (20) | — | 2,026 (239 + 1,787) "
+        "| 847 (529 + 318) | 0.42× |",
+        "| max retransmissions of one TP socket | 9 | 0 | — | not reported | not reported | — |",
         rows[7],
     ]
     assert rows[7].startswith("| GiB / 1k output tokens | ") and rows[7].endswith(
@@ -356,13 +419,15 @@ def test_the_field_report_is_set_beside_this_campaigns_stock_and_candidate():
     assert compare.SIDE_BY_SIDE_NOTE in lines
 
 
-def test_the_field_table_takes_the_last_report_of_a_state_and_no_ratio_to_zero():
-    reports = [*stock_and_candidate(),
-               measurement("tp2_stock", 50.0, 100.0, 0, 0, 3.8, 0)]
+def test_the_field_table_takes_every_trial_of_a_state():
+    reports = [*stock_and_candidate(), measurement("tp2_stock", 50.0, 100.0, 0, 0, 3.8, 0),
+               measurement("tp2_e2e", 72.0, 300.0, 0, 0, 3.8, 0)]
     rows = section(compare.comparison(reports), "### The field report side by side")
-    assert "| single-stream tok/s | 50.0 | 70.0 | 1.40× | 48.4 | 77.1 | 1.59× |" in rows
-    # Both ends counted nothing: a ratio to zero means nothing.
-    assert "| receiver errors | 0 | 0 | — | 109 (one receiver) | 0 (both) | 0.00× |" in rows
+    # Two trials each, the stock ones 40 and 50: too few and too spread for a verdict.
+    assert ("| single-stream tok/s | 45.0 [10.8–184.6] | 71.0 [59.4–84.9] "
+            "| 1.59× [0.98–2.58] no difference detected at n=2 | 48.4 | 77.1 | 1.59× |") in rows
+    assert "| receiver errors | 120 (120, 0) | 0 (0, 0) | — | 109 (one receiver) | 0 (both) " \
+           "| 0.00× |" in rows
 
 
 def test_without_a_stock_and_a_candidate_report_the_section_names_the_missing_state():
@@ -406,6 +471,10 @@ def test_what_this_does_not_prove_says_whose_figures_they_are():
     assert "tp2_e2e's windows lasted 4 s in all" in lab[-2]
     assert "below about 3 per 4 s (95%)" in lab[-2]
     assert lab[-1] == caveats.ONCE
+    # Three trials of each state: what the intervals do not cover.
+    trials = caveats.does_not_prove(campaign_reports())
+    assert trials[-1].startswith("Each state was measured in 3 trials or more, in one campaign")
+    assert "no difference detected at n=3' is not 'no difference'" in trials[-1]
 
 
 def test_the_campaign_report_sets_the_field_report_beside_it_and_says_what_it_does_not_prove(
@@ -417,7 +486,8 @@ def test_the_campaign_report_sets_the_field_report_beside_it_and_says_what_it_do
                    for built in stock_and_candidate(inventory("lab"))]
     result = run.finish("t", restored=True)
     text = (tmp_path / "campaign.md").read_text()
-    assert "| single-stream tok/s | 40.0 | 70.0 | 1.75× | 48.4 | 77.1 | 1.59× |" in text
+    assert "| single-stream tok/s | 40.0 (n=1) | 70.0 (n=1) | no verdict: one trial | 48.4 " \
+           "| 77.1 | 1.59× |" in text
     bullets = section(text, "## What this does not prove")
     assert bullets == ["", *(f"- {bullet}" for bullet in result["does_not_prove"])]
     assert result["does_not_prove"] == caveats.does_not_prove(
@@ -441,3 +511,17 @@ def test_a_report_is_written_whole_or_not_at_all(tmp_path) -> None:
     report.write_text(path, "new\n")
     assert path.read_text() == "new\n" and oct(path.stat().st_mode & 0o777) == "0o644"
     assert sorted(item.name for item in path.parent.iterdir()) == ["tp2_e2e.json"]
+
+
+def test_a_campaigns_trials_are_compared_with_intervals_and_verdicts(tmp_path):
+    run = campaign.Campaign(None, campaign.check_plan(["tp2_stock", "tp2_e2e", "tp2_e2e_nospec"],
+                                                      baseline=False),
+                            ["single", "concurrent"], WindowSettings(), tmp_path, baseline=False,
+                            trials=3)
+    run.reports = [report.write(built, tmp_path / f"trial-{index // 3 + 1}")
+                   for index, built in enumerate(campaign_reports())]
+    result = run.finish("t", restored=True)
+    text = (tmp_path / "campaign.md").read_text()
+    assert rows_of(result["comparison"])["tp2_e2e"][4] == "1.59× [1.50–1.69] faster"
+    assert "| tp2_e2e | receiver errors | 0, 0, 0 | 0 | zero in every trial (n=3) |" in text
+    assert result["does_not_prove"][-1].startswith("Each state was measured in 3 trials")

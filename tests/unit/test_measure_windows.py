@@ -14,6 +14,7 @@ from harness import report, windows
 from harness.client import Sample, stream_chat, stream_generate
 from harness.topology import Endpoint
 from harness.windows import WindowSettings
+from lab.sglang_sim.api import FLUSHED
 
 SHORT = WindowSettings(single_tokens=64, concurrent_requests=3, concurrent_tokens=32,
                        prefix_tokens=3000, prefix_output_tokens=4, long_tokens=200_000,
@@ -247,3 +248,52 @@ def test_a_generate_stream_that_never_finishes_is_failed():
     plain = stream_native(streamed(generated("a b", 2, finish_reason={"type": "length"}),
                                    "[DONE]"))
     assert plain.error is None and plain.verify_steps is None
+
+
+def test_the_simulator_flushes_its_cache_as_sglang_does(plain):
+    text = "the same prompt " * 200
+
+    def cached() -> int:
+        response = httpx.post(f"{plain}/generate", json={
+            "text": text, "sampling_params": {"max_new_tokens": 1}}, timeout=30)
+        return response.json()["meta_info"]["cached_tokens"]
+
+    cached()
+    assert cached() > 0
+    # SGLang 0.5.9 and 0.5.23 both answer GET and POST, 200 with this text once it is empty.
+    for method in ("POST", "GET"):
+        flushed = httpx.request(method, f"{plain}/flush_cache", timeout=10)
+        assert (flushed.status_code, flushed.text) == (200, FLUSHED)
+    assert cached() == 0
+
+
+def fixed_prompt(tokens: int) -> str:
+    """A prompt every window shares: what an unflushed cache would hand the next one warm."""
+    return " ".join(["fixed", *["x"] * (tokens - 1)])
+
+
+def test_a_cold_window_that_finds_cached_tokens_is_marked_invalid(plain, monkeypatch):
+    monkeypatch.setattr(windows, "prompt", fixed_prompt)
+    settings = SHORT.model_copy(update={"long_tokens": 3000})
+    run(plain, "long", settings=settings)
+    # Flushed first, the same prompt again is cold, and counts.
+    flushed = run(plain, "long", settings=settings)["long"]
+    assert flushed["flushed"] == {plain: "flushed"} and flushed["invalid"] is None
+    assert flushed["summary"]["prefill"] == "cold"
+    # A server that could not be flushed: the cold window finds the prompt cached.
+    monkeypatch.setattr(windows, "flush_caches", lambda measurement: asyncio.sleep(0, {}))
+    warm = run(plain, "long", settings=settings)["long"]
+    assert warm["invalid"].startswith("a cold window found cached tokens in long (")
+    built = report.build("tp2_e2e", None, None, Endpoint(plain, "qwen", (plain,), "sim"),
+                         settings, {}, [warm])
+    assert report.headline(built)["long_prefill"] is None
+    assert f"- long: {warm['invalid']}" in report.markdown(built)
+
+
+def test_the_warm_prefix_window_reports_its_hit_rate(plain):
+    prefix = run(plain, "prefix")["prefix"]
+    second = prefix["summary"]["second"]
+    assert prefix["invalid"] is None
+    assert prefix["summary"]["hit_rate"] == pytest.approx(
+        second["cached_tokens"] / second["prompt_tokens"])
+    assert 0.9 < prefix["summary"]["hit_rate"] <= 1
