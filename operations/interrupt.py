@@ -7,14 +7,15 @@ would leave the candidate loaded and the servers stopped, with no rollback, no
 ledger record, and a shell told it succeeded. An interruption is a failure like
 any other, and so, from :func:`install`:
 
-- before the first change (connecting, preflight), a signal ends the run at once:
-  nothing changed; it exits 128 and the signal's number (130 for SIGINT, 143 for
-  SIGTERM, 129 for SIGHUP), as a shell reports a process a signal ended;
-- from the step before the lock is taken (:func:`changes_begin`), the first
-  signal fails the attempt in the step it arrived in: that step ends (each is
-  bounded), the remaining ones are skipped, production is converged and proven
-  by the rollback, and the run exits as above, its conclusion and ledger record
-  saying ``interrupted`` and where;
+- before the first change (connecting, reading the inventory), a signal ends
+  the run at once: nothing changed; it exits 128 and the signal's number (130
+  for SIGINT, 143 for SIGTERM, 129 for SIGHUP), as a shell reports a process a
+  signal ended;
+- once the pair's locks are taken, the run's first write (:func:`changes_begin`
+  follows them), the first signal fails the attempt in the step it arrived
+  in: that step ends (each is bounded), the remaining ones are skipped,
+  production is converged and proven by the rollback, and the run exits as
+  above, its conclusion and ledger record saying ``interrupted`` and where;
 - a later signal does not stop the rollback, which is what makes the hosts safe:
   it says how to force the exit anyway (the same signal again within
   :data:`FORCE_SECONDS`), and what the hosts are left in then.
@@ -157,8 +158,9 @@ class Steps(BaseStateCallback):
 @operation(is_idempotent=True)
 def changes_begin(interrupts: Interrupts) -> Iterator[Any]:
     """
-    Mark where a change may first happen (the step that takes the lock follows):
-    from here, a signal fails the attempt into the rollback instead of ending the run.
+    Mark where a change has first happened (the pair's locks are taken just before):
+    from here, a signal fails the attempt into the rollback, which releases them,
+    instead of ending the run.
 
     + interrupts: the run's :class:`Interrupts`
 
