@@ -59,8 +59,9 @@ COUNTS = (
 MAX_PER_SOCKET = ("max_socket_retransmissions", "max per socket")
 CHARTED = ("single_tok_s", "aggregate_tok_s", "accept_length", "receiver_errors",
            "socket_retransmissions", "gib_per_1k_tokens")
-TITLES = {key: title for key, title, *_ in FIGURES} | dict(COUNTS) | dict([MAX_PER_SOCKET])
-DIGITS = {key: digits for key, _, digits, _ in FIGURES} | dict.fromkeys(
+TITLES = ({key: title for key, title, *_ in (*FIGURES, *COLD_AND_WARM)} | dict(COUNTS)
+          | dict([MAX_PER_SOCKET]))
+DIGITS = {key: digits for key, _, digits, _ in (*FIGURES, *COLD_AND_WARM)} | dict.fromkeys(
     [*dict(COUNTS), MAX_PER_SOCKET[0]], 0)
 
 # The field report compares these two states: the stock driver, then the
@@ -354,7 +355,8 @@ def chart(reports: list[dict[str, Any]], path: Path) -> Path:
     """
     A bar chart per figure, one bar per state: a figure's median with its 95%
     interval as the error bar, a count's total; every axis from zero, so that
-    counts of zero show as zero.
+    counts of zero show as zero. The prefill windows' TTFTs, cold and warm in
+    panels of their own, when any report has them.
     """
     import matplotlib
 
@@ -364,8 +366,14 @@ def chart(reports: list[dict[str, Any]], path: Path) -> Path:
 
     states = by_state(reports)
     labels = [f"{state} (n={len(rows)})" for state, rows in states.items()]
-    drawn, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
-    for axis, key in zip(axes.flat, CHARTED, strict=True):
+    prefills = [key for key, _, _, words in COLD_AND_WARM if words and any(
+        row[key] is not None for rows in states.values() for row in rows)]
+    charted = [*CHARTED, *prefills]
+    lines = -(-len(charted) // 3)
+    drawn, axes = plt.subplots(lines, 3, figsize=(15, 4 * lines), constrained_layout=True)
+    for axis in axes.flat[len(charted):]:
+        axis.set_axis_off()
+    for axis, key in zip(axes.flat, charted, strict=False):
         heights, below, above, texts = [], [], [], []
         for rows in states.values():
             values = trials(rows, key)

@@ -392,6 +392,23 @@ def test_a_warm_figure_never_lands_in_a_cold_column():
     assert figures["long_warm_hit_rate"] == 0.998
 
 
+def test_the_chart_draws_cold_and_warm_prefills_in_panels_of_their_own(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    titles = []
+    original = Axes.set_title
+    monkeypatch.setattr(Axes, "set_title",
+                        lambda axis, title, *a, **k: titles.append(title) or original(axis, title))
+    compare.chart(campaign_reports(), tmp_path / "plain.png")
+    assert not [title for title in titles if "TTFT" in title]
+    titles.clear()
+    with_both = [with_prefills(built, 2.0, 0.02) for built in campaign_reports()]
+    chart = compare.chart(with_both, tmp_path / "prefills.png")
+    assert [title for title in titles if "TTFT" in title] == ["long TTFT s, cold",
+                                                              "long TTFT s, warm"]
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_a_comparison_without_prefill_windows_has_no_cold_and_warm_table():
     assert "Cold and warm" not in compare.comparison(campaign_reports())
 
