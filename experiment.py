@@ -14,6 +14,8 @@ The experiment, from the operator's chair:
 
 Window sizes default to the issue's (512 tokens single, 6 x 256 concurrent, a
 120K prefix, a 200K long input); ``--single-tokens`` and friends shorten them.
+``prefix`` and ``long`` are cold; ``prefix_warm`` and ``long_warm`` prime, then
+measure; a campaign plans both temperatures of each prefill window named.
 The logic lives in ``harness/``; this file only reads the command line.
 Progress goes to stderr, results to stdout and the report files.
 """
@@ -57,7 +59,8 @@ def window_options(parser: argparse.ArgumentParser) -> None:
     """``--window`` and one option per window setting (``--prefix-tokens`` ...)."""
     parser.add_argument("--window", action="append", choices=WINDOWS, dest="windows",
                         help="a window to run (repeatable; default: all, in this order: "
-                             f"{', '.join(WINDOWS)})")
+                             f"{', '.join(WINDOWS)}; a campaign runs prefix and long both "
+                             "cold and warm)")
     for name, field in WindowSettings.model_fields.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(field.default),
                             metavar="N", help=f"default {field.default}")

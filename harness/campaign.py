@@ -53,7 +53,7 @@ from harness.measure import NotMeasurable, failures, measure_state
 from harness.progress import placed, reporting, say
 from harness.status import guard_fired, guard_states, observe
 from harness.topology import Topology
-from harness.windows import EndpointDown, WindowSettings
+from harness.windows import EndpointDown, WindowSettings, both_temperatures
 from operations.attempt import stopped_at_bound
 from operations.hosts import REPO
 from operations.states import State, UnknownState, layers_changed, resolve_state
@@ -249,7 +249,8 @@ class Campaign:
         # None: no transport stage.
         self.linktest_seconds = linktest_seconds
         self.linktests: list[Path] = []
-        self.windows = windows
+        # A prefill window named is planned cold and warm, each in a column of its own.
+        self.windows = both_temperatures(windows)
         self.settings = settings
         self.directory = directory
         self.steps: list[Step] = []

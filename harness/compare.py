@@ -11,7 +11,10 @@ ratio is the effect of the one layer the "changed" column names; or against a
 named baseline state. A ratio is never printed without its interval and its
 verdict; from one trial there is none, and the table says so.
 
-Below it, the stock driver and the candidate are set beside the field report's
+Cold and warm prefills have a table of their own, a column for each: a warm
+window's figure is keyed by its own name, so it never lands in a cold column.
+
+Below them, the stock driver and the candidate are set beside the field report's
 own figures, each of them one observation, so a reader sees which of its claims
 the measurements reproduce, and which it never made.
 """
@@ -37,6 +40,16 @@ FIGURES = (
     ("accept_length", "accept length", 2, None),
     ("gib_per_1k_tokens", "GiB / 1k output tokens", 3, ("more", "less")),
 )
+# The prefill windows' TTFT, cold and warm apart, and the warm windows' hit rates.
+LONGER = ("slower", "faster")
+COLD_AND_WARM = (
+    ("prefix_ttft_s", "prefix TTFT s, cold", 3, LONGER),
+    ("prefix_warm_ttft_s", "prefix TTFT s, warm", 3, LONGER),
+    ("prefix_warm_hit_rate", "prefix hit rate, warm", 3, None),
+    ("long_ttft_s", "long TTFT s, cold", 3, LONGER),
+    ("long_warm_ttft_s", "long TTFT s, warm", 3, LONGER),
+    ("long_warm_hit_rate", "long hit rate, warm", 3, None),
+)
 # Counts: totalled over the trials, each trial's beside it; never averaged or divided.
 COUNTS = (
     ("receiver_errors", "receiver errors"),
@@ -46,8 +59,9 @@ COUNTS = (
 MAX_PER_SOCKET = ("max_socket_retransmissions", "max per socket")
 CHARTED = ("single_tok_s", "aggregate_tok_s", "accept_length", "receiver_errors",
            "socket_retransmissions", "gib_per_1k_tokens")
-TITLES = {key: title for key, title, *_ in FIGURES} | dict(COUNTS) | dict([MAX_PER_SOCKET])
-DIGITS = {key: digits for key, _, digits, _ in FIGURES} | dict.fromkeys(
+TITLES = ({key: title for key, title, *_ in (*FIGURES, *COLD_AND_WARM)} | dict(COUNTS)
+          | dict([MAX_PER_SOCKET]))
+DIGITS = {key: digits for key, _, digits, _ in (*FIGURES, *COLD_AND_WARM)} | dict.fromkeys(
     [*dict(COUNTS), MAX_PER_SOCKET[0]], 0)
 
 # The field report compares these two states: the stock driver, then the
@@ -181,12 +195,34 @@ def long_prefill_cell(rows: list[dict[str, Any]]) -> str:
             f"({spread_cell(trials(rows, 'long_ttft_s'), 2)} s TTFT)")
 
 
+def figure_titles(figures: tuple[tuple[str, str, int, tuple[str, str] | None], ...],
+                  ) -> list[str]:
+    """Each figure's column, and its ratio's beside it where it has one."""
+    header = []
+    for _, title, _, words in figures:
+        header += [title, "×"] if words else [title]
+    return header
+
+
+def figure_cells(figures: tuple[tuple[str, str, int, tuple[str, str] | None], ...],
+                 rows: list[dict[str, Any]], reference: list[dict[str, Any]] | None,
+                 ) -> list[str]:
+    """A state's figures over its trials, each ratio to ``reference`` with its verdict."""
+    cells = []
+    for key, _, digits, words in figures:
+        values = trials(rows, key)
+        cells.append(accept_cell(rows) if key == "accept_length"
+                     else spread_cell(values, digits))
+        if words:
+            cells.append(verdict_cell(intervals.verdict(values, trials(reference, key), words))
+                         if reference is not None and reference is not rows else "—")
+    return cells
+
+
 def comparison_header() -> list[str]:
     """The comparison table's columns (the README quotes its header line)."""
-    header = ["state", "changed", "trials"]
-    for _, title, _, words in FIGURES:
-        header += [title, "×"] if words else [title]
-    return [*header, *(title for _, title in COUNTS), MAX_PER_SOCKET[1], "long prefill"]
+    return ["state", "changed", "trials", *figure_titles(FIGURES),
+            *(title for _, title in COUNTS), MAX_PER_SOCKET[1], "long prefill"]
 
 
 def comparison(reports: list[dict[str, Any]], baseline: str | None = None) -> str:
@@ -200,22 +236,16 @@ def comparison(reports: list[dict[str, Any]], baseline: str | None = None) -> st
     names = list(states)
     if baseline is not None and baseline not in states:
         raise ValueError(f"no report of the baseline state {baseline!r} (have {names})")
-    body = []
+    body, prefills = [], []
     for index, (state, rows) in enumerate(states.items()):
         reference = (states[baseline] if baseline
                      else states[names[index - 1]] if index else None)
-        cells = [state, changed(names[index - 1], state) if index else "—", str(len(rows))]
-        for key, _, digits, words in FIGURES:
-            values = trials(rows, key)
-            cells.append(accept_cell(rows) if key == "accept_length"
-                         else spread_cell(values, digits))
-            if words:
-                cells.append(verdict_cell(intervals.verdict(values, trials(reference, key), words))
-                             if reference is not None and reference is not rows else "—")
-        cells += [count_cell(trials(rows, key)) for key, _ in COUNTS]
-        cells += [figure(combined(trials(rows, MAX_PER_SOCKET[0]), max), 0),
-                  long_prefill_cell(rows)]
-        body.append(cells)
+        first = [state, changed(names[index - 1], state) if index else "—", str(len(rows))]
+        body.append([*first, *figure_cells(FIGURES, rows, reference),
+                     *(count_cell(trials(rows, key)) for key, _ in COUNTS),
+                     figure(combined(trials(rows, MAX_PER_SOCKET[0]), max), 0),
+                     long_prefill_cell(rows)])
+        prefills.append([*first, *figure_cells(COLD_AND_WARM, rows, reference)])
     against = f"the {baseline} row" if baseline else "the row above"
     notes = [f"Figures: the median of the trials [its 95% interval]; × : ratio to {against}, "
              f"[its 95% interval] and the verdict. Method: {intervals.METHOD}. Counts: the "
@@ -224,15 +254,32 @@ def comparison(reports: list[dict[str, Any]], baseline: str | None = None) -> st
     if lagging:
         notes.append(server_stats.caveat(max(row["decode_log_interval"] for row in lagging)))
     return "\n".join([*table(comparison_header(), body), "", "\n\n".join(notes), "",
-                      *each_state(states), "", *integrity(states), "",
-                      *side_by_side(reports)]) + "\n"
+                      *cold_and_warm(states, prefills), *each_state(states), "",
+                      *integrity(states), "", *side_by_side(reports)]) + "\n"
+
+
+def cold_and_warm(states: dict[str, list[dict[str, Any]]], body: list[list[str]]) -> list[str]:
+    """
+    The prefill windows' table, when any state has one: cold and warm in
+    columns of their own, each TTFT with its ratio and verdict (a longer TTFT
+    is slower), each warm window's hit rate.
+    """
+    if not any(row[key] is not None for rows in states.values() for row in rows
+               for key, *_ in COLD_AND_WARM):
+        return []
+    return ["### Cold and warm prefills, kept apart", "",
+            *table(["state", "changed", "trials", *figure_titles(COLD_AND_WARM)], body), "",
+            "Cold: measured from an empty cache (`/flush_cache`), and 0 cached tokens reported. "
+            "Warm: the cache primed once, unmeasured, then measured; hit rate: the share of "
+            "the measured prompt the server found cached. A window that broke its "
+            "temperature is left out. × as above.", ""]
 
 
 def each_state(states: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Per state and figure: the median, the min–max, the 95% interval and every trial."""
     body = []
     for state, rows in states.items():
-        for key, title, digits, _ in FIGURES:
+        for key, title, digits, _ in (*FIGURES, *COLD_AND_WARM):
             values = trials(rows, key)
             shown = intervals.spread(values)
             if shown.n == 0:
@@ -308,7 +355,8 @@ def chart(reports: list[dict[str, Any]], path: Path) -> Path:
     """
     A bar chart per figure, one bar per state: a figure's median with its 95%
     interval as the error bar, a count's total; every axis from zero, so that
-    counts of zero show as zero.
+    counts of zero show as zero. The prefill windows' TTFTs, cold and warm in
+    panels of their own, when any report has them.
     """
     import matplotlib
 
@@ -318,8 +366,14 @@ def chart(reports: list[dict[str, Any]], path: Path) -> Path:
 
     states = by_state(reports)
     labels = [f"{state} (n={len(rows)})" for state, rows in states.items()]
-    drawn, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
-    for axis, key in zip(axes.flat, CHARTED, strict=True):
+    prefills = [key for key, _, _, words in COLD_AND_WARM if words and any(
+        row[key] is not None for rows in states.values() for row in rows)]
+    charted = [*CHARTED, *prefills]
+    lines = -(-len(charted) // 3)
+    drawn, axes = plt.subplots(lines, 3, figsize=(15, 4 * lines), constrained_layout=True)
+    for axis in axes.flat[len(charted):]:
+        axis.set_axis_off()
+    for axis, key in zip(axes.flat, charted, strict=False):
         heights, below, above, texts = [], [], [], []
         for rows in states.values():
             values = trials(rows, key)

@@ -25,7 +25,7 @@ from harness import server_stats
 from harness.client import THROUGHPUT
 from harness.counters import INTERFACE_COUNTERS, RETRANSMISSIONS, combined
 from harness.topology import Endpoint, Topology
-from harness.windows import WindowSettings
+from harness.windows import PREFILLS, WARM_SUFFIX, WindowSettings
 from operations.settings import WorkstationSettings
 
 FORMAT = "twinbolt-measurement/1"
@@ -90,7 +90,9 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
     The figures a comparison puts side by side. Link figures total every window
     of the measurement; "GiB per 1,000 output tokens" divides the bytes put on
     the link by the completion tokens of the same windows. A window marked
-    invalid (a cold one that found cached tokens) gives no figure.
+    invalid (a cold one that found cached tokens) gives no figure. Each prefill
+    window's TTFT is keyed by the window's own name, cold (``long``) or warm
+    (``long_warm``, with its hit rate), so one never stands for the other.
     """
     windows = {window["name"]: window for window in report["windows"]
                if not window.get("invalid")}
@@ -120,9 +122,11 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         "gib_per_1k_tokens": moved / GIB / tokens * 1000 if moved is not None and tokens
         else None,
         "output_tokens": tokens,
-        "prefix_warm_ttft_s": summary.get("prefix", {}).get("warm_ttft_seconds"),
         "long_prefill": summary.get("long", {}).get("prefill"),
-        "long_ttft_s": summary.get("long", {}).get("ttft_seconds"),
+        **{f"{name}{warm}_ttft_s": summary.get(name + warm, {}).get("ttft_seconds")
+           for name in PREFILLS for warm in ("", WARM_SUFFIX)},
+        **{f"{name}{WARM_SUFFIX}_hit_rate": summary.get(name + WARM_SUFFIX, {}).get("hit_rate")
+           for name in PREFILLS},
     }
 
 
@@ -155,7 +159,7 @@ def window_row(window: dict[str, Any]) -> list[str]:
     summary, totals = window["summary"], window["link"]["totals"]
     name = window["name"]
     rate = aggregate = ttft = tokens = "—"
-    if name in ("single", "long"):
+    if name == "single" or name.removesuffix(WARM_SUFFIX) in PREFILLS:
         rate = number(summary["output_tok_s"])
         ttft = number(summary["ttft_seconds"], 3)
     if name == "concurrent":
@@ -164,17 +168,11 @@ def window_row(window: dict[str, Any]) -> list[str]:
                 f"({number(spread['min'])}–{number(spread['max'])})")
         aggregate = number(summary["aggregate_output_tok_s"])
         ttft = number(summary["ttft_seconds"]["mean"], 3)
-    if name == "prefix":
-        first, second = summary["first"], summary["second"]
-        ttft = f"{number(first['ttft_seconds'], 3)} → {number(second['ttft_seconds'], 3)}"
-        tokens = (f"{number(first['prompt_tokens'])}: cached {number(first['cached_tokens'])} "
-                  f"({first['prefill']}) → {number(second['cached_tokens'])} "
-                  f"({second['prefill']})")
-        if summary.get("hit_rate") is not None:
-            tokens += f", hit rate {summary['hit_rate']:.0%}"
-    if name == "long":
+    if name.removesuffix(WARM_SUFFIX) in PREFILLS:
         tokens = (f"{number(summary['prompt_tokens'])}: cached "
                   f"{number(summary['cached_tokens'])} ({summary['prefill']} prefill)")
+        if summary.get("hit_rate") is not None:
+            tokens += f", hit rate {summary['hit_rate']:.0%} after priming"
     if summary.get("shortened"):
         tokens += (f"; cut from {number(summary['wanted_tokens'])} to fit the context of "
                    f"{number(summary['context_length'])}")

@@ -6,11 +6,15 @@ counters of both workstations and the servers' own counters.
 - ``concurrent``: 6 simultaneous requests of 256 tokens: the aggregate output
   tok/s of the window and each request's own tok/s, kept apart (an aggregate is
   not a per-request figure).
-- ``prefix``: one long prefix (120K tokens) sent twice: the cached tokens the
-  server reports for each request and the latency of the warm one.
+- ``prefix``: one long prefix (120K tokens) and a word of its own: its TTFT
+  from an empty cache, and the cached tokens the server reports.
 - ``long``: the longest input the state allows (about 200K tokens) plus 64
   output tokens, labelled ``cold`` or ``warm`` by the cached tokens the server
   reports: a warm result is never called a cold prefill.
+- ``prefix_warm`` and ``long_warm``: the same windows warm. The cache is primed
+  first, unmeasured (``prefix_warm`` sends the prefix with another word,
+  ``long_warm`` the same input), then the window is measured and reports its
+  hit rate, the share of the measured prompt the server found cached.
 
 ``prefix`` and ``long`` are cut to the server's context length (a real server
 refuses a longer prompt, and a refusal measures nothing); each summary says
@@ -23,9 +27,10 @@ and "warm" only where a window means it.
 Cold and warm are also kept apart by the server's word, as a warm cache can
 inflate a throughput by far (vllm-project/vllm#52884): every window starts
 from an empty cache (SGLang's ``/flush_cache`` on each server), and a cold
-window (``single``, ``concurrent``, ``long``) whose requests still report
-cached tokens is marked invalid, its figures left out of every comparison.
-``prefix`` is the warm one: it primes, measures, and reports its hit rate.
+window whose requests still report cached tokens is marked invalid, its figures
+left out of every comparison; so is a warm window whose measured request found
+nothing cached (its priming did not hold). A warm window keeps its own name, so
+its figures never stand in a cold window's place.
 """
 
 from __future__ import annotations
@@ -47,9 +52,12 @@ from harness.client import Sample, rate, session, stream_generate
 from harness.progress import reporting, say, where
 from harness.topology import Endpoint
 
-WINDOWS = ("single", "concurrent", "prefix", "long")
-# Measured from an empty cache; ``prefix`` primes it, then measures warm.
-COLD = ("single", "concurrent", "long")
+WARM_SUFFIX = "_warm"
+# The prefill windows, each measured cold and warm ("<name>_warm").
+PREFILLS = ("prefix", "long")
+WINDOWS = ("single", "concurrent", "prefix", "prefix_warm", "long", "long_warm")
+# Measured from an empty cache; the others prime it, then measure warm.
+COLD = ("single", "concurrent", *PREFILLS)
 # The longest input leaves room for the few tokens a chat template (or a
 # tokenizer that counts the prompt differently) adds, so that the server does
 # not refuse it.
@@ -206,48 +214,77 @@ async def fitted(measurement: Measurement, wanted: int, output_tokens: int,
     return tokens, account
 
 
-async def prefix(measurement: Measurement) -> tuple[list[Sample], dict[str, Any]]:
+@dataclass(frozen=True)
+class Prefill:
+    """
+    A prefill window's prompts, chosen before the window: a warm one primes
+    with ``primer`` before its counters are read, then measures ``measured``.
+    """
+
+    name: str
+    output_tokens: int
+    tokens: int
+    account: dict[str, Any]
+    primer: str
+    measured: str
+
+
+async def prefix(measurement: Measurement) -> Prefill:
+    """A shared prefix, then a word of each request's own: a warm one finds the prefix cached."""
     settings = measurement.settings
-    # Each request adds one word, its label, to the shared prefix.
     tokens, account = await fitted(measurement, settings.prefix_tokens,
                                    settings.prefix_output_tokens + 1)
     shared = prompt(tokens)
-    samples = []
-    for label in ("first", "second"):
-        # One after the other: the second may reuse only what the first left cached.
-        samples += await run_samples(
-            measurement, "prefix",
-            [(Sample(f"prefix-{label}", settings.prefix_output_tokens),
-              f"{shared} {label}")],
-            waiting_for=f"the prefill of {tokens:,} tokens")
-    first, second = samples
-    return samples, {
-        **account,
-        "prefix_tokens": tokens,
-        "first": _prefill(first, measurement.cache_report),
-        "second": _prefill(second, measurement.cache_report),
-        "warm_ttft_seconds": second.ttft if second.cached_tokens else None,
-        # The share of the measured (second) prompt the server found cached.
-        "hit_rate": second.cached_tokens / second.prompt_tokens
-        if second.cached_tokens is not None and second.prompt_tokens else None,
-        "warm_seconds": second.seconds if second.cached_tokens else None,
-    }
+    return Prefill("prefix", settings.prefix_output_tokens, tokens,
+                   {**account, "prefix_tokens": tokens}, f"{shared} first", f"{shared} second")
 
 
-async def long(measurement: Measurement) -> tuple[list[Sample], dict[str, Any]]:
+async def long(measurement: Measurement) -> Prefill:
+    """The longest input the context allows: a warm one finds it all cached but its end."""
     settings = measurement.settings
     tokens, account = await fitted(measurement, settings.long_tokens,
                                    settings.long_output_tokens)
+    text = prompt(tokens)
+    return Prefill("long", settings.long_output_tokens, tokens, account, text, text)
+
+
+async def send_prefill(measurement: Measurement, prefill: Prefill, label: str,
+                       text: str) -> Sample:
     (sample,) = await run_samples(
-        measurement, "long",
-        [(Sample("long", settings.long_output_tokens), prompt(tokens))],
-        waiting_for=f"the prefill of {tokens:,} tokens")
-    return [sample], {
-        **account,
+        measurement, prefill.name, [(Sample(label, prefill.output_tokens), text)],
+        waiting_for=f"the prefill of {prefill.tokens:,} tokens")
+    return sample
+
+
+async def prime(measurement: Measurement, prefill: Prefill) -> dict[str, Any]:
+    """Send a warm window's primer once, unmeasured: what the server said of it."""
+    say(f"{where(f'window {prefill.name}{WARM_SUFFIX}')}: priming the cache, unmeasured")
+    sample = await send_prefill(measurement, prefill, f"{prefill.name}-primer", prefill.primer)
+    return {**_prefill(sample, measurement.cache_report), "error": sample.error}
+
+
+async def measure_prefill(measurement: Measurement, prefill: Prefill,
+                          primed: dict[str, Any] | None,
+                          ) -> tuple[list[Sample], dict[str, Any]]:
+    """The measured request of a prefill window, cold (``primed`` None) or warm."""
+    sample = await send_prefill(measurement, prefill, prefill.name, prefill.measured)
+    summary = {
+        **prefill.account,
+        "temperature": "cold" if primed is None else "warm",
         **_prefill(sample, measurement.cache_report),
         "seconds": sample.seconds,
         "output_tok_s": sample.output_rate,
     }
+    if primed is not None:
+        summary |= {"primed": primed, "hit_rate": hit_rate(sample)}
+    return [sample], summary
+
+
+def hit_rate(sample: Sample) -> float | None:
+    """The share of the measured prompt the server found cached."""
+    if sample.cached_tokens is None or not sample.prompt_tokens:
+        return None
+    return sample.cached_tokens / sample.prompt_tokens
 
 
 def _prefill(sample: Sample, cache_report: bool) -> dict[str, Any]:
@@ -277,7 +314,31 @@ def _spread(values: list[float | None]) -> dict[str, float | None]:
     }
 
 
-RUNNERS = {"single": single, "concurrent": concurrent, "prefix": prefix, "long": long}
+RUNNERS = {"single": single, "concurrent": concurrent}
+PROMPTS = {"prefix": prefix, "long": long}
+Runner = Callable[[], Awaitable[tuple[list[Sample], dict[str, Any]]]]
+
+
+def both_temperatures(names: list[str]) -> list[str]:
+    """``names`` with the cold and the warm window of each prefill window named, cold first."""
+    planned: list[str] = []
+    for name in names:
+        cold = name.removesuffix(WARM_SUFFIX)
+        twins = (cold, cold + WARM_SUFFIX) if cold in PREFILLS else (name,)
+        planned += [twin for twin in twins if twin not in planned]
+    return planned
+
+
+async def ready(measurement: Measurement, name: str) -> Runner:
+    """
+    The window ready to be measured: a prefill window's prompts chosen and, if
+    warm, its cache primed, before its counters are read.
+    """
+    if name in RUNNERS:
+        return lambda: RUNNERS[name](measurement)
+    prefill = await PROMPTS[name.removesuffix(WARM_SUFFIX)](measurement)
+    primed = await prime(measurement, prefill) if name.endswith(WARM_SUFFIX) else None
+    return lambda: measure_prefill(measurement, prefill, primed)
 
 
 async def run_window(measurement: Measurement, name: str) -> dict[str, Any]:
@@ -286,13 +347,14 @@ async def run_window(measurement: Measurement, name: str) -> dict[str, Any]:
     counters, read before the first request and after the last answer.
     """
     flushed = await flush_caches(measurement)
+    measure = await ready(measurement, name)
     say(f"{where(f'window {name}')}: reading counters")
     servers = measurement.endpoint.servers
     links_before, servers_before = await asyncio.gather(
         measurement.link_snapshot(), server_stats.snapshot(measurement.client, servers))
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     origin = time.perf_counter()
-    samples, summary = await RUNNERS[name](measurement)
+    samples, summary = await measure()
     seconds = time.perf_counter() - origin
     links_after, servers_after = await asyncio.gather(
         measurement.link_snapshot(), server_stats.snapshot(measurement.client, servers))
@@ -306,7 +368,8 @@ async def run_window(measurement: Measurement, name: str) -> dict[str, Any]:
         "summary": summary,
         "errors": errors,
         "flushed": flushed,
-        "invalid": cached_in_cold(name, samples, measurement.cache_report),
+        "invalid": (cached_in_cold(name, samples, measurement.cache_report)
+                    or nothing_cached_in_warm(name, samples, measurement.cache_report)),
         "samples": [sample.to_json(origin) for sample in samples],
         "link": {
             "before": {host: asdict(snap) for host, snap in links_before.items()},
@@ -352,6 +415,16 @@ def cached_in_cold(name: str, samples: list[Sample], cache_report: bool) -> str 
         return None
     return (f"a cold window found cached tokens in {', '.join(warm)}: left out of the "
             "figures")
+
+
+def nothing_cached_in_warm(name: str, samples: list[Sample], cache_report: bool) -> str | None:
+    """Why a warm window is invalid: its finished request found nothing cached; None if it did."""
+    cold = [sample.label for sample in samples
+            if name not in COLD and cache_report and sample.cached_tokens == 0]
+    if not cold:
+        return None
+    return (f"a warm window found nothing cached in {', '.join(cold)} after priming: left "
+            "out of the figures")
 
 
 def _server_counters(snap: server_stats.ServerSnapshot) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import campaign, linktest_report, progress
+from harness import campaign, linktest_report, progress, windows
 from harness.campaign import Campaign, CampaignRefused, StepFailed
 from harness.windows import WindowSettings
 
@@ -239,6 +239,15 @@ def test_each_trial_measures_every_state_deploying_only_where_the_state_changes(
     assert ("- 3 trial(s), in the order ABBA: odd trials pass over the plan forward, even trials "
             "backward") in text
     assert "tp2_stock (1), tp2_e2e (1), tp2_e2e (2), tp2_stock (2), tp2_stock (3)" in text
+
+
+def test_the_campaign_plans_prefix_and_long_cold_and_warm(tmp_path):
+    plan = campaign.check_plan(("tp2_stock", "tp2_e2e"), baseline=False)
+    planned = Campaign(None, plan, ["single", "long", "prefix_warm"], WindowSettings(),
+                       tmp_path).windows
+    assert planned == ["single", "long", "long_warm", "prefix", "prefix_warm"]
+    everything = Campaign(None, plan, list(windows.WINDOWS), WindowSettings(), tmp_path).windows
+    assert {"prefix", "prefix_warm", "long", "long_warm"} <= set(everything)
 
 
 def test_the_time_spent_measuring_is_told_apart_from_converging_and_proving():

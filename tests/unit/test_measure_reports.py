@@ -349,6 +349,70 @@ def test_comparison_against_a_baseline_and_its_chart(tmp_path):
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def with_prefills(built: dict, cold_ttft: float, warm_ttft: float) -> dict:
+    """``built`` with a cold and a warm long window (each one request of 8 tokens)."""
+    built = copy.deepcopy(built)
+    cold = {"prompt_tokens": 5000, "cached_tokens": 0, "prefill": "cold",
+            "ttft_seconds": cold_ttft, "temperature": "cold"}
+    warm = {**cold, "cached_tokens": 4990, "prefill": "warm", "ttft_seconds": warm_ttft,
+            "temperature": "warm", "hit_rate": 0.998}
+    built["windows"] += [window("long", cold, 8, 0, 0, 0), window("long_warm", warm, 8, 0, 0, 0)]
+    return built
+
+
+def test_a_warm_figure_never_lands_in_a_cold_column():
+    def of(state: str) -> list[dict]:
+        return [built for built in campaign_reports() if built["state"] == state]
+
+    stock = [with_prefills(built, cold, 0.02)
+             for built, cold in zip(of("tp2_stock"), (2.0, 2.2, 1.9), strict=True)]
+    e2e = [with_prefills(built, 1.0, warm)
+           for built, warm in zip(of("tp2_e2e"), (0.010, 0.011, 0.009), strict=True)]
+    # A fourth trial of the candidate with its warm window only: its cold column keeps three.
+    warm_only = copy.deepcopy(e2e[0])
+    warm_only["windows"] = [w for w in warm_only["windows"] if w["name"] != "long"]
+    text = compare.comparison([*stock, *e2e, warm_only])
+    lines = section(text, "### Cold and warm prefills, kept apart")
+    header = ("| state | changed | trials | prefix TTFT s, cold | × | prefix TTFT s, warm | × | "
+              "prefix hit rate, warm | long TTFT s, cold | × | long TTFT s, warm | × | "
+              "long hit rate, warm |")
+    assert lines[1] == header
+    rows = {cells[0]: cells for cells in (line.strip("| ").split(" | ") for line in lines
+                                          if line.startswith("| tp2_"))}
+    # The candidate's cold column holds its three cold trials, never the warm-only fourth.
+    assert rows["tp2_e2e"][8] == "1.000 [1.000–1.000]"
+    assert rows["tp2_e2e"][10] == "0.010 [0.009–0.011]"
+    assert rows["tp2_e2e"][9].endswith("faster") and rows["tp2_e2e"][11].endswith("faster")
+    assert rows["tp2_e2e"][12] == "0.998 [0.998–0.998]"
+    assert "| tp2_e2e | long TTFT s, cold | 3 | 1.000 |" in text
+    assert "| tp2_e2e | long TTFT s, warm | 4 | 0.010 |" in text
+    # The headline keys each window by its own name.
+    figures = report.headline(warm_only)
+    assert figures["long_ttft_s"] is None and figures["long_warm_ttft_s"] == 0.010
+    assert figures["long_warm_hit_rate"] == 0.998
+
+
+def test_the_chart_draws_cold_and_warm_prefills_in_panels_of_their_own(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    titles = []
+    original = Axes.set_title
+    monkeypatch.setattr(Axes, "set_title",
+                        lambda axis, title, *a, **k: titles.append(title) or original(axis, title))
+    compare.chart(campaign_reports(), tmp_path / "plain.png")
+    assert not [title for title in titles if "TTFT" in title]
+    titles.clear()
+    with_both = [with_prefills(built, 2.0, 0.02) for built in campaign_reports()]
+    chart = compare.chart(with_both, tmp_path / "prefills.png")
+    assert [title for title in titles if "TTFT" in title] == ["long TTFT s, cold",
+                                                              "long TTFT s, warm"]
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_comparison_without_prefill_windows_has_no_cold_and_warm_table():
+    assert "Cold and warm" not in compare.comparison(campaign_reports())
+
+
 def test_compare_takes_several_reports_per_state(tmp_path, capsys):
     paths = [report.write(built, tmp_path / f"trial-{index}")
              for index, built in enumerate(campaign_reports())]

@@ -25,9 +25,9 @@ async def no_links() -> dict:
     return {}
 
 
-def run(url: str, *names: str, settings: WindowSettings = SHORT) -> dict:
+def run(url: str, *names: str, settings: WindowSettings = SHORT, links=no_links) -> dict:
     endpoint = Endpoint(url, "qwen", (url,), "local simulator")
-    info, results = asyncio.run(windows.run(endpoint, list(names), settings, no_links))
+    info, results = asyncio.run(windows.run(endpoint, list(names), settings, links))
     return {"info": info, **{result["name"]: result for result in results}}
 
 
@@ -117,11 +117,14 @@ def test_concurrent_keeps_aggregate_and_per_request_apart(plain):
 
 
 def test_prefix_is_cold_then_warm_by_the_cached_tokens_the_server_reports(plain):
-    prefix = run(plain, "prefix")["prefix"]["summary"]
-    assert prefix["first"]["prefill"] == "cold" and prefix["first"]["cached_tokens"] == 0
-    assert prefix["second"]["prefill"] == "warm"
-    assert prefix["second"]["cached_tokens"] >= 3000 - 64
-    assert prefix["warm_ttft_seconds"] == prefix["second"]["ttft_seconds"]
+    result = run(plain, "prefix", "prefix_warm")
+    cold, warm = result["prefix"]["summary"], result["prefix_warm"]["summary"]
+    assert (cold["temperature"], cold["prefill"], cold["cached_tokens"]) == ("cold", "cold", 0)
+    assert "hit_rate" not in cold
+    assert (warm["temperature"], warm["prefill"]) == ("warm", "warm")
+    assert warm["cached_tokens"] >= 3000 - 64
+    # The primer was the prefix with another word, itself from an empty cache.
+    assert warm["primed"]["prefill"] == "cold" and warm["primed"]["error"] is None
 
 
 def test_long_is_capped_by_the_context_and_cold_even_after_the_prefix_window(nextn):
@@ -136,14 +139,14 @@ def test_long_is_capped_by_the_context_and_cold_even_after_the_prefix_window(nex
 
 def test_the_prefix_window_fits_the_context_and_says_it_was_cut(nextn):
     settings = SHORT.model_copy(update={"prefix_tokens": 120_000})
-    result = run(nextn, "prefix", settings=settings)["prefix"]
+    result = run(nextn, "prefix_warm", settings=settings)["prefix_warm"]
     prefix = result["summary"]
-    # Refused by the server before; now sent, cut, and warm the second time.
+    # Refused by the server before; now sent, cut, and warm after priming.
     assert result["errors"] == []
     assert prefix["shortened"] and prefix["wanted_tokens"] == 120_000
     assert prefix["context_length"] == 6000
-    assert 5000 < prefix["first"]["prompt_tokens"] <= 6000 - SHORT.prefix_output_tokens
-    assert prefix["second"]["prefill"] == "warm"
+    assert 5000 < prefix["primed"]["prompt_tokens"] <= 6000 - SHORT.prefix_output_tokens
+    assert prefix["prefill"] == "warm"
     row = report.window_row(result)
     assert "cut from 120,000 to fit the context of 6,000" in row[6]
 
@@ -290,10 +293,55 @@ def test_a_cold_window_that_finds_cached_tokens_is_marked_invalid(plain, monkeyp
     assert f"- long: {warm['invalid']}" in report.markdown(built)
 
 
-def test_the_warm_prefix_window_reports_its_hit_rate(plain):
-    prefix = run(plain, "prefix")["prefix"]
-    second = prefix["summary"]["second"]
-    assert prefix["invalid"] is None
-    assert prefix["summary"]["hit_rate"] == pytest.approx(
-        second["cached_tokens"] / second["prompt_tokens"])
-    assert 0.9 < prefix["summary"]["hit_rate"] <= 1
+@pytest.mark.parametrize("name", ["prefix_warm", "long_warm"])
+def test_a_warm_window_reports_its_hit_rate(plain, name):
+    settings = SHORT.model_copy(update={"long_tokens": 3000})
+    warm = run(plain, name, settings=settings)[name]
+    summary = warm["summary"]
+    assert warm["invalid"] is None and summary["temperature"] == "warm"
+    assert summary["hit_rate"] == pytest.approx(
+        summary["cached_tokens"] / summary["prompt_tokens"])
+    assert 0.9 < summary["hit_rate"] <= 1
+    assert "hit rate" in report.window_row(warm)[6]
+
+
+def test_a_warm_window_primes_before_its_counters_and_measures_only_after(plain, monkeypatch):
+    """The primer is sent once, before the window's counters are read: it is not measured."""
+    happened = []
+
+    async def counted(client, url, text, sample):
+        happened.append(f"request {sample.label}")
+        return await stream_generate(client, url, text, sample)
+
+    async def links() -> dict:
+        happened.append("counters")
+        return {}
+
+    monkeypatch.setattr(windows, "stream_generate", counted)
+    settings = SHORT.model_copy(update={"long_tokens": 3000})
+    warm = run(plain, "long_warm", settings=settings, links=links)["long_warm"]
+    assert happened == ["request long-primer", "counters", "request long", "counters"]
+    assert [sample["label"] for sample in warm["samples"]] == ["long"]
+    # A cold window sends its one request between its counters, and primes nothing.
+    happened.clear()
+    run(plain, "long", settings=settings, links=links)
+    assert happened == ["counters", "request long", "counters"]
+
+
+def test_a_warm_window_whose_priming_did_not_hold_is_marked_invalid(plain, monkeypatch):
+    async def flushed_after_priming(measurement, prefill):
+        await windows.flush_caches(measurement)
+        return {}
+
+    monkeypatch.setattr(windows, "prime", flushed_after_priming)
+    warm = run(plain, "long_warm", settings=SHORT.model_copy(update={"long_tokens": 3000}))
+    assert warm["long_warm"]["invalid"].startswith(
+        "a warm window found nothing cached in long after priming")
+
+
+def test_a_campaign_plans_every_prefill_window_cold_and_warm():
+    assert windows.both_temperatures(list(windows.WINDOWS)) == list(windows.WINDOWS)
+    assert windows.both_temperatures(["single", "long_warm", "prefix", "concurrent"]) == [
+        "single", "long", "long_warm", "prefix", "prefix_warm", "concurrent"]
+    # The demo's windows stay as they are.
+    assert windows.both_temperatures(["single", "concurrent"]) == ["single", "concurrent"]
