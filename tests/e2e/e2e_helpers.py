@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from operations import gateway, services, serving
+from operations import gateway, guard, services, serving
 from operations.hosts import InventoryEntry, inventory_entries
 
 REPO = Path(__file__).resolve().parents[2]
@@ -400,6 +400,12 @@ def restarted(host: str, name: str) -> None:
     result = subprocess.run(["ssh", "-F", str(SSH_CONFIG), host, command],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, f"{host}: {command}: {result.stderr}"
+
+
+def guard_disarmed(host: str) -> None:
+    """The guard stopped on ``host`` as a run disarms it before a driver reload."""
+    for command in services.SUPERVISORS[init_system()].transient_stop(guard.NAME):
+        ssh(host, command.get_raw_value())
 
 
 def removed(host: str, *names: str) -> None:

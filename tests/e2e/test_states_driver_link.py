@@ -6,6 +6,7 @@ from e2e_helpers import (
     deploy,
     dry_run,
     fault,
+    guard_disarmed,
     pyinfra_table,
     reported_changes,
     snapshot,
@@ -26,10 +27,13 @@ def test_a_run_cut_between_the_reload_and_the_address_converges_when_run_again()
     """
     A run killed right after the driver reload leaves ``thunderbolt0`` without its
     address, and the peer unanswered on the other host; the next run's preflight
-    must leave both to the link step, which applies the address.
+    must leave both to the link step, which applies the address. The run had
+    disarmed both guards before the reload (an armed one applies the address itself).
     """
     run = deploy("tp2_e2e")
     assert run.returncode == 0, run.output[-3000:]
+    for host in ("wsa", "wsb"):
+        guard_disarmed(host)
     ssh("wsa", "ip addr flush dev thunderbolt0")
     assert "169.254.77.1" not in ssh("wsa", "ip -brief addr show dev thunderbolt0")
     again = deploy("tp2_e2e")

@@ -60,8 +60,9 @@ def test_the_guard_reads_the_host_where_the_kernel_shows_it() -> None:
 # The bench's stand-ins for the host, each logging what it was asked to "calls".
 # ping answers with the exit status on line N of "answers" for its Nth call (the
 # bench's default after them) and first sources "on-ping-N" if there is one; sleep
-# moves the fake uptime on by "step" seconds; date steps by "jump" from its third
-# call; ip shows the address once "addressed" exists, and applying it makes it.
+# moves the fake uptime on by "step" seconds, then sources "on-sleep-N"; date
+# steps by "jump" from its third call; ip shows the address once "addressed"
+# exists, and applying it makes it.
 STUBS = {
     "ping": 'n=$(($(cat "$B/pings" 2>/dev/null || echo 0) + 1)); echo "$n" > "$B/pings"\n'
             'echo "ping $*" >> "$B/calls"\n'
@@ -69,7 +70,9 @@ STUBS = {
             'status=$(sed -n "${n}p" "$B/answers" 2>/dev/null)\n'
             'exit "${status:-$(cat "$B/ping")}"',
     "sleep": '/bin/sleep 0.01\nread -r up _ < "$B/uptime"\n'
-             'echo "$((${up%.*} + $(cat "$B/step"))).42 1.00" > "$B/uptime"',
+             'echo "$((${up%.*} + $(cat "$B/step"))).42 1.00" > "$B/uptime"\n'
+             'n=$(($(cat "$B/sleeps" 2>/dev/null || echo 0) + 1)); echo "$n" > "$B/sleeps"\n'
+             '[ -f "$B/on-sleep-$n" ] && . "$B/on-sleep-$n"; exit 0',
     "date": 'n=$(($(cat "$B/dates" 2>/dev/null || echo 0) + 1)); echo "$n" > "$B/dates"\n'
             'jump=0; [ "$n" -gt 2 ] && jump=$(cat "$B/jump")\n'
             'echo $((1796400000 + 2 * n + jump))',
@@ -231,6 +234,26 @@ def test_a_link_without_carrier_is_no_stall(tmp_path) -> None:
     (bench.net / "carrier").write_text("0\n")
     assert bench.run(bench.guard(stall_seconds=4), seconds=2) is None
     assert restored(bench.calls()) == [] and bench.events() == []
+
+
+def test_a_carrier_lost_mid_silence_pauses_it_and_the_silence_counts_on_after(
+        tmp_path) -> None:
+    """
+    The peer's guard reloading its driver drops this host's carrier for a moment:
+    the seconds already unanswered still count, those without carrier do not.
+    """
+    bench = Bench(tmp_path)
+    # Three lost pings (4 s unanswered), three rounds without carrier, then lost pings again.
+    (tmp_path / "on-ping-3").write_text(f"echo 0 > {bench.net}/carrier\n")
+    (tmp_path / "on-sleep-7").write_text(f"echo 1 > {bench.net}/carrier\n")
+    ran = bench.run(bench.guard(stall_seconds=10), seconds=30)
+    assert ran is not None and ran.returncode == 0, ran and ran.stdout + ran.stderr
+    assert "lost carrier after 4 s unanswered: no stall; paused" in ran.stdout
+    assert "still does not answer across lo: 4 s unanswered so far" in ran.stdout
+    # 4 s before the carrier went, 6 s after it came back: the 7th ping fires it.
+    assert sum(call.startswith("ping ") for call in bench.calls()) == 7
+    assert bench.events()[-1]["stalled_seconds"] == 10
+    assert restored(bench.calls())[-2:] == ["rmmod thunderbolt_net", "modprobe thunderbolt_net"]
 
 
 def test_an_interface_without_its_address_gets_it_from_a_guard_of_twinbolt_s_own(
