@@ -25,26 +25,24 @@ def report_of(output: str) -> dict:
 def test_a_soak_samples_the_candidate_and_a_stall_restores_production(tmp_path) -> None:
     run = deploy("tp2_e2e")
     assert run.returncode == 0, run.output[-3000:]
-    quiet = subprocess.run([*SOAK, "--minutes", "0.25", "--out", str(tmp_path)], cwd=REPO,
-                           capture_output=True, text=True, timeout=300)
-    assert quiet.returncode == 0, quiet.stderr[-3000:]
-    report = report_of(quiet.stdout)
-    assert report["state"] == "tp2_e2e" and report["stopped"] is None
-    assert len(report["samples"]) >= 4
-    assert all(sample["tok_s"] > 0 and sample["receiver_errors"] == 0
-               for sample in report["samples"]), report["samples"]
-    # Healthy, the candidate's guard stayed armed and never fired.
-    assert report["guard"] == "armed, quiet", report["guard"]
-
-    # The cable pulled and put back, then rank 1 asleep: each measured, each recovered,
-    # each plug and suspend a ledger record the matrix shows.
+    # The candidate sampled for 1.4 min while the cable is pulled and put back, then
+    # rank 1 sleeps: each event measured, each recovered, each plug and suspend a
+    # ledger record the matrix shows; healthy, the guard stayed armed and never fired.
     evented = subprocess.run([*SOAK, "--minutes", "1.4", "--out", str(tmp_path), "--events",
                               "unplug@0.2,plug@0.35,suspend@0.75", "--suspend-seconds", "5"],
                              cwd=REPO, capture_output=True, text=True, timeout=400)
     print(evented.stdout[-2000:])
     assert evented.returncode == 0, evented.stdout[-3000:] + evented.stderr[-3000:]
     report = report_of(evented.stdout)
-    assert report["stopped"] is None and report["guard"] == "armed, quiet"
+    assert report["state"] == "tp2_e2e" and report["stopped"] is None
+    assert report["guard"] == "armed, quiet", report["guard"]
+    samples = report["samples"]
+    # No receiver error wherever one was counted (not across a device made anew).
+    counted = [sample["receiver_errors"] for sample in samples
+               if sample["receiver_errors"] is not None]
+    assert len(counted) >= 10 and set(counted) == {0}, samples
+    # Served in most intervals: all but those around the cable out and the rank asleep.
+    assert sum(sample["tok_s"] > 0 for sample in samples) >= len(samples) / 2 >= 10, samples
     unplug, plug, suspend = report["events"]
     assert (unplug["event"], unplug["host"], unplug["link"]) == ("unplug", "wsb", "gone")
     for outcome in (plug, suspend):
