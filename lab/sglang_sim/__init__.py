@@ -9,11 +9,13 @@ Started exactly like the real server, with only the module swapped::
 
 It accepts the real flag names (strictly: an unknown flag exits 2), serves the
 real endpoints with the real shapes, and spends time where the real server does:
-a prefill proportional to the uncached prompt, then decode steps whose compute
-is a roofline (the rank's share of the weights and the KV cache, read at the
-GPU's memory bandwidth) and whose TP2 all-reduces are real messages, two per
-layer, sent to the peer rank over TCP and back, one after the other; sizes
-come from the model's files (``config.json`` and
+a prefill in SGLang's chunks, each taking time proportional to its tokens, then
+decode steps whose compute is a roofline (the rank's share of the weights and
+the KV cache, read at the GPU's memory bandwidth). In TP2 every pass, prefill
+chunk or decode step, makes two all-reduces per layer, one after the other,
+each a real NCCL ring all-reduce over TCP: both ranks sending at once, over
+every channel's connections, in NCCL's messages (:mod:`lab.sglang_sim.nccl`);
+sizes come from the model's files (``config.json`` and
 ``model.safetensors.index.json``, see :mod:`lab.sglang_sim.model`). The TP
 link is therefore the lab's real veth, and its drops and retransmissions set
 the token rate.
@@ -40,7 +42,9 @@ Lab knobs (environment; what real hardware would decide):
 ``NCCL_SOCKET_IFNAME`` (``name`` or ``=name``) binds NCCL's connections to that
 interface, as NCCL's Socket transport does; unset, NCCL picks the first
 interface that is neither loopback nor docker nor virbr (the LAN port, on a
-workstation). ``NCCL_SOCKET_FAMILY`` may be unset or ``AF_INET`` (the
+workstation). ``NCCL_SOCKET_NTHREADS``, ``NCCL_NSOCKS_PERTHREAD``,
+``NCCL_MIN_NCHANNELS`` and ``NCCL_MAX_NCHANNELS`` change the channels and
+sockets as they change NCCL 2.27.5's. ``NCCL_SOCKET_FAMILY`` may be unset or ``AF_INET`` (the
 simulator's NCCL speaks IPv4 only). ``SGLANG_HEALTH_CHECK_TIMEOUT`` (20) is how
 long rank 0's ``/health`` waits for the scheduler's output.
 

@@ -144,7 +144,8 @@ def start(args: argparse.Namespace, knobs: Knobs, shape: ModelShape, ifname: str
     if args.speculative_algorithm:
         speculation = Speculation(args.speculative_num_steps,
                                   args.speculative_num_draft_tokens, knobs.spec_accept_rate)
-    scheduler = Scheduler(knobs, shape, args.tp_size, stats, speculation)
+    scheduler = Scheduler(knobs, shape, args.tp_size, stats, speculation,
+                          args.chunked_prefill_size)
     leader = Leader(args, knobs, stats, scheduler)
     serve(leader.app(), args.host, args.port)
     link = scheduler_process(args, knobs, ifname) if args.nnodes > 1 else None

@@ -7,6 +7,7 @@ a rendered service fails here the way it would on a real workstation.
 import argparse
 
 from lab.sglang_sim import __version__
+from lab.sglang_sim.gpu import GPU_MEMORY_MIB
 from operations.sglang_releases import QUANTIZATION, accepted
 
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
@@ -21,6 +22,14 @@ DEFAULT_SPECULATIVE = {
     "speculative_num_draft_tokens": 4,
 }
 DEFAULT_CONTEXT_LENGTH = 262144
+# The default --chunked-prefill-size by the GPU's memory in MiB, below each
+# bound (SGLang 0.5.9, python/sglang/srt/server_args.py,
+# ServerArgs._handle_gpu_memory_settings): 2048 for the "A10, 4090, 5090"
+# class. SGLang 0.5.23 raises that class to 4096
+# (python/sglang/srt/arg_groups/memory_hook.py); the simulator is 0.5.9.
+CHUNKED_PREFILL_BY_GPU_MIB = ((20 * 1024, 2048), (35 * 1024, 2048), (60 * 1024, 4096),
+                              (90 * 1024, 8192), (160 * 1024, 8192))
+CHUNKED_PREFILL_LARGEST_GPUS = 16384
 DEFAULT_MEM_FRACTION = {"single": 0.85, "tp": 0.80}
 
 
@@ -42,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--speculative-num-draft-tokens", type=int)
     add("--speculative-draft-model-path")
     add("--context-length", type=int)
+    add("--chunked-prefill-size", type=int)
     add("--mem-fraction-static", type=float)
     add("--quantization", choices=QUANTIZATIONS)
     add("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
@@ -79,6 +89,8 @@ def complete(args: argparse.Namespace) -> None:
     """Fill in what SGLang derives, so ``/server_info`` reports what actually runs."""
     args.served_model_name = args.served_model_name or args.model_path
     args.tokenizer_path = args.model_path
+    if args.chunked_prefill_size is None:
+        args.chunked_prefill_size = default_chunked_prefill_size(GPU_MEMORY_MIB)
     if args.mem_fraction_static is None:
         args.mem_fraction_static = DEFAULT_MEM_FRACTION["tp" if args.tp_size > 1 else "single"]
     if args.speculative_algorithm == "NEXTN":
@@ -88,6 +100,14 @@ def complete(args: argparse.Namespace) -> None:
         for name, default in DEFAULT_SPECULATIVE.items():
             if getattr(args, name) is None:
                 setattr(args, name, default)
+
+
+def default_chunked_prefill_size(gpu_memory_mib: int) -> int:
+    """SGLang's chunk for a GPU of ``gpu_memory_mib``: more memory, longer chunks."""
+    for bound, size in CHUNKED_PREFILL_BY_GPU_MIB:
+        if gpu_memory_mib < bound:
+            return size
+    return CHUNKED_PREFILL_LARGEST_GPUS
 
 
 def context_length(args: argparse.Namespace) -> int:

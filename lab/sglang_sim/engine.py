@@ -1,17 +1,20 @@
 """The scheduler: SGLang's loop reduced to where it spends time.
 
-New requests are prefilled together (time proportional to their uncached
-tokens), then every running request advances by one decode step at a time. A
-step is the target model's forward pass, layer by layer as the GPU and the
-link would run it (:mod:`lab.sglang_sim.model`): its compute is the time to
-read this rank's share of the weights and the running requests' KV caches at
-the GPU's memory bandwidth, and in TP2 each layer's two all-reduces are real
-messages to the peer rank and back, one after the other, each as wide as the
-step's token positions. With speculative decoding the draft first runs its own
-passes (``num_steps`` of them, one position per request), then the target
-verifies ``num_draft_tokens`` positions per request; a step yields one token
-plus the drafts accepted before the first rejection, so more tokens per step
-for wider messages.
+New requests are prefilled together, in SGLang's chunks
+(``--chunked-prefill-size`` uncached tokens a forward pass): each chunk's
+compute takes time proportional to its tokens, and in TP2 each of its layers'
+two all-reduces carries the chunk's activations across the link. Then every
+running request advances by one decode step at a time. A step is the target
+model's forward pass, layer by layer as the GPU and the link would run it
+(:mod:`lab.sglang_sim.model`): its compute is the time to read this rank's
+share of the weights and the running requests' KV caches at the GPU's memory
+bandwidth, and in TP2 each layer's two all-reduces are real NCCL ring
+all-reduces with the peer rank (:mod:`lab.sglang_sim.nccl`), one after the
+other, each as wide as the step's token positions. With speculative decoding
+the draft first runs its own passes (``num_steps`` of them, one position per
+request), then the target verifies ``num_draft_tokens`` positions per request;
+a step yields one token plus the drafts accepted before the first rejection,
+so more tokens per step for wider messages.
 """
 
 import logging
@@ -23,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from lab.sglang_sim.knobs import Knobs
-from lab.sglang_sim.link import PeerLink
+from lab.sglang_sim.link import NcclLink
 from lab.sglang_sim.model import ModelShape
 from lab.sglang_sim.stats import Stats
 from lab.sglang_sim.tokens import PrefixCache
@@ -36,6 +39,18 @@ VOCABULARY = (
     "the", "link", "rank", "token", "model", "cable", "frame", "credit", "lane", "route",
     "answer", "draft", "verify", "prefix", "cache", "batch", "state", "layer", "proof", "run",
 )
+
+
+def prefill_chunks(tokens: int, chunked_prefill_size: int) -> list[int]:
+    """
+    The forward passes that prefill ``tokens`` uncached tokens: SGLang's
+    chunks of ``chunked_prefill_size`` tokens, the last one short; one pass
+    for all of them when chunking is off (-1).
+    """
+    if chunked_prefill_size <= 0:
+        return [tokens] if tokens else []
+    whole, rest = divmod(tokens, chunked_prefill_size)
+    return [chunked_prefill_size] * whole + ([rest] if rest else [])
 
 
 @dataclass(frozen=True)
@@ -148,10 +163,11 @@ class Scheduler:
     """Runs requests in batches, step by step, on its own thread."""
 
     def __init__(self, knobs: Knobs, shape: ModelShape, tp_size: int, stats: Stats,
-                 speculation: Speculation | None) -> None:
+                 speculation: Speculation | None, chunked_prefill_size: int) -> None:
         self._knobs = knobs
         self._shape = shape
         self._tp_size = tp_size
+        self._chunked_prefill_size = chunked_prefill_size
         self._stats = stats
         self._speculation = speculation
         self._waiting: queue.SimpleQueue[Sequence] = queue.SimpleQueue()
@@ -174,7 +190,7 @@ class Scheduler:
         logger.info("Cache flushed successfully!")
         return True
 
-    def run(self, link: PeerLink | None) -> None:
+    def run(self, link: NcclLink | None) -> None:
         """The scheduler loop; it returns only by raising (a lost peer)."""
         running: list[Sequence] = []
         while True:
@@ -185,7 +201,7 @@ class Scheduler:
                     link.heartbeat()
                 continue
             self._hang_if_faulted()
-            running += self._prefill(new)
+            running += self._prefill(new, link)
             if running:
                 self._decode(running, link)
             running = self._still_running(running)
@@ -216,8 +232,8 @@ class Scheduler:
             logger.warning("Lab fault rank_hang: this rank stops making progress")
             threading.Event().wait()
 
-    def _prefill(self, new: list[Sequence]) -> list[Sequence]:
-        """Compute the new prompts' uncached tokens; return those that still decode."""
+    def _prefill(self, new: list[Sequence], link: NcclLink | None) -> list[Sequence]:
+        """Prefill the new prompts' uncached tokens chunk by chunk; return those still to decode."""
         if not new:
             return []
         for seq in new:
@@ -225,7 +241,9 @@ class Scheduler:
             if seq.log_metrics:
                 self._stats.record_prefill(seq.prompt_tokens, seq.cached_tokens)
         uncached = sum(seq.prompt_tokens - seq.cached_tokens for seq in new)
-        time.sleep(uncached / self._knobs.prefill_tokens_per_second)
+        for chunk in prefill_chunks(uncached, self._chunked_prefill_size):
+            time.sleep(chunk / self._knobs.prefill_tokens_per_second)
+            self._allreduce(chunk, self._shape.layers, link)
         logger.info("Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d",
                     len(new), uncached, sum(seq.cached_tokens for seq in new))
         for seq in new:
@@ -233,7 +251,7 @@ class Scheduler:
                 self._finish(seq)
         return [seq for seq in new if seq.remaining]
 
-    def _decode(self, running: list[Sequence], link: PeerLink | None) -> None:
+    def _decode(self, running: list[Sequence], link: NcclLink | None) -> None:
         """One step for every running request."""
         started = time.monotonic()
         context = sum(seq.prompt_tokens + seq.completion_tokens for seq in running)
@@ -261,17 +279,22 @@ class Scheduler:
         if any(seq.log_metrics for seq in running):
             self._decode_log.step(started, len(running), tokens)
 
-    def _forward(self, positions: int, context: int, layers: int, link: PeerLink | None) -> None:
+    def _forward(self, positions: int, context: int, layers: int, link: NcclLink | None) -> None:
         """
         One forward pass over ``positions`` token positions through ``layers``
         layers: the GPU's time, then in TP2 two all-reduces per layer, in order.
         """
         time.sleep(self._shape.pass_seconds(context, layers, self._tp_size,
                                             self._knobs.gpu_bandwidth_gb_s * 1e9))
+        self._allreduce(positions, layers, link)
+
+    def _allreduce(self, positions: int, layers: int, link: NcclLink | None) -> None:
+        """In TP2, a pass's two all-reduces per layer, one after the other."""
         if not link:
             return
         message = self._shape.allreduce_bytes(positions)
-        self._stats.record_allreduce(link.allreduce(message, 2 * layers))
+        self._stats.record_allreduce(
+            link.allreduce(message, 2 * layers, self._shape.activation_bytes))
 
     def _accept_length(self, seq: Sequence) -> int:
         return self._speculation.accept_length(seq.rng) if self._speculation else 1

@@ -18,8 +18,12 @@ socket of the group:
   connects to it (``ncclProxyConnect``): one more connection with both ends
   on the rank's own host, on rank 1 too.
 - **NCCL's data**: per channel, the receiver listens and sends the sender its
-  address over the bootstrap ring; the sender connects. Two ranks on one NIC
-  make two channels, each with a connection each way.
+  address over the bootstrap ring; the sender connects its connection's
+  sockets, data sockets first and the control socket last, each saying its
+  index in one byte (``net_socket.cc``). Two ranks on one NIC make two
+  channels, each with a connection each way; a connection is one socket
+  unless ``NCCL_SOCKET_NTHREADS`` and ``NCCL_NSOCKS_PERTHREAD`` add data
+  sockets (:class:`lab.sglang_sim.nccl.Transport`).
 - **Gloo's pair** (the TP group's CPU group, which SGLang broadcasts over):
   one connection between the two ranks, from the address of
   ``GLOO_SOCKET_IFNAME``'s interface, else the address the host's name
@@ -30,8 +34,8 @@ NCCL's sockets take the address of the interface NCCL would choose
 address, and its connections to the peer also to the interface itself (a
 connection to the rank's own address is not: the kernel delivers it on
 loopback). The store's connections follow the routing table to
-``--dist-init-addr``. The simulator sends its all-reduces on
-channel 0 only; channel 1's connections are open and idle.
+``--dist-init-addr``. The all-reduces use every channel's connections
+(:class:`lab.sglang_sim.link.NcclLink`).
 
 The server's process asks the scheduler process for a forward pass's
 all-reduces over a pipe, one message per pass (SGLang's processes talk over
@@ -50,6 +54,7 @@ from multiprocessing.connection import Connection
 from lab.sglang_sim.link import (
     ENDPOINT,
     READY,
+    NcclLink,
     PeerLink,
     PeerLost,
     accept,
@@ -58,12 +63,13 @@ from lab.sglang_sim.link import (
     interface_address,
     listener,
     nccl_endpoint,
+    nic_vendor,
 )
+from lab.sglang_sim.nccl import MAX_SOCKETS, Transport
 
 logger = logging.getLogger(__name__)
 
 WORLD_SIZE = 2
-NCCL_CHANNELS = 2
 NCCL_ID_KEY = "nccl_unique_id"
 GLOO_KEY = "gloo/tp/0"
 # prctl(2): a signal for this process when the thread that made it exits.
@@ -182,26 +188,53 @@ class NcclGroup:
                                      source=address),
                              accept(ring_listener, "the previous rank's bootstrap")[0])
         self._proxy = Proxy(address)
+        self._rank = rank
+        self._transport = Transport.from_env(os.environ, nic_vendor(chosen))
         self._send, self._receive = self._connect_channels(address, chosen)
         logger.info("NCCL INFO Connected all rings: %d channels, %d connections to the peer",
-                    NCCL_CHANNELS, 2 * NCCL_CHANNELS)
+                    self._transport.channels, 2 * self._transport.channels)
 
     def _connect_channels(self, address: str, ifname: str) -> tuple[list, list]:
-        """Each channel's receiver listens and hands its address over the bootstrap ring."""
-        listeners = [listener(address) for _ in range(NCCL_CHANNELS)]
+        """
+        Each channel's receiver listens and hands its address over the
+        bootstrap ring; each connection is ``[control, data...]``.
+        """
+        sockets = 1 + self._transport.data_sockets
+        listeners = [listener(address, backlog=MAX_SOCKETS + 1)
+                     for _ in range(self._transport.channels)]
         for each in listeners:
             self.ring.send_text(ENDPOINT, name_of(each))
-        peers = [self.ring.receive_text(ENDPOINT) for _ in range(NCCL_CHANNELS)]
-        send = [connect(address_of(peer), ifname, f"the peer's NCCL channel at {peer}",
-                        source=address) for peer in peers]
-        receive = [accept(each, "the peer's NCCL connection")[0] for each in listeners]
+        peers = [self.ring.receive_text(ENDPOINT) for _ in listeners]
+        send = [self._connect(address_of(peer), ifname, address, sockets) for peer in peers]
+        receive = [self._accept(each, sockets) for each in listeners]
         for each in listeners:
             each.close()
         return send, receive
 
-    def data_link(self) -> PeerLink:
-        """Channel 0: sent on the connection this rank opened, received on the peer's."""
-        return PeerLink(self._send[0], self._receive[0])
+    def _connect(self, peer: tuple, ifname: str, address: str, count: int) -> list:
+        """One connection to the peer's channel: data sockets, then the control socket."""
+        opened = []
+        for index in range(count):
+            sock = connect(peer, ifname, f"the peer's NCCL channel at {peer[0]}:{peer[1]}",
+                           source=address)
+            sock.sendall(bytes([index]))
+            opened.append(sock)
+        return [opened[-1], *opened[:-1]]
+
+    def _accept(self, listening: socket.socket, count: int) -> list:
+        """The peer's connection to this channel, each socket placed by the index it sends."""
+        placed: list = [None] * count
+        for _ in range(count):
+            sock = accept(listening, "the peer's NCCL connection")[0]
+            index = sock.recv(1)
+            if not index:
+                raise PeerLost("the peer closed an NCCL connection while opening it")
+            placed[(index[0] + 1) % count] = sock
+        return placed
+
+    def data_link(self) -> NcclLink:
+        """Every channel's connections: sent on those this rank opened, received on the peer's."""
+        return NcclLink(self._rank, self._transport, self._send, self._receive)
 
 
 class Proxy:
@@ -264,7 +297,7 @@ def scheduler_main(rank: int, host: str, port: int, ifname: str | None,
     serve_requests(link, pipe)  # returns only by raising SystemExit, with them still held
 
 
-def serve_requests(link: PeerLink, pipe: Connection) -> None:
+def serve_requests(link: NcclLink, pipe: Connection) -> None:
     """The server process's requests on the data link, until it or the link goes."""
     try:
         while True:
@@ -284,7 +317,7 @@ def serve_requests(link: PeerLink, pipe: Connection) -> None:
 class SchedulerProcess:
     """
     The server process's handle on its scheduler process, with the data
-    link's interface (:class:`PeerLink`'s ``send``, ``expect``, ``allreduce``,
+    link's interface (:class:`NcclLink`'s ``send``, ``expect``, ``allreduce``,
     ``heartbeat``, ``set_timeout``), each a request over the pipe.
     """
 
@@ -322,8 +355,8 @@ class SchedulerProcess:
     def expect(self, kind: int) -> int:
         return self._ask("expect", kind)
 
-    def allreduce(self, nbytes: int, count: int = 1) -> int:
-        return self._ask("allreduce", nbytes, count)
+    def allreduce(self, nbytes: int, count: int = 1, element_bytes: int = 2) -> int:
+        return self._ask("allreduce", nbytes, count, element_bytes)
 
     def heartbeat(self) -> None:
         self._ask("heartbeat")

@@ -6,27 +6,42 @@ docker nor virbr, in the kernel's order, which on a workstation is the LAN
 port, not ``thunderbolt0`` (created later, at hotplug). Which sockets a group
 opens, and in which process, is :mod:`lab.sglang_sim.group`'s.
 
-Every decode step's all-reduces travel on NCCL's data connections: rank 0
-sends the step's payload on the connection it opened to rank 1 and waits for
-rank 1 to send as much back on the one rank 1 opened, so a step takes as long
-as the real link needs to carry it, retransmissions included. A broken
-connection aborts both ranks, as an NCCL error does.
+Every forward pass's all-reduces travel on NCCL's data connections as NCCL
+moves them (:mod:`lab.sglang_sim.nccl`): both ranks send at once, on every
+channel the message reaches and every socket of its connections, in NCCL's
+messages, each preceded by its size as NCCL's Socket transport writes it. So
+a pass takes as long as the real link needs to carry it both ways,
+retransmissions included. A broken connection aborts both ranks, as an NCCL
+error does.
 
-Frames are a kind byte and a length; the payload is that many zero bytes, or
-for ``ENDPOINT`` an address as ``ip:port``.
+Rank 0 runs the scheduler; rank 1 follows it: before a pass's all-reduces,
+rank 0 names their size and count in a frame on channel 0 (real ranks both
+know them from the model). Frames are a kind byte and a length; the payload is
+that many zero bytes, or for ``ENDPOINT`` an address as ``ip:port``, or for
+``ALLREDUCE`` the size, count and element size.
 """
 
 import fcntl
 import logging
 import os
+import select
 import socket
 import struct
 import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+
+from lab.sglang_sim.nccl import ChannelPlan, Transport, plan_allreduce, wire_segments
 
 logger = logging.getLogger(__name__)
 
 READY, ALLREDUCE, HEARTBEAT, ENDPOINT = 1, 2, 3, 4
 HEADER = struct.Struct("!BQ")
+# An ALLREDUCE frame's payload: one all-reduce's bytes, how many in a row, the element size.
+ANNOUNCE = struct.Struct("!QIB")
+# What precedes each NCCL message on its control socket: its size, a C int in host order.
+MESSAGE_SIZE = struct.Struct("=i")
 # ioctl(2) request for an interface's IPv4 address (linux/sockios.h).
 SIOCGIFADDR = 0x8915
 RENDEZVOUS_TIMEOUT_SECONDS = 120.0
@@ -75,6 +90,18 @@ def nccl_interface(ifname: str | None) -> str:
     return "lo"
 
 
+def nic_vendor(ifname: str, sysfs: Path = Path("/sys/class/net")) -> str | None:
+    """
+    The interface's PCI vendor, as NCCL's Socket transport reads it to choose
+    its sockets; ``None`` for an interface with none (a Thunderbolt link's
+    device is an XDomain service, loopback has no device).
+    """
+    try:
+        return (sysfs / ifname / "device" / "vendor").read_text().strip()[:6]
+    except OSError:
+        return None
+
+
 def tcp_socket(ifname: str | None = None) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     if ifname:
@@ -105,9 +132,9 @@ def nccl_endpoint(ifname: str | None) -> tuple[str, str]:
     return chosen, address
 
 
-def listener(address: str, port: int = 0) -> socket.socket:
+def listener(address: str, port: int = 0, backlog: int = 16) -> socket.socket:
     """A listening TCP socket at ``address:port`` (any port for 0), as NCCL binds its own."""
-    return socket.create_server((address, port), backlog=16)
+    return socket.create_server((address, port), backlog=backlog)
 
 
 def accept(listening: socket.socket, what: str) -> tuple[socket.socket, tuple]:
@@ -162,7 +189,7 @@ def address_of(text: str) -> tuple[str, int]:
 class PeerLink:
     """
     Framed zero payloads to the other rank: sent on one TCP connection, received
-    on another (NCCL's send and receive connections), or both on one.
+    on another (NCCL's bootstrap ring), or both on one.
     """
 
     def __init__(self, sock: socket.socket, receive_sock: socket.socket | None = None) -> None:
@@ -197,32 +224,11 @@ class PeerLink:
         payload itself is discarded.
         """
         received, nbytes = self._header(kind)
-        remaining = nbytes
-        while remaining:
-            remaining -= self._read_into(min(remaining, CHUNK_BYTES))
+        self._discard(nbytes)
         return received, nbytes
 
     def expect(self, kind: int) -> int:
         return self.receive(kind)[1]
-
-    def allreduce(self, nbytes: int, count: int = 1) -> int:
-        """Rank 0's side of ``count`` exchanges, one after the other; the bytes moved both ways."""
-        moved = 0
-        for _ in range(count):
-            self.send(ALLREDUCE, nbytes)
-            moved += nbytes + self.expect(ALLREDUCE)
-        return moved
-
-    def heartbeat(self) -> None:
-        """An empty exchange, so an idle rank 0 still notices a dead peer."""
-        self.send(HEARTBEAT)
-        self.expect(HEARTBEAT)
-
-    def echo_forever(self) -> None:
-        """Rank 1's side: answer every exchange in kind until the link breaks."""
-        while True:
-            kind, nbytes = self.receive()
-            self.send(kind, nbytes)
 
     def _sendall(self, data: bytes | memoryview) -> None:
         try:
@@ -243,6 +249,10 @@ class PeerLink:
             data += self._scratch[:count]
         return bytes(data)
 
+    def _discard(self, nbytes: int) -> None:
+        while nbytes:
+            nbytes -= self._read_into(min(nbytes, CHUNK_BYTES))
+
     def _read_into(self, size: int) -> int:
         try:
             count = self._receive_sock.recv_into(self._scratch[:size])
@@ -251,3 +261,205 @@ class PeerLink:
         if not count:
             raise PeerLost("connection closed by peer rank")
         return count
+
+
+class _Segment:
+    """
+    Part of one NCCL message on one socket: on a control socket the message's
+    size first (what is still to be sent, or still to arrive), then data.
+    """
+
+    def __init__(self, channel: int, message: int, nbytes: int, size: int | None) -> None:
+        self.channel, self.message = channel, message
+        self.header = memoryview(MESSAGE_SIZE.pack(size) if size is not None else b"")
+        self.remaining = nbytes - len(self.header)
+
+
+class NcclLink(PeerLink):
+    """
+    The group's data connections, every channel's, one way each: this rank
+    sends on the sockets it opened (``send``) and receives on the peer's
+    (``receive``); each connection is its control socket, then its data
+    sockets. Frames travel on channel 0's control sockets.
+    """
+
+    def __init__(self, rank: int, transport: Transport,
+                 send: Sequence[Sequence[socket.socket]],
+                 receive: Sequence[Sequence[socket.socket]]) -> None:
+        super().__init__(send[0][0], receive[0][0])
+        self._rank, self._transport = rank, transport
+        self._send, self._receive = send, receive
+        self._all = [each for connection in (*send, *receive) for each in connection]
+        for each in self._all:
+            each.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # Each connection's data-socket rotation, as NCCL's comm->nextSock.
+        self._rotation = {("send", c): 0 for c in range(len(send))}
+        self._rotation.update({("receive", c): 0 for c in range(len(receive))})
+        self._timeout: float | None = None
+
+    def set_timeout(self, seconds: float | None) -> None:
+        self._timeout = seconds
+        for each in self._all:
+            each.settimeout(seconds)
+
+    def allreduce(self, nbytes: int, count: int = 1, element_bytes: int = 2) -> int:
+        """
+        Rank 0's side of ``count`` all-reduces of ``nbytes``, one after the
+        other; the payload moved, both ways (each rank sends ``nbytes`` and
+        receives as much for each).
+        """
+        payload = ANNOUNCE.pack(nbytes, count, element_bytes)
+        self._sendall(HEADER.pack(ALLREDUCE, len(payload)) + payload)
+        self._run(nbytes, count, element_bytes)
+        return 2 * nbytes * count
+
+    def heartbeat(self) -> None:
+        """An empty exchange, so an idle rank 0 still notices a dead peer."""
+        self.send(HEARTBEAT)
+        self.expect(HEARTBEAT)
+
+    def echo_forever(self) -> None:
+        """Rank 1's side: join every all-reduce, answer every other frame in kind."""
+        while True:
+            kind, nbytes = self._header(None)
+            if kind == ALLREDUCE:
+                self._run(*ANNOUNCE.unpack(self._read(nbytes)))
+                continue
+            self._discard(nbytes)
+            self.send(kind, nbytes)
+
+    def _run(self, nbytes: int, count: int, element_bytes: int) -> None:
+        plan = plan_allreduce(nbytes, self._rank, self._transport, element_bytes)
+        for each in self._all:
+            each.setblocking(False)
+        try:
+            for _ in range(count):
+                self.carry(plan)
+        finally:
+            for each in self._all:
+                each.settimeout(self._timeout)
+
+    def carry(self, plan: tuple[ChannelPlan, ...]) -> None:
+        """
+        One all-reduce: every channel's sends and receives progressed at once
+        on non-blocking sockets, as NCCL's proxy thread progresses them, each
+        send held until the peer's messages it waits for have arrived. A send
+        goes as soon as it may; the loop waits only for what is still to come
+        (or for room to send).
+        """
+        outgoing: dict[socket.socket, deque[_Segment]] = {}
+        incoming: dict[socket.socket, deque[_Segment]] = {}
+        arrived = [0] * len(plan)
+        released = [0] * len(plan)
+        unfinished = [[0] * len(channel.receives) for channel in plan]
+        for c, channel in enumerate(plan):
+            for message, size in enumerate(channel.receives):
+                for index, nbytes in self._segments("receive", c, size):
+                    incoming.setdefault(self._receive[c][index], deque()).append(
+                        _Segment(c, message, nbytes, size if index == 0 else None))
+                    unfinished[c][message] += 1
+
+        def release(c: int) -> None:
+            sends = plan[c].sends
+            ready = set()
+            while released[c] < len(sends) and sends[released[c]].after <= arrived[c]:
+                size = sends[released[c]].nbytes
+                for index, nbytes in self._segments("send", c, size):
+                    sock = self._send[c][index]
+                    outgoing.setdefault(sock, deque()).append(
+                        _Segment(c, released[c], nbytes, size if index == 0 else None))
+                    ready.add(sock)
+                released[c] += 1
+            for sock in ready:
+                self._push(sock, outgoing[sock])
+
+        for c in range(len(plan)):
+            release(c)
+        poller = select.poll()
+        timeout = -1 if self._timeout is None else int(self._timeout * 1000)
+        while any(outgoing.values()) or any(incoming.values()):
+            watched = {}
+            for sock, queue in (*outgoing.items(), *incoming.items()):
+                if queue:
+                    watched[sock.fileno()] = sock
+                    poller.register(sock, select.POLLOUT if sock in outgoing else select.POLLIN)
+            events = poller.poll(timeout)
+            for fd in watched:
+                poller.unregister(fd)
+            if not events:
+                raise PeerLost(f"the peer rank made no progress for {self._timeout:.0f} s")
+            for fd, _ in events:
+                sock = watched[fd]
+                if sock in outgoing:
+                    self._push(sock, outgoing[sock])
+                    continue
+                channels = set()
+                for c, message in self._pull(sock, incoming[sock]):
+                    unfinished[c][message] -= 1
+                    channels.add(c)
+                for c in channels:
+                    while arrived[c] < len(unfinished[c]) and not unfinished[c][arrived[c]]:
+                        arrived[c] += 1
+                    release(c)
+
+    def _segments(self, direction: str, channel: int, size: int) -> list[tuple[int, int]]:
+        key = (direction, channel)
+        segments, self._rotation[key] = wire_segments(size, self._transport.data_sockets,
+                                                      self._rotation[key])
+        return segments
+
+    def _push(self, sock: socket.socket, queue: deque[_Segment]) -> None:
+        """Send as much of the queued segments as the socket takes, in one call."""
+        pieces, room = [], CHUNK_BYTES
+        for segment in queue:
+            if room <= 0:
+                break
+            if segment.header:
+                pieces.append(segment.header)
+            data = min(segment.remaining, room)
+            pieces.append(self._zeros[:data])
+            room -= len(segment.header) + data
+        try:
+            count = sock.sendmsg(pieces)
+        except BlockingIOError:
+            return
+        except OSError as error:
+            raise PeerLost(f"send to peer rank failed: {error}") from error
+        while count:
+            segment = queue[0]
+            taken = min(count, len(segment.header))
+            segment.header = segment.header[taken:]
+            count -= taken
+            taken = min(count, segment.remaining)
+            segment.remaining -= taken
+            count -= taken
+            if not segment.header and not segment.remaining:
+                queue.popleft()
+
+    def _pull(self, sock: socket.socket, queue: deque[_Segment]) -> list[tuple[int, int]]:
+        """Read what the queued segments still lack; the channel and message of each completed."""
+        wanted = sum(len(segment.header) + segment.remaining for segment in queue)
+        try:
+            count = sock.recv_into(self._scratch[:min(CHUNK_BYTES, wanted)])
+        except BlockingIOError:
+            return []
+        except OSError as error:
+            raise PeerLost(f"receive from peer rank failed: {error}") from error
+        if not count:
+            raise PeerLost("connection closed by peer rank")
+        completed, offset = [], 0
+        while offset < count:
+            segment = queue[0]
+            taken = min(count - offset, len(segment.header))
+            if self._scratch[offset:offset + taken] != segment.header[:taken]:
+                raise PeerLost(f"protocol error: channel {segment.channel}'s message "
+                               f"{segment.message} is not of the planned size")
+            segment.header = segment.header[taken:]
+            offset += taken
+            taken = min(count - offset, segment.remaining)
+            segment.remaining -= taken
+            offset += taken
+            if not segment.header and not segment.remaining:
+                queue.popleft()
+                completed.append((segment.channel, segment.message))
+        return completed

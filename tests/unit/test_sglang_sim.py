@@ -418,11 +418,13 @@ def test_tp2_ranks_exchange_payloads_and_fail_together(launch):
     meta = rank0.post("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 64}}
                       ).json()["meta_info"]
     after = rank0.get("/server_info").json()["internal_states"][0]["allreduce_bytes"]
-    # Each step: the draft's 3 one-position passes over its one layer, then 4 positions
-    # verified over all 4 layers; as much comes back.
+    # Its prefill: the uncached prompt through all 4 layers. Each step: the draft's 3
+    # one-position passes over its one layer, then 4 positions verified over all 4
+    # layers. Two all-reduces per layer, each rank sending its size: as much comes back.
     per_position = 2 * 256 * 2
+    prefill = (meta["prompt_tokens"] - meta["cached_tokens"]) * 4 * per_position
     step = 3 * 1 * per_position + 4 * 4 * per_position
-    assert after - before == meta["spec_verify_ct"] * 2 * step
+    assert after - before == 2 * (prefill + meta["spec_verify_ct"] * step)
     assert "NCCL INFO NET/Socket : Using [0]lo:127.0.0.1<0>" in rank0.log()
 
     rank1.proc.kill()
