@@ -45,8 +45,14 @@ read from; none is fitted to a figure of the field report.
   peer's reduce-scatter slice it completes; the next loop waits for the whole
   of the last one.
 
-What is not modelled: NCCL's tuner may pick the LL protocol or the tree
-algorithm for some sizes; the plan is the ring with the Simple protocol.
+What is not modelled yet: the protocol. The plan is the ring with the Simple
+protocol, which NCCL's tuner (``src/graph/tuning.cc``, ``ncclTopoGetAlgoTime``)
+picks for large messages. For small ones its model prefers LL: with the
+socket NIC's speed unreadable (thunderbolt0 reports none; ``net_socket.cc``
+then assumes 10 Gb/s, a 1.2 GB/s ring), ring LL costs 16.6 us + size / 0.6 GB/s
+against Simple's 51 us + size / 1.2 GB/s, so LL up to about 41 KB: a decode
+step's all-reduces (10 KiB a position, 40 KiB for a NEXTN verify). LL sends
+each 8 bytes of data with 8 of flags, twice the bytes on the wire.
 """
 
 from __future__ import annotations
