@@ -14,7 +14,8 @@ decode steps whose compute is a roofline (the rank's share of the weights and
 the KV cache, read at the GPU's memory bandwidth). In TP2 every pass, prefill
 chunk or decode step, makes two all-reduces per layer, one after the other,
 each a real NCCL ring all-reduce over TCP: both ranks sending at once, over
-every channel's connections, in NCCL's messages (:mod:`lab.sglang_sim.nccl`);
+every channel's connections, in NCCL's messages and in the protocol NCCL's
+tuner picks (:mod:`lab.sglang_sim.nccl`);
 sizes come from the model's files (``config.json`` and
 ``model.safetensors.index.json``, see :mod:`lab.sglang_sim.model`). The TP
 link is therefore the lab's real veth, and its drops and retransmissions set

@@ -63,6 +63,7 @@ from lab.sglang_sim.link import (
     interface_address,
     listener,
     nccl_endpoint,
+    nic_speed_mbps,
     nic_vendor,
 )
 from lab.sglang_sim.nccl import MAX_SOCKETS, Transport
@@ -189,7 +190,8 @@ class NcclGroup:
                              accept(ring_listener, "the previous rank's bootstrap")[0])
         self._proxy = Proxy(address)
         self._rank = rank
-        self._transport = Transport.from_env(os.environ, nic_vendor(chosen))
+        self._transport = Transport.from_env(os.environ, nic_vendor(chosen),
+                                             nic_speed_mbps(chosen))
         self._send, self._receive = self._connect_channels(address, chosen)
         logger.info("NCCL INFO Connected all rings: %d channels, %d connections to the peer",
                     self._transport.channels, 2 * self._transport.channels)

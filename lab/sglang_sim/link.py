@@ -102,6 +102,19 @@ def nic_vendor(ifname: str, sysfs: Path = Path("/sys/class/net")) -> str | None:
         return None
 
 
+def nic_speed_mbps(ifname: str, sysfs: Path = Path("/sys/class/net")) -> int | None:
+    """
+    The interface's speed, as NCCL's Socket transport reads it for its
+    tuner; ``None`` where it reads none (thunderbolt_net reports no link
+    speed before Linux 7.0; loopback none at all).
+    """
+    try:
+        speed = int((sysfs / ifname / "speed").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return speed if speed > 0 else None
+
+
 def tcp_socket(ifname: str | None = None) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     if ifname:

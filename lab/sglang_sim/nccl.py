@@ -45,14 +45,20 @@ read from; none is fitted to a figure of the field report.
   peer's reduce-scatter slice it completes; the next loop waits for the whole
   of the last one.
 
-What is not modelled yet: the protocol. The plan is the ring with the Simple
-protocol, which NCCL's tuner (``src/graph/tuning.cc``, ``ncclTopoGetAlgoTime``)
-picks for large messages. For small ones its model prefers LL: with the
-socket NIC's speed unreadable (thunderbolt0 reports none; ``net_socket.cc``
-then assumes 10 Gb/s, a 1.2 GB/s ring), ring LL costs 16.6 us + size / 0.6 GB/s
-against Simple's 51 us + size / 1.2 GB/s, so LL up to about 41 KB: a decode
-step's all-reduces (10 KiB a position, 40 KiB for a NEXTN verify). LL sends
-each 8 bytes of data with 8 of flags, twice the bytes on the wire.
+- **The protocol** (``src/graph/tuning.cc``, ``ncclTopoTuneModel`` and
+  ``ncclTopoGetAlgoTime``; ``enqueue.cc``, ``topoGetAlgoInfo``): the tuner
+  takes the cheapest of latency + size / bandwidth. Between two hosts of one
+  GPU the ring beats the tree at every size, and LL128 is off past a PCIe
+  switch, so it is ring LL against ring Simple. The ring's bandwidth is the
+  search's speed for the NIC (``src/graph/search.cc``: the largest of the
+  Blackwell inter-node speeds not above it); a socket NIC's speed is
+  ``/sys/class/net/<if>/speed``, 10 Gb/s where that reads nothing (as
+  thunderbolt0's does), so 1.2 GB/s. LL then costs 16.6 us + size / 0.6 GB/s
+  and Simple 51 us + size / 1.2 GB/s: LL up to about 41 KB, a decode step's
+  all-reduces. LL carries 8 bytes of data in each 16-byte line (data and
+  flags, ``src/device/prims_ll.h``), so twice the bytes on the wire, in
+  chunks of half an LL step, one message each (``calcCollChunking``).
+- What is not modelled: a tuner plugin, ``NCCL_PROTO`` and ``NCCL_ALGO``.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ from dataclasses import dataclass
 logger = logging.getLogger(__name__)
 
 RANKS = 2
+SIMPLE, LL = "Simple", "LL"
 
 # src/include/device.h: steps in a connection's buffer; MAXCHANNELS.
 NCCL_STEPS = 8
@@ -73,17 +80,38 @@ BUFFSIZE = 4 << 20
 # src/include/collectives.h: a ring all-reduce's chunk and slice, in steps.
 ALLREDUCE_CHUNKSTEPS = NCCL_STEPS // 2
 ALLREDUCE_SLICESTEPS = NCCL_STEPS // 4
-# src/include/device.h, ncclProtoGrainSize: the Simple protocol's grain.
-SIMPLE_GRAIN_BYTES = 512
+# src/include/device.h, ncclProtoGrainSize: each protocol's grain.
+GRAIN_BYTES = {SIMPLE: 512, LL: 16}
+# src/init.cc: DEFAULT_LL_BUFFSIZE, NCCL_LL_LINES_PER_THREAD x NCCL_LL_MAX_NTHREADS
+# x NCCL_STEPS lines of 16 bytes (src/include/device.h), 8 of them data.
+LL_MAX_THREADS = 512
+LL_BUFFSIZE = 8 * LL_MAX_THREADS * NCCL_STEPS * 16
+LL_LINE_BYTES = 16
+LL_LINE_DATA_BYTES = 8
 # src/device/all_reduce.h: a partial loop's chunks align to 16 bytes.
 CHUNK_ALIGN_BYTES = 16
 # src/enqueue.cc: MinTrafficPerChannel; an all-reduce's traffic is twice its size.
 MIN_TRAFFIC_PER_CHANNEL = 16 << 10
 ALLREDUCE_TRAFFIC_PER_BYTE = 2
 # src/graph/tuning.cc: a ring no faster than PCI_BW runs the Simple protocol on
-# 256 threads; src/include/comm.h: NCCL_SIMPLE_THREAD_THRESHOLD bytes a thread.
-RING_SIMPLE_THREADS = 256
-SIMPLE_THREAD_THRESHOLD = 64
+# 256 threads, LL on NCCL_LL_MAX_NTHREADS; src/include/comm.h: the bytes a
+# thread takes before the tuner adds a channel (LL's times the ranks, for a ring).
+RING_THREADS = {SIMPLE: 256, LL: LL_MAX_THREADS}
+THREAD_THRESHOLD = {SIMPLE: 64, LL: 8 * RANKS}
+# src/graph/tuning.cc, the ring's cost: baseLat, then per inter-node step the
+# network's tree latency (one GPU per host), in us; Simple's latency times 1.4
+# from compute capability 8.0 ("plateau effect of ring"); LL at half the
+# bandwidth. All-reduce between two hosts: 2 inter-node steps.
+BASE_LATENCY_US = {SIMPLE: 8.4, LL: 6.6}
+NET_LATENCY_US = {SIMPLE: 14.0, LL: 5.0}
+INTER_NODE_STEPS = 2
+RING_SIMPLE_PLATEAU = 1.4
+LL_BANDWIDTH_SHARE = 0.5
+# src/graph/search.cc: sm100SpeedArrayInter (GB/s), for an RTX 5090 (SM 12.0);
+# src/transport/net_socket.cc: the speed assumed where a NIC reports none.
+SPEEDS_GB_S = (48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0,
+               2.4, 1.2, 0.24, 0.12)
+DEFAULT_NIC_MBPS = 10_000
 # src/graph/connect.cc: the search's one ring per NIC, doubled.
 SEARCH_CHANNELS_ONE_NIC = 1
 CHANNELS_PER_SEARCH_CHANNEL = 2
@@ -114,12 +142,15 @@ class Transport:
 
     channels: int = SEARCH_CHANNELS_ONE_NIC * CHANNELS_PER_SEARCH_CHANNEL
     data_sockets: int = 0
+    ring_gb_s: float = 1.2
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str], vendor: str | None) -> Transport:
+    def from_env(cls, environ: Mapping[str, str], vendor: str | None,
+                 speed_mbps: int | None = None) -> Transport:
         """
         What NCCL 2.27.5 chooses for a NIC of PCI ``vendor`` (``None`` when the
-        NIC has none, as a Thunderbolt link has not) under ``environ``.
+        NIC has none, as a Thunderbolt link has not) and of ``speed_mbps``
+        (``None`` when it reports none) under ``environ``.
         """
         threads = _integer(environ, "NCCL_SOCKET_NTHREADS")
         per_thread = _integer(environ, "NCCL_NSOCKS_PERTHREAD")
@@ -139,45 +170,75 @@ class Transport:
         least = _integer(environ, "NCCL_MIN_NCHANNELS")
         if least is not None:
             channels = max(channels, min(max(least, 0), MAX_CHANNELS))
-        return cls(channels=channels, data_sockets=max(threads * per_thread, 0))
+        return cls(channels=channels, data_sockets=max(threads * per_thread, 0),
+                   ring_gb_s=ring_speed(speed_mbps))
+
+
+def ring_speed(speed_mbps: int | None) -> float:
+    """The search's ring speed through a NIC of ``speed_mbps``, in GB/s."""
+    nic = (speed_mbps if speed_mbps and speed_mbps > 0 else DEFAULT_NIC_MBPS) / 8000
+    return next((speed for speed in SPEEDS_GB_S if speed <= nic), SPEEDS_GB_S[-1])
+
+
+def protocol(nbytes: int, transport: Transport) -> str:
+    """The protocol the tuner picks for one all-reduce of ``nbytes``: the cheaper one."""
+    costs = {}
+    for candidate in (LL, SIMPLE):
+        latency = (BASE_LATENCY_US[candidate]
+                   + INTER_NODE_STEPS * NET_LATENCY_US[candidate])
+        bandwidth = transport.ring_gb_s
+        if candidate == LL:
+            bandwidth *= LL_BANDWIDTH_SHARE
+        elif nbytes // (transport.channels * RANKS) >= 64:
+            latency *= RING_SIMPLE_PLATEAU
+        costs[candidate] = latency + nbytes / (1000 * bandwidth)
+    return min(costs, key=costs.get)
 
 
 def _divup(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def tuned_channels(nbytes: int, channels: int) -> int:
+def tuned_channels(nbytes: int, channels: int, proto: str = SIMPLE) -> int:
     """
     The channels the tuner gives one all-reduce (``enqueue.cc``,
     ``topoGetAlgoInfo``): one fewer while the message is smaller than
-    ``channels x threads x NCCL_SIMPLE_THREAD_THRESHOLD``.
+    ``channels x threads x`` the protocol's thread threshold.
     """
-    while channels >= 2 and nbytes < channels * RING_SIMPLE_THREADS * SIMPLE_THREAD_THRESHOLD:
+    while channels >= 2 and nbytes < channels * RING_THREADS[proto] * THREAD_THRESHOLD[proto]:
         channels -= 1
     return channels
 
 
-def channel_bytes(nbytes: int, channels: int) -> list[int]:
+def channel_bytes(nbytes: int, channels: int, proto: str = SIMPLE) -> list[int]:
     """
     One all-reduce's bytes on each of ``channels`` (``enqueue.cc``'s
-    continuous byte distribution for a lone collective): cells of 8 KiB
-    (16 KiB of traffic), as many per channel as an even share of the traffic
-    over the tuned channels needs, the last cell short; channels past the
-    message carry nothing.
+    continuous byte distribution for a lone collective): cells of 16 KiB of
+    traffic (LL's counted four times over: 2 KiB of data, else 8 KiB), as
+    many per channel as an even share of the traffic over the tuned channels
+    needs, the last cell short; channels past the message carry nothing.
     """
-    cell = _divup(_divup(MIN_TRAFFIC_PER_CHANNEL, ALLREDUCE_TRAFFIC_PER_BYTE), 16) * 16
+    per_byte = ALLREDUCE_TRAFFIC_PER_BYTE * (4 if proto == LL else 1)
+    cell = _divup(_divup(MIN_TRAFFIC_PER_CHANNEL, per_byte), 16) * 16
     cells = _divup(nbytes, cell)
+    if not cells:
+        return [0] * channels
     traffic = max(MIN_TRAFFIC_PER_CHANNEL, ALLREDUCE_TRAFFIC_PER_BYTE * nbytes)
-    traffic_per_channel = max(MIN_TRAFFIC_PER_CHANNEL, traffic // tuned_channels(nbytes, channels))
-    per_channel = min(cells, _divup(traffic_per_channel, cell * ALLREDUCE_TRAFFIC_PER_BYTE))
-    split = []
-    for channel in range(channels):
-        share = cells if channel + 1 == channels else min(cells, per_channel)
-        split.append(share * cell)
-        cells -= share
-    last = max((index for index, share in enumerate(split) if share), default=0)
-    split[last] -= sum(split) - nbytes
-    return split
+    traffic_per_channel = max(MIN_TRAFFIC_PER_CHANNEL,
+                              traffic // tuned_channels(nbytes, channels, proto))
+    per_channel = min(cells, _divup(traffic_per_channel, cell * per_byte))
+    low = cells if channels == 1 else per_channel
+    middle, high = divmod(cells - low, per_channel)
+    if (1 + middle + (high != 0)) > channels:
+        # More than the channels hold: the middle ones and the last share the rest.
+        middle = channels - 2
+        per_channel = (cells - low) // (middle + 1)
+        high = per_channel + (cells - low) % (middle + 1)
+    if not high and middle:
+        high, middle = per_channel, middle - 1
+    split = [low * cell] + [per_channel * cell] * middle + ([high * cell] if high else [])
+    split[-1] -= cells * cell - nbytes
+    return split + [0] * (channels - len(split))
 
 
 def _chunk_elements(remaining: int, chunk: int, element_bytes: int) -> int:
@@ -204,19 +265,33 @@ def slices(chunk_bytes: int, element_bytes: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Send:
-    """One message: its bytes, and how many of the peer's messages must have arrived first."""
+    """
+    One message: its bytes on the wire, the all-reduce's data in them, and how
+    many of the peer's messages must have arrived before it goes.
+    """
 
     nbytes: int
     after: int
+    data: int
 
 
-def ring_sends(nbytes: int, rank: int, element_bytes: int) -> list[Send]:
+def ll_lines(data_bytes: int) -> int:
+    """An LL message's bytes: a 16-byte line for every 8 bytes of data or part of them."""
+    return _divup(data_bytes, LL_LINE_DATA_BYTES) * LL_LINE_BYTES
+
+
+def ring_sends(nbytes: int, rank: int, element_bytes: int, proto: str = SIMPLE) -> list[Send]:
     """
     What ``rank`` sends on one channel carrying ``nbytes`` of the all-reduce,
     message by message (``runRing`` for two ranks).
     """
-    chunk_elements = (BUFFSIZE // NCCL_STEPS * ALLREDUCE_CHUNKSTEPS
-                      // SIMPLE_GRAIN_BYTES * SIMPLE_GRAIN_BYTES // element_bytes)
+    if proto == LL:
+        chunk_bytes = LL_BUFFSIZE // NCCL_STEPS // 2
+        per_chunk = 1
+    else:
+        chunk_bytes = BUFFSIZE // NCCL_STEPS * ALLREDUCE_CHUNKSTEPS
+        per_chunk = ALLREDUCE_CHUNKSTEPS // ALLREDUCE_SLICESTEPS
+    chunk_elements = chunk_bytes // GRAIN_BYTES[proto] * GRAIN_BYTES[proto] // element_bytes
     count = nbytes // element_bytes
     sends: list[Send] = []
     received = 0
@@ -229,9 +304,11 @@ def ring_sends(nbytes: int, rank: int, element_bytes: int) -> list[Send]:
         for index in (scattered, rank):
             size = max(min(chunk, remaining - index * chunk), 0) * element_bytes
             first = index == rank
-            for number, part in enumerate(slices(size, element_bytes)):
-                sends.append(Send(part, received + (number + 1 if first else 0)))
-        received += 2 * (ALLREDUCE_CHUNKSTEPS // ALLREDUCE_SLICESTEPS)
+            parts = [size] if proto == LL else slices(size, element_bytes)
+            for number, part in enumerate(parts):
+                wire = ll_lines(part) if proto == LL else part
+                sends.append(Send(wire, received + (number + 1 if first else 0), part))
+        received += 2 * per_chunk
     return sends
 
 
@@ -247,10 +324,11 @@ def plan_allreduce(nbytes: int, rank: int, transport: Transport,
                    element_bytes: int) -> tuple[ChannelPlan, ...]:
     """Every channel's messages, both ways, for ``rank``'s side of one all-reduce."""
     peer = (rank + 1) % RANKS
+    proto = protocol(nbytes, transport)
     return tuple(
-        ChannelPlan(tuple(ring_sends(share, rank, element_bytes)),
-                    tuple(send.nbytes for send in ring_sends(share, peer, element_bytes)))
-        for share in channel_bytes(nbytes, transport.channels))
+        ChannelPlan(tuple(ring_sends(share, rank, element_bytes, proto)),
+                    tuple(send.nbytes for send in ring_sends(share, peer, element_bytes, proto)))
+        for share in channel_bytes(nbytes, transport.channels, proto))
 
 
 def wire_segments(nbytes: int, data_sockets: int, next_socket: int

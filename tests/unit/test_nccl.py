@@ -8,14 +8,19 @@ import pytest
 
 from lab.sglang_sim.args import default_chunked_prefill_size
 from lab.sglang_sim.engine import prefill_chunks
-from lab.sglang_sim.link import NcclLink, PeerLost
+from lab.sglang_sim.link import NcclLink, PeerLost, nic_speed_mbps, nic_vendor
 from lab.sglang_sim.model import ModelShape
 from lab.sglang_sim.nccl import (
+    LL,
+    SIMPLE,
     SOCKET_CTRL_BYTES,
     Transport,
     channel_bytes,
+    ll_lines,
     plan_allreduce,
+    protocol,
     ring_sends,
+    ring_speed,
     wire_bytes,
     wire_segments,
 )
@@ -45,6 +50,22 @@ LAB_MODEL = ModelShape(layers=64, hidden_size=5120, activation_bytes=2, draft_la
 ])
 def test_the_transport_is_what_nccl_2_27_5_chooses(environ, vendor, channels, data_sockets):
     assert Transport.from_env(environ, vendor) == Transport(channels, data_sockets)
+
+
+@pytest.mark.parametrize(("files", "vendor", "speed"), [
+    # A PCI NIC: its vendor and its speed.
+    ({"device/vendor": "0x1d0f\n", "speed": "100000\n"}, "0x1d0f", 100_000),
+    # thunderbolt0 before Linux 7.0: an XDomain service, no vendor, and no speed.
+    ({"device/key": "network\n", "speed": "-1\n"}, None, None),
+    # Loopback: no device, and reading its speed fails.
+    ({}, None, None),
+])
+def test_nccl_reads_the_nics_vendor_and_speed_from_sysfs(tmp_path, files, vendor, speed):
+    for name, text in files.items():
+        (tmp_path / "nic" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "nic" / name).write_text(text)
+    assert nic_vendor("nic", tmp_path) == vendor
+    assert nic_speed_mbps("nic", tmp_path) == speed
 
 
 def test_a_bad_nccl_integer_names_its_variable():
@@ -81,21 +102,50 @@ def test_one_layers_all_reduce_carries_its_positions_activations(what, positions
     assert LAB_MODEL.allreduce_bytes(positions) == nbytes, what
 
 
-@pytest.mark.parametrize(("nbytes", "channels", "split"), [
-    # Under 2 channels x 256 threads x 64 bytes the tuner runs one channel.
-    (512, 2, [512, 0]),
-    (10_240, 2, [10_240, 0]),
-    (32_767, 2, [32_767, 0]),
-    # Then an even share of the traffic each, in cells of 8 KiB, the last one short.
-    (40_960, 2, [24_576, 16_384]),
-    (245_760, 2, [122_880, 122_880]),
-    (20 * MIB, 2, [10 * MIB, 10 * MIB]),
-    (20 * MIB, 4, [5 * MIB] * 4),
-    (20 * MIB + 2, 2, [10 * MIB + 8192, 10 * MIB - 8190]),
-    (0, 2, [0, 0]),
+@pytest.mark.parametrize(("speed_mbps", "gb_s"), [
+    # thunderbolt0 reports no speed: NCCL assumes 10 Gb/s.
+    (None, 1.2), (10_000, 1.2), (20_000, 2.4), (40_000, 3.0), (100_000, 12.0), (400_000, 48.0),
 ])
-def test_an_all_reduce_is_split_over_the_channels(nbytes, channels, split):
-    assert channel_bytes(nbytes, channels) == split
+def test_the_ring_runs_at_the_searchs_speed_for_the_nic(speed_mbps, gb_s):
+    assert ring_speed(speed_mbps) == gb_s
+
+
+@pytest.mark.parametrize(("nbytes", "speed_mbps", "proto"), [
+    # 16.6 us + size / 0.6 GB/s against 51 us + size / 1.2 GB/s: LL up to about 41 KB.
+    (512, None, LL),
+    (10_240, None, LL),
+    (40_960, None, LL),
+    (41_984, None, SIMPLE),
+    (245_760, None, SIMPLE),
+    (20 * MIB, None, SIMPLE),
+    # A faster NIC moves the crossing: up to about 412 KB at 12 GB/s.
+    (245_760, 100_000, LL),
+    (MIB, 100_000, SIMPLE),
+])
+def test_the_tuner_picks_the_cheaper_protocol(nbytes, speed_mbps, proto):
+    assert protocol(nbytes, Transport.from_env({}, None, speed_mbps)) == proto
+
+
+@pytest.mark.parametrize(("nbytes", "channels", "proto", "split"), [
+    # Under 2 channels x 256 threads x 64 bytes the tuner runs one channel.
+    (512, 2, SIMPLE, [512, 0]),
+    (32_767, 2, SIMPLE, [32_767, 0]),
+    # Then an even share of the traffic each, in cells of 8 KiB, the last one short.
+    (40_960, 2, SIMPLE, [24_576, 16_384]),
+    (245_760, 2, SIMPLE, [122_880, 122_880]),
+    (20 * MIB, 2, SIMPLE, [10 * MIB, 10 * MIB]),
+    (20 * MIB, 4, SIMPLE, [5 * MIB] * 4),
+    (20 * MIB + 2, 2, SIMPLE, [10 * MIB + 8192, 10 * MIB - 8190]),
+    (0, 2, SIMPLE, [0, 0]),
+    # LL counts its traffic four times over: cells of 2 KiB, and the first channel's
+    # share of the tuned channels' traffic leaves the rest to the last.
+    (512, 2, LL, [512, 0]),
+    (10_240, 2, LL, [4_096, 6_144]),
+    (40_960, 2, LL, [6_144, 34_816]),
+    (40_960, 4, LL, [4_096, 12_288, 12_288, 12_288]),
+])
+def test_an_all_reduce_is_split_over_the_channels(nbytes, channels, proto, split):
+    assert channel_bytes(nbytes, channels, proto) == split
 
 
 def test_a_channel_sends_chunks_in_slices_the_all_gather_after_the_peers_scatter():
@@ -107,32 +157,42 @@ def test_a_channel_sends_chunks_in_slices_the_all_gather_after_the_peers_scatter
     assert [send.after for send in sends] == [0, 0, 1, 2, 4, 4, 5, 6, 8, 8, 9, 10]
 
 
-@pytest.mark.parametrize(("nbytes", "rank", "sizes"), [
+@pytest.mark.parametrize(("nbytes", "rank", "proto", "sizes"), [
     # A chunk smaller than a 32 KiB slice goes whole, its second slice empty; with
     # an odd number of 16-byte units, rank 0 scatters the smaller half.
-    (10_240, 0, [5_120, 0, 5_120, 0]),
-    (10_256, 0, [5_120, 0, 5_136, 0]),
-    (10_256, 1, [5_136, 0, 5_120, 0]),
-    (16, 0, [0, 0, 16, 0]),
-    (16, 1, [16, 0, 0, 0]),
+    (10_240, 0, SIMPLE, [5_120, 0, 5_120, 0]),
+    (10_256, 0, SIMPLE, [5_120, 0, 5_136, 0]),
+    (10_256, 1, SIMPLE, [5_136, 0, 5_120, 0]),
+    (16, 0, SIMPLE, [0, 0, 16, 0]),
+    (16, 1, SIMPLE, [16, 0, 0, 0]),
+    # LL: one message a chunk, a 16-byte line for every 8 bytes; chunks of 32 KiB.
+    (10_240, 0, LL, [10_240, 10_240]),
+    (6_152, 0, LL, [6_128, 6_176]),
+    (96 * 1024, 0, LL, [65_536, 65_536, 32_768, 32_768]),
 ])
-def test_small_chunks_travel_as_one_message_each(nbytes, rank, sizes):
-    assert [send.nbytes for send in ring_sends(nbytes, rank, 2)] == sizes
+def test_each_chunk_travels_in_the_protocols_messages(nbytes, rank, proto, sizes):
+    assert [send.nbytes for send in ring_sends(nbytes, rank, 2, proto)] == sizes
+
+
+def test_ll_lines_carry_8_bytes_of_data_in_16():
+    assert [ll_lines(size) for size in (0, 1, 8, 9, 5_120)] == [0, 16, 16, 32, 10_240]
 
 
 @pytest.mark.parametrize("transport", [Transport(), Transport(4, 0), Transport(2, 3)])
 @pytest.mark.parametrize("nbytes", [512, 10_240, 40_960, 245_760, 20 * MIB, 20 * MIB + 2])
-def test_each_rank_sends_and_receives_what_ncclS_formula_says(transport, nbytes):
-    """A ring of n ranks: each sends 2 (n-1)/n x size, which for two is the size, both ways."""
+def test_each_rank_sends_and_receives_what_nccls_formula_says(transport, nbytes):
+    """A ring of n ranks: each sends 2 (n-1)/n x size of data, which for two is the size."""
     ranks = [plan_allreduce(nbytes, rank, transport, 2) for rank in (0, 1)]
+    lines = protocol(nbytes, transport) == LL
     for rank, plan in enumerate(ranks):
-        sent = sum(send.nbytes for channel in plan for send in channel.sends)
-        assert sent == 2 * (2 - 1) * nbytes // 2
+        sends = [send for channel in plan for send in channel.sends]
+        assert sum(send.data for send in sends) == 2 * (2 - 1) * nbytes // 2
         peer = ranks[1 - rank]
         assert [channel.receives for channel in plan] == [
             tuple(send.nbytes for send in channel.sends) for channel in peer]
-        messages = sum(len(channel.sends) for channel in plan)
-        assert wire_bytes(plan) == nbytes + SOCKET_CTRL_BYTES * messages
+        # On the wire: each message's size first, and LL's flags beside its data.
+        on_wire = sum(ll_lines(send.data) if lines else send.data for send in sends)
+        assert wire_bytes(plan) == on_wire + SOCKET_CTRL_BYTES * len(sends)
 
 
 @pytest.mark.parametrize(("nbytes", "data_sockets", "rotation", "segments", "after"), [
@@ -224,9 +284,9 @@ def sent_per_socket(log: list) -> dict:
     return totals
 
 
-def test_every_channels_connections_carry_their_share_both_ways(pair):
+@pytest.mark.parametrize("nbytes", [4 * MIB, 40_960])
+def test_every_channels_connections_carry_their_share_both_ways(pair, nbytes):
     rank0, transport, logs, (zero_to_one, one_to_zero) = pair
-    nbytes = 4 * MIB
     for _ in range(2):
         logs[0].clear()
         logs[1].clear()
