@@ -2,7 +2,7 @@
 
 Pure: the plan of what each rank sends and receives on each channel, in
 which messages, and how each message spreads over a connection's sockets.
-:class:`lab.sglang_sim.link.PeerLink` carries the plan over the group's real
+:class:`lab.sglang_sim.link.NcclLink` carries the plan over the group's real
 sockets.
 
 The source is the NCCL SGLang runs: SGLang 0.5.9 pins ``torch==2.9.1`` (its
@@ -27,9 +27,11 @@ read from; none is fitted to a figure of the field report.
   ``NCCL_SOCKET_INLINE`` bytes), else in tasks of ``max(64 KiB, size /
   nSocks)`` round-robin over the data sockets.
 - **The split over channels** (``src/enqueue.cc``, ``scheduleCollTasksToPlan``):
-  a collective's traffic (twice its size for an all-reduce) is shared among
-  the channels in cells of 16 KiB of traffic, at least 16 KiB a channel, so a
-  small all-reduce takes one channel and a large one all of them, evenly.
+  a collective's traffic (twice its size for an all-reduce) is shared in
+  cells of 16 KiB of traffic: the first channel takes an even share over the
+  channels the tuner gives the message (fewer for a small one), the next ones
+  as much, the last what is left. So a small Simple all-reduce takes one
+  channel and a large one all of them, evenly.
 - **The ring** (``src/device/all_reduce.h``, ``runRing``): per loop of
   ``nranks`` chunks, a rank sends one chunk (reduce-scatter), reduces the
   peer's copy of the next and sends the result (all-gather), and receives the
@@ -44,14 +46,14 @@ read from; none is fitted to a figure of the field report.
   1/32 of ``ALLREDUCE_SLICESTEPS`` steps. The all-gather's slice waits for the
   peer's reduce-scatter slice it completes; the next loop waits for the whole
   of the last one.
-
 - **The protocol** (``src/graph/tuning.cc``, ``ncclTopoTuneModel`` and
   ``ncclTopoGetAlgoTime``; ``enqueue.cc``, ``topoGetAlgoInfo``): the tuner
   takes the cheapest of latency + size / bandwidth. Between two hosts of one
-  GPU the ring beats the tree at every size, and LL128 is off past a PCIe
-  switch, so it is ring LL against ring Simple. The ring's bandwidth is the
-  search's speed for the NIC (``src/graph/search.cc``: the largest of the
-  Blackwell inter-node speeds not above it); a socket NIC's speed is
+  GPU the ring beats the tree at every size, and LL128 is off unless the NIC
+  sits under the GPU's own PCIe switch, so it is ring LL against ring Simple.
+  The ring's bandwidth is the search's speed for the NIC
+  (``src/graph/search.cc``: the largest of the Blackwell inter-node speeds
+  not above it); a socket NIC's speed is
   ``/sys/class/net/<if>/speed``, 10 Gb/s where that reads nothing (as
   thunderbolt0's does), so 1.2 GB/s. LL then costs 16.6 us + size / 0.6 GB/s
   and Simple 51 us + size / 1.2 GB/s: LL up to about 41 KB, a decode step's
