@@ -25,7 +25,7 @@ report's discipline, one layer at a time:
 Around them: a host lock (one run at a time), the rule that a failure after
 the first change ends in a verified production (``--data on_failure=stop``
 leaves the hosts as they are instead), then a non-zero exit naming the host,
-the layer and the evidence (a signal is such a failure: operations/interrupt.py);
+the layer and the evidence (a signal is such a failure: operations/safety/interrupt.py);
 and the compatibility ledger, which records what each run met and how it ended,
 and refuses the candidate on controllers it has seen stall (``--data
 force_candidate=yes`` overrides).
@@ -43,36 +43,25 @@ from functools import partial
 import pyinfra
 from pyinfra import host, inventory
 
-from operations import (
-    attempt,
-    bounds,
-    driver,
-    gateway,
-    gateway_route,
-    gpu,
-    guard,
-    interrupt,
-    ledger,
-    link,
-    lock,
-    scope,
-    serving,
-    serving_router,
-)
+from operations import bounds
 from operations import run as runs
-from operations.options import RunOptions
-from operations.settings import GatewaySettings, WorkstationSettings
+from operations.gateway import proxy, route
+from operations.safety import guard, interrupt, ledger, lock, rollback, scope
+from operations.serving import gpu, router, sglang
+from operations.site.options import INHERITED_KEY, LOST_HOSTS_KEY, RunOptions
+from operations.site.settings import GatewaySettings, WorkstationSettings
 from operations.states import resolve_state
+from operations.thunderbolt import driver, link
 
 # The run's options, read and checked with every --data item by config.py.
 options = RunOptions.of(pyinfra.state)
 state = resolve_state(options.state)
 # A rollback holds the lock of the failed run that started it.
-inherited_lock = host.data.get(lock.INHERITED_KEY)
+inherited_lock = host.data.get(INHERITED_KEY)
 # The pair is one unit: a run that leaves a host out is refused before anything,
 # but for a rollback, which leaves out the hosts its failed run lost.
 scope.whole_pair(inventory, pyinfra.state.is_host_in_limit, state.name,
-                 lost=scope.lost_hosts(host.data.get(attempt.LOST_HOSTS_KEY), inherited_lock,
+                 lost=scope.lost_hosts(host.data.get(LOST_HOSTS_KEY), inherited_lock,
                                        state.name))
 on_failure = options.on_failure
 workstation = "workstations" in host.groups
@@ -105,24 +94,24 @@ if workstation:
 # Serving runs on both kinds of host; each gets its own settings and None for the
 # other kind. Every serving step is called on every host (a no-op where it has no
 # part): pyinfra orders operations across hosts only through the ones they share.
-sglang = serving.Sglang.from_host(host) if workstation else None
-router = (serving_router.Router.from_hosts(
+the_sglang = sglang.Sglang.from_host(host) if workstation else None
+the_router = (router.Router.from_hosts(
     host, [member for member in in_run if "workstations" in member.groups])
-          if on_gateway else None)
-proxy = (gateway.Proxy.from_host(host, router.served_model_name, router.url)
-         if on_gateway else None)
+              if on_gateway else None)
+the_proxy = (proxy.Proxy.from_host(host, the_router.served_model_name, the_router.url)
+             if on_gateway else None)
 
 if workstation:
     # What a refusal before any change keeps: production's replica, serving here.
     # Asked when a step runs (its _if), as facts are.
-    replica_serves = partial(serving.replica_runs, sglang)
-    no_replica_serves = partial(serving.replica_runs, sglang, running=False)
+    replica_serves = partial(sglang.replica_runs, the_sglang)
+    no_replica_serves = partial(sglang.replica_runs, the_sglang, running=False)
 
 # The steps that wait longer than one command, each bounded by its own wait (a
 # serving start waits as long on the gateway, for the router, as on a workstation).
-start_bound = settings.bound((sglang or router).start_timeout)
-proxy_bound = settings.bound(gateway.START_TIMEOUT_SECONDS)
-request_bound = settings.bound(gateway_route.REQUEST_TIMEOUT_SECONDS)
+start_bound = settings.bound((the_sglang or the_router).start_timeout)
+proxy_bound = settings.bound(proxy.START_TIMEOUT_SECONDS)
+request_bound = settings.bound(route.REQUEST_TIMEOUT_SECONDS)
 # The rollback converges production, and is bounded by every wait of one.
 rollback_timeout = bounds.rollback_timeout(
     WorkstationSettings.of(inventory.get_group("workstations")[0]))
@@ -177,12 +166,12 @@ if workstation:
         link.trained(name="Preflight: the link is up at the expected rate", wait=False,
                      _if=[replica_serves], **the_link)
     gpu.free(name="Preflight: the GPU is present and holds nothing twinbolt did not start",
-             services=serving.GPU_SERVICES, init_system=settings.serving.init_system,
+             services=sglang.GPU_SERVICES, init_system=settings.serving.init_system,
              foreign_memory_mib=settings.serving.foreign_gpu_memory_mib)
-    serving.admissible(name=f"Preflight: SGLang can serve {state.name} here", sglang=sglang,
-                       serving=state.serving, speculative=state.speculative)
-gateway_route.admissible(name="Preflight: the large role answers, so small can fall back to it",
-                         proxy=proxy, fallback=state.gateway_fallback, _timeout=request_bound)
+    sglang.admissible(name=f"Preflight: SGLang can serve {state.name} here", sglang=the_sglang,
+                      serving=state.serving, speculative=state.speculative)
+route.admissible(name="Preflight: the large role answers, so small can fall back to it",
+                 proxy=the_proxy, fallback=state.gateway_fallback, _timeout=request_bound)
 
 # Steps 2-8 are the attempt: after a failure the remaining steps are skipped on
 # every host, and the failure is recorded rather than ending the run at once.
@@ -197,36 +186,36 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
 
     # 2. Gateway: the temporary fallback exists, and is proven, before the GPUs are borrowed.
     if state.gateway_fallback:
-        gateway.proxy(name="Gateway: the temporary fallback small -> large is present",
-                      proxy=proxy, fallback=True, proofs=run.proofs, _timeout=proxy_bound)
-        gateway_route.fallback_proven(
-            name="Gateway: a forced fallback through small is served by large", proxy=proxy,
+        proxy.proxy(name="Gateway: the temporary fallback small -> large is present",
+                    proxy=the_proxy, fallback=True, proofs=run.proofs, _timeout=proxy_bound)
+        route.fallback_proven(
+            name="Gateway: a forced fallback through small is served by large", proxy=the_proxy,
             _timeout=request_bound)
 
     # 3. Serving: stop what the target does not run; a GPU holds a replica or a rank, never both.
     if state.tensor_parallel:
-        serving_router.router(name="Serving: the router stops with the replicas", router=router,
+        router.router(name="Serving: the router stops with the replicas", router=the_router,
                        present=False)
-        serving.replica(name="Serving: the replicas are stopped", sglang=sglang,
-                        proofs=run.proofs, present=False)
+        sglang.replica(name="Serving: the replicas are stopped", sglang=the_sglang,
+                       proofs=run.proofs, present=False)
         # A running TP group that is to change, or whose link a driver swap will take
         # away, stops here as a whole; it starts again together in step 6.
-        serving.tp_rank_stopped_for_change(name="Serving: the TP ranks stop if they are to change",
-                                           sglang=sglang, speculative=state.speculative)
+        sglang.tp_rank_stopped_for_change(name="Serving: the TP ranks stop if they are to change",
+                                          sglang=the_sglang, speculative=state.speculative)
         if workstation:
             # The driver layer's own answer, asked when the step runs: the swap of step 4.
-            serving.tp_rank(
+            sglang.tp_rank(
                 name="Serving: the TP ranks stop if the driver under them is to change",
-                sglang=sglang, present=False,
+                sglang=the_sglang, present=False,
                 _if=[run.attempt.healthy, partial(driver.swap_planned, state.driver, candidate)],
             )
         # The outage has begun: the user's route must survive it before the GPUs are borrowed.
-        gateway_route.roles_proven(
+        route.roles_proven(
             name="Gateway: small answers through the fallback while the replicas are down",
-            proxy=proxy, fallback=state.gateway_fallback, proofs=run.proofs,
+            proxy=the_proxy, fallback=state.gateway_fallback, proofs=run.proofs,
             _timeout=request_bound)
     else:
-        serving.tp_rank(name="Serving: the TP ranks are stopped", sglang=sglang, present=False)
+        sglang.tp_rank(name="Serving: the TP ranks are stopped", sglang=the_sglang, present=False)
 
     # 4. Driver: both workstations in the same step; the guard never swaps it at once with a
     # run: any reload disarms it first, as the driver layer answers when the step runs.
@@ -253,28 +242,28 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
         guard.armed(name="Guard: armed while the candidate is loaded", guard=the_guard)
 
     # 6. Serving: start the target's servers; only a real completion accepts them.
-    serving.linktest_tool(name="Serving: iperf3, the linktest's tool, is installed",
-                          sglang=sglang)
+    sglang.linktest_tool(name="Serving: iperf3, the linktest's tool, is installed",
+                         sglang=the_sglang)
     if state.tensor_parallel:
-        serving.tp_rank(name="Serving: the TP ranks run", sglang=sglang,
-                        speculative=state.speculative)
-        serving.tp_accepted(name="Serving: rank 0 serves a real completion as declared",
-                            sglang=sglang, proofs=run.proofs, speculative=state.speculative,
-                            _timeout=start_bound)
+        sglang.tp_rank(name="Serving: the TP ranks run", sglang=the_sglang,
+                       speculative=state.speculative)
+        sglang.tp_accepted(name="Serving: rank 0 serves a real completion as declared",
+                           sglang=the_sglang, proofs=run.proofs, speculative=state.speculative,
+                           _timeout=start_bound)
     else:
-        serving.replica(name="Serving: the replicas run", sglang=sglang, proofs=run.proofs)
-        serving.replica_accepted(name="Serving: each replica serves a real completion",
-                                 sglang=sglang, proofs=run.proofs, _timeout=start_bound)
-        serving_router.router(name="Serving: the router fronts the replicas", router=router)
-        serving_router.router_accepted(name="Serving: the router serves a real completion",
-                                       router=router, proofs=run.proofs, _timeout=start_bound)
+        sglang.replica(name="Serving: the replicas run", sglang=the_sglang, proofs=run.proofs)
+        sglang.replica_accepted(name="Serving: each replica serves a real completion",
+                                sglang=the_sglang, proofs=run.proofs, _timeout=start_bound)
+        router.router(name="Serving: the router fronts the replicas", router=the_router)
+        router.router_accepted(name="Serving: the router serves a real completion",
+                               router=the_router, proofs=run.proofs, _timeout=start_bound)
 
     # 7. Gateway: the fallback goes only once production is proven, then both roles are proven.
     if not state.gateway_fallback:
-        gateway.proxy(name="Gateway: the temporary fallback is removed", proxy=proxy,
-                      fallback=False, proofs=run.proofs, _timeout=proxy_bound)
-        gateway_route.roles_proven(
-            name="Gateway: small is served by the Qwen deployment, large by large", proxy=proxy,
+        proxy.proxy(name="Gateway: the temporary fallback is removed", proxy=the_proxy,
+                    fallback=False, proofs=run.proofs, _timeout=proxy_bound)
+        route.roles_proven(
+            name="Gateway: small is served by the Qwen deployment, large by large", proxy=the_proxy,
             fallback=False, proofs=run.proofs, _timeout=request_bound)
 
     # 8. Verify: every layer holds.
@@ -285,18 +274,18 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
             candidate=candidate,
             run_dir=settings.run_dir,
         )
-    serving.verified(name=f"Verify: the workstations serve as {state.name} declares",
-                     sglang=sglang, serving=state.serving, speculative=state.speculative,
-                     proofs=run.proofs)
-    serving_router.router_verified(
+    sglang.verified(name=f"Verify: the workstations serve as {state.name} declares",
+                    sglang=the_sglang, serving=state.serving, speculative=state.speculative,
+                    proofs=run.proofs)
+    router.router_verified(
         name="Verify: the router " + ("is stopped" if state.tensor_parallel else "serves"),
-        router=router,
+        router=the_router,
         proofs=run.proofs,
         present=not state.tensor_parallel,
     )
-    gateway_route.verified(name=f"Verify: the gateway routes as {state.name} declares",
-                           proxy=proxy, fallback=state.gateway_fallback, proofs=run.proofs,
-                           _timeout=request_bound)
+    route.verified(name=f"Verify: the gateway routes as {state.name} declares",
+                   proxy=the_proxy, fallback=state.gateway_fallback, proofs=run.proofs,
+                   _timeout=request_bound)
 
 # From here on every step runs on every host whatever the attempt met, and a host
 # lost in it (its connection dead) only adds to the conclusion, never ends the
@@ -310,11 +299,11 @@ with host.arguments(_ignore_errors=True):
     # A failed attempt ends in a verified production: a new run converges it, holding
     # this run's lock, so that no other run moves the hosts in between.
     # A failed rollback is reported by the conclusion, not by pyinfra's abort.
-    attempt.rolled_back(name="Rollback: production is converged and proven if the attempt failed",
-                        attempt=run.attempt, on_failure=on_failure, speakers=speakers,
-                        carried=(lock.inheriting(this_run),), timeout=rollback_timeout,
-                        _timeout=settings.bound(rollback_timeout))
+    rollback.rolled_back(name="Rollback: production is converged and proven if the attempt failed",
+                         attempt=run.attempt, on_failure=on_failure, speakers=speakers,
+                         carried=(lock.inheriting(this_run),), timeout=rollback_timeout,
+                         _timeout=settings.bound(rollback_timeout))
     lock.released(name="Lock: released", run_dir=settings.run_dir, owner=this_run,
                   inherited=bool(inherited_lock))
-attempt.concluded(name="Conclusion: did the attempt succeed, and what was restored",
-                  attempt=run.attempt, on_failure=on_failure, speakers=speakers)
+rollback.concluded(name="Conclusion: did the attempt succeed, and what was restored",
+                   attempt=run.attempt, on_failure=on_failure, speakers=speakers)

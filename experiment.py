@@ -47,7 +47,7 @@ from harness.soak import Schedule, recorded, soak
 from harness.status import observe
 from harness.topology import Topology
 from harness.windows import WINDOWS, EndpointDown, WindowSettings
-from operations import ledger
+from operations.safety import ledger
 from operations.states import STATES
 
 REPORTS = Path(__file__).resolve().parent / "reports"

@@ -2,11 +2,11 @@
 Data every host shares that no site may change, and the defaults of what it may
 that no section of the site model publishes.
 
-Site-specific defaults live on the models in ``operations/site.py``; the group
+Site-specific defaults live on the models in ``operations/site/model.py``; the group
 files for ``workstations`` and ``gateway`` publish them.
 """
 
-from operations.site import Ssh, command_timeout_data, site_default
+from operations.site.model import Ssh, command_timeout_data, site_default
 
 # tmpfs: whatever twinbolt stages here, the candidate module above all, is gone
 # on reboot (the field report's sixth lesson).

@@ -1,13 +1,13 @@
 """
 Defaults for the workstations.
 
-Each value is read from the site model (``operations/site.py``), where it is
+Each value is read from the site model (``operations/site/model.py``), where it is
 written once; a site file's own values reach the hosts as host data and win over
 these, so in practice these defaults serve the embedded lab. Published as host
 data, as a site's are, so that ``--data`` overrides them alike.
 """
 
-from operations.site import (
+from operations.site.model import (
     Candidate,
     Ledger,
     Link,

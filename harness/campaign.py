@@ -54,8 +54,8 @@ from harness.progress import placed, reporting, say
 from harness.status import guard_fired, guard_states, observe
 from harness.topology import Topology
 from harness.windows import EndpointDown, WindowSettings, both_temperatures
-from operations.attempt import stopped_at_bound
-from operations.hosts import REPO
+from operations.plumbing.probes import stopped_at_bound
+from operations.site.hosts import REPO
 from operations.states import State, UnknownState, layers_changed, resolve_state
 
 FORMAT = "twinbolt-campaign/1"

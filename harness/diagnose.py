@@ -38,19 +38,25 @@ from harness import remote
 from harness.counters import RECEIVER_ERRORS, PeerSockets, socket_deltas
 from harness.status import Status, classify_driver, observe
 from harness.topology import Topology, server_url
-from operations import probes, transport
-from operations.driver import (
+from operations.gateway.proxy import ROLES, serving_deployments
+from operations.gateway.route import RoleAnswers, answer_problems
+from operations.plumbing import probes
+from operations.safety.guard import GuardState, summary
+from operations.safety.lock import HostLock
+from operations.services import ServiceLog, ServiceProcess
+from operations.serving import transport
+from operations.serving.gpu import Gpus
+from operations.serving.sglang import TP_RANKS, server_info, server_info_problems, service_for
+from operations.site.settings import GatewaySettings, WorkstationSettings
+from operations.states import STATES, State
+from operations.thunderbolt.driver import (
     TBNET_E2E,
     LoadedModule,
     ModuleFileBuildId,
     PeerCapabilities,
     SignatureEnforcement,
 )
-from operations.gateway import ROLES, serving_deployments
-from operations.gateway_route import RoleAnswers, answer_problems
-from operations.gpu import Gpus
-from operations.guard import GuardState, summary
-from operations.link import (
+from operations.thunderbolt.link import (
     InterfaceState,
     PeerAnswers,
     XDomainLink,
@@ -59,11 +65,6 @@ from operations.link import (
     silent_peer,
     trained_rate,
 )
-from operations.lock import HostLock
-from operations.services import ServiceLog, ServiceProcess
-from operations.serving import TP_RANKS, server_info, server_info_problems, service_for
-from operations.settings import GatewaySettings, WorkstationSettings
-from operations.states import STATES, State
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 # Each probe is bounded: a hung rank must not hang the diagnosis.

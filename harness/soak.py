@@ -36,7 +36,7 @@ from harness import campaign, counters, events, matrix, report
 from harness.progress import say
 from harness.status import guard_fired, guard_states
 from harness.topology import Endpoint, Topology
-from operations import probes
+from operations.plumbing import probes
 from operations.states import State
 
 FORMAT = "twinbolt-soak/1"

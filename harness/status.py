@@ -20,15 +20,21 @@ from typing import Any
 
 from harness import remote
 from harness.topology import Topology, server_url
-from operations.driver import LoadedModule, ModuleFileBuildId, loaded_driver
-from operations.gateway import SERVICE as PROXY
-from operations.gateway import LiveRouting, ProxyConfig, fallback_present
-from operations.guard import GuardState, summary
-from operations.link import InterfaceState, XDomainLink, trained_rate
+from operations.gateway.proxy import SERVICE as PROXY
+from operations.gateway.proxy import LiveRouting, ProxyConfig, fallback_present
+from operations.safety.guard import GuardState, summary
 from operations.services import RunningServices
-from operations.serving import ROUTER, SGLANG_SERVICES, server_info, serving_of, speculative_of
-from operations.settings import GatewaySettings, WorkstationSettings
+from operations.serving.sglang import (
+    ROUTER,
+    SGLANG_SERVICES,
+    server_info,
+    serving_of,
+    speculative_of,
+)
+from operations.site.settings import GatewaySettings, WorkstationSettings
 from operations.states import LAYERS, STATES, Serving, Speculative, State
+from operations.thunderbolt.driver import LoadedModule, ModuleFileBuildId, loaded_driver
+from operations.thunderbolt.link import InterfaceState, XDomainLink, trained_rate
 
 
 @dataclass(frozen=True)
@@ -161,7 +167,7 @@ def gateway_queries(settings: GatewaySettings) -> list[remote.Query]:
 
 async def guard_states(topology: Topology) -> dict[str, dict[str, Any]]:
     """
-    Each workstation's guard, as :class:`~operations.guard.GuardState` reads it:
+    Each workstation's guard, as :class:`~operations.safety.guard.GuardState` reads it:
     whether it is armed, and its events no run has read; an unreachable host
     reads as its error.
     """

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lab.topology import init_system
-from operations.hosts import InventoryEntry, inventory_entries
+from operations.site.hosts import InventoryEntry, inventory_entries
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / ".lab"

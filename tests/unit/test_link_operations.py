@@ -13,8 +13,8 @@ from operation_harness import run_operation
 from pyinfra.api import Config, Inventory, OperationError, State
 from pyinfra.context import ctx_host, ctx_state
 
-from operations import link
-from operations.link import InterfaceState, PeerAnswers, RouteInterface, XDomainLink
+from operations.thunderbolt import link
+from operations.thunderbolt.link import InterfaceState, PeerAnswers, RouteInterface, XDomainLink
 
 LINK = dict(interface="thunderbolt0", address="169.254.77.1", peer_address="169.254.77.2")
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from operations import ledger, options, overrides
-from operations.overrides import BadOverride
-from operations.site import COMMAND_TIMEOUT, load_site
-from operations.site import tp_group_data as tp_group
+from operations.safety import ledger
+from operations.site import options, overrides
+from operations.site.model import COMMAND_TIMEOUT, load_site
+from operations.site.model import tp_group_data as tp_group
+from operations.site.overrides import BadOverride
 
 # Hostile values, one per kind, and what the refusal says of each.
 HOSTILE = {

@@ -51,18 +51,18 @@ from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.util import get_template
 from pyinfra.operations import files
 
-from operations import ledger
-from operations.attempt import Layer, operation, refuse
-from operations.driver import CandidateModule, staged_path, swap_planned
-from operations.facts import EmptyMeansSomething, FileDigest, digest
-from operations.phase import executing, run_now
+from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest
+from operations.plumbing.phase import executing, run_now
+from operations.safety import ledger
 from operations.services import SUPERVISORS, TEMPLATES, InitSystem, Service
-from operations.serving import TP_RANKS
+from operations.serving.sglang import TP_RANKS
 from operations.states import Driver
+from operations.step import Layer, operation, refuse
+from operations.thunderbolt.driver import CandidateModule, staged_path, swap_planned
 
 if TYPE_CHECKING:
     from operations.run import Run
-    from operations.settings import WorkstationSettings
+    from operations.site.settings import WorkstationSettings
 
 LAYER = Layer.DRIVER
 NAME = "twinbolt-guard"

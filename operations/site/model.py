@@ -14,7 +14,7 @@ command_timeout_seconds`` pyinfra's ``_timeout`` (:func:`command_timeout_data`),
 and a host's ``sudo`` the data of :func:`sudo_data`. ``group_data/`` publishes
 the same names with these defaults (via :func:`section_defaults`) for the
 embedded lab, which has no site file, and
-``operations/settings.py`` reads them back as one typed object per host.
+``operations/site/settings.py`` reads them back as one typed object per host.
 """
 
 import os
@@ -43,10 +43,9 @@ from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 from pyinfra.api.exceptions import InventoryError
 
-from operations import module_file
-from operations.connect import connection_data
-from operations.sglang_releases import QUANTIZATIONS
-from operations.syntax import (
+from operations.plumbing.connect import connection_data
+from operations.site.releases import QUANTIZATIONS
+from operations.site.syntax import (
     AbsolutePath,
     AccountName,
     Argument,
@@ -58,11 +57,12 @@ from operations.syntax import (
     ServiceAccount,
     no_control_characters,
 )
+from operations.thunderbolt import module_file
 
 SITE_ENV = "TWINBOLT_SITE"
 # The module twinbolt swaps, and the name its candidate's .modinfo must give.
 MODULE_NAME = "thunderbolt_net"
-# LiteLLM's own master key variable (operations/gateway.py sets it for the proxy).
+# LiteLLM's own master key variable (operations/gateway/proxy.py sets it for the proxy).
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 
 # The host data key twinbolt's own SSH readers (the harness, testinfra) consult;
@@ -140,7 +140,7 @@ def _link_local(address: IPv4Address) -> IPv4Address:
     return address
 
 
-# Free text: one line (operations/syntax.py says why); narrower types where a
+# Free text: one line (operations/site/syntax.py says why); narrower types where a
 # value lands in a unit, an ssh_config or a command line as syntax.
 Text = FreeText
 # Numbers are strict: pydantic would read a TOML or --data true as 1 (and
@@ -161,7 +161,8 @@ LocalPath = Annotated[Path, AfterValidator(_one_line), AfterValidator(_from_site
 # A file on the machine running twinbolt that a run reads: it must be there at load.
 LocalFile = Annotated[Path, AfterValidator(_one_line), AfterValidator(_from_site_dir),
                      AfterValidator(_existing_file)]
-# The candidate: a thunderbolt_net module, plain or compressed (operations/module_file.py).
+# The candidate: a thunderbolt_net module, plain or compressed
+# (operations/thunderbolt/module_file.py).
 CandidateFile = Annotated[LocalFile, AfterValidator(_thunderbolt_net_module)]
 Sha256 = Annotated[str, AfterValidator(_lowercase_sha256)]
 LinkLocalAddress = Annotated[IPv4Address, AfterValidator(_link_local)]
@@ -169,7 +170,7 @@ Version = Annotated[str, StringConstraints(pattern=r"^\d+(\.\d+)*$")]
 
 # Any --quantization choice of some supported SGLang release (argparse exits 2 on
 # anything else); whether the release installed on a workstation accepts it is the
-# serving layer's preflight (operations/sglang_releases.py). NVFP4 checkpoints are
+# serving layer's preflight (operations/site/releases.py). NVFP4 checkpoints are
 # "modelopt_fp4"; there is no plain "nvfp4".
 Quantization = Literal[QUANTIZATIONS]
 
@@ -258,7 +259,7 @@ class Candidate(_Section):
     sha256: Sha256
     module_name: ModuleName = MODULE_NAME
     # While the candidate is loaded, a link that carries nothing this long makes
-    # the guard on the workstation restore the stock driver (operations/guard.py).
+    # the guard on the workstation restore the stock driver (operations/safety/guard.py).
     guard_stall_seconds: Annotated[int, Strict(), Field(ge=6, le=3600)] = 30
 
 
@@ -281,7 +282,7 @@ class Serving(_Section):
     sglang_module: ModuleName = "sglang.launch_server"
     # The release the SGLang facts in REFERENCE.md (NEXTN flags, /server_info) hold for.
     min_sglang_version: Version = "0.5.9"
-    # Never root (operations/syntax.py says why).
+    # Never root (operations/site/syntax.py says why).
     user: ServiceAccount
     init_system: Literal["systemd", "runit"] = "systemd"
     # On each workstation; SGLang's caches follow the user's home, not this.
@@ -528,7 +529,7 @@ def command_timeout_data(seconds: int) -> dict[str, int]:
     rollback's new run included. An operation given its own ``_timeout`` (a
     step that waits longer) keeps it. ``--data _timeout=N`` overrides it for a
     run, for pyinfra and for twinbolt's derived bounds alike
-    (``operations/settings.py``).
+    (``operations/site/settings.py``).
     """
     return {COMMAND_TIMEOUT: seconds}
 

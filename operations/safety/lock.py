@@ -47,8 +47,9 @@ from pyinfra.api import FactBase, Host, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.context import ctx_host
 
-from operations.attempt import Ending, Layer, operation, refuse
-from operations.phase import connector_arguments, executing, run_now
+from operations.plumbing.phase import connector_arguments, executing, run_now
+from operations.site.options import INHERITED_KEY
+from operations.step import Ending, Layer, operation, refuse
 
 if TYPE_CHECKING:
     from operations.run import Run
@@ -144,10 +145,6 @@ class UnreadableLock:
 
     def describe(self) -> str:
         return f"a lock file that names no run ({self.why})"
-
-
-# The host data naming the run whose lock a rollback holds (attempt.rolled_back).
-INHERITED_KEY = "lock_inherited"
 
 
 def run_owner(state: str, inherited: str | None) -> RunOwner:

@@ -28,11 +28,11 @@ from pyinfra.facts.files import File
 from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import files
 
-from operations import module_file
-from operations.attempt import Layer, failing, operation, refuse
-from operations.facts import EmptyMeansSomething
-from operations.phase import executing
+from operations.plumbing.facts import EmptyMeansSomething
+from operations.plumbing.phase import executing
 from operations.states import STOCK_BUILDS, Driver
+from operations.step import Layer, failing, operation, refuse
+from operations.thunderbolt import module_file
 
 LAYER = Layer.DRIVER
 TBNET_E2E = 0x1

@@ -25,10 +25,10 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 
-from operations import probes
-from operations.attempt import Layer, failing, failure, operation, refuse
-from operations.facts import EmptyMeansSomething
-from operations.phase import executing, run_now
+from operations.plumbing import probes
+from operations.plumbing.facts import EmptyMeansSomething
+from operations.plumbing.phase import executing, run_now
+from operations.step import Layer, failing, failure, operation, refuse
 
 LAYER = Layer.LINK
 SPEED = re.compile(r"([0-9.]+)\s*Gb/s")

@@ -17,7 +17,7 @@ machine (site key ``ledger.path``):
   failure, ``rolled_back``, ``interrupted`` (rolled back after a signal, which
   ``interrupted`` names with its step), ``rollback_failed`` or ``stopped``, with
   the layer, or ``guarded`` when the guard restored the stock driver with no run watching
-  (:mod:`operations.guard`: always a stall);
+  (:mod:`operations.safety.guard`: always a stall);
 - tok/s, in the records ``experiment.py measure`` appends.
 
 A candidate run that failed at the link layer with nothing crossing it is a
@@ -53,19 +53,19 @@ from pyinfra.api import FactBase
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.facts.server import KernelVersion
 
-from operations import attempt
-from operations.driver import LoadedModule, PeerCapabilities
-from operations.facts import FactGroup
-from operations.link import NO_TRAFFIC, XDOMAIN_PEERS, XDomainLink, trained_rate
+from operations import step
+from operations.plumbing.facts import FactGroup
+from operations.thunderbolt.driver import LoadedModule, PeerCapabilities
+from operations.thunderbolt.link import NO_TRAFFIC, XDOMAIN_PEERS, XDomainLink, trained_rate
 
 if TYPE_CHECKING:
     from operations.run import Run
 
-LAYER = attempt.Layer.LEDGER
+LAYER = step.Layer.LEDGER
 
 FAILED = ("rolled_back", "interrupted", "rollback_failed", "stopped")
 # "guarded": the guard on a workstation found the candidate's link stalled and
-# restored the stock driver, with no run watching (operations/guard.py);
+# restored the stock driver, with no run watching (operations/safety/guard.py);
 # "unaddressed": it found the link up without its address, which is no stall.
 # "hotplug", "suspend": a soak's event and what it did (harness/events.py).
 OUTCOMES = ("accepted", "refused", *FAILED, "measured", "guarded", "unaddressed", "hotplug",
@@ -162,7 +162,7 @@ def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
            layer: str | None = None, evidence: str = "", forced: bool = False,
            tok_s: float | None = None, lost: tuple[str, ...] = (),
            event: dict[str, Any] | None = None,
-           interrupted: attempt.Interruption | None = None) -> dict[str, Any]:
+           interrupted: step.Interruption | None = None) -> dict[str, Any]:
     """
     One ledger line. ``stall`` is the judgement :func:`stall_reports` acts on: the
     candidate's run failed at the link layer because nothing crossed a link that
@@ -179,7 +179,7 @@ def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
         "driver": driver,
         "outcome": outcome,
         "layer": layer,
-        "stall": (driver == "candidate" and layer == attempt.Layer.LINK
+        "stall": (driver == "candidate" and layer == step.Layer.LINK
                   and (outcome == "guarded" or outcome in FAILED and NO_TRAFFIC in evidence)),
         "forced": forced,
         "tok_s": tok_s,
@@ -198,7 +198,7 @@ def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
 SEEDED = [{
     **record("tx_e2e (upstream)", "candidate", "rolled_back",
              [{"host": "upstream report", "nhi": "1b21:2425", "router": "ASMedia ASM4242"}],
-             layer=attempt.Layer.LINK,
+             layer=step.Layer.LINK,
              evidence="upstream revert 1881f2efbf7f of TX E2E (a8065af3346e): the ASMedia "
                       "ASM4242 (1b21:2425) never returns TX credits; the TX ring freezes and "
                       f"{NO_TRAFFIC} (100% loss) though the XDomain handshake completes"),
@@ -383,7 +383,7 @@ def keep(run: Run, path: str, state: str, driver: str) -> None:
         return
     observed.kept = True
 
-    def write(ending: attempt.Ending) -> None:
+    def write(ending: step.Ending) -> None:
         append(Path(path), record(state, driver, ending.outcome, list(observed.hosts.values()),
                                   layer=ending.layer, evidence=ending.evidence,
                                   forced=observed.forced, lost=ending.lost,
@@ -395,7 +395,7 @@ def keep(run: Run, path: str, state: str, driver: str) -> None:
 # Operations
 
 
-@attempt.operation(LAYER, is_idempotent=True)
+@step.operation(LAYER, is_idempotent=True)
 def observed(run: Run, module: str) -> Iterator[PyinfraCommand]:
     """
     Note this workstation's controller, kernel, driver and link for the run's record.
@@ -419,7 +419,7 @@ def observed(run: Run, module: str) -> Iterator[PyinfraCommand]:
     yield from ()
 
 
-@attempt.operation(attempt.Layer.DRIVER, is_idempotent=True)
+@step.operation(step.Layer.DRIVER, is_idempotent=True)
 def no_recorded_stall(run: Run, path: str, workstations: list[str], force: bool = False
                       ) -> Iterator[PyinfraCommand]:
     """
@@ -461,7 +461,7 @@ def no_recorded_stall(run: Run, path: str, workstations: list[str], force: bool 
     stalls = stall_reports([*records, *guarded], controllers_now)
     pair = describe_pairing(controllers_now)
     if stalls and not force:
-        attempt.refuse(attempt.Layer.DRIVER, [
+        step.refuse(step.Layer.DRIVER, [
             f"the candidate's TX E2E has stalled on the controller pairing {pair}",
             *(describe_stall(entry) for entry in stalls),
             f"override at your own risk with --data {FORCE_KEY}=yes",

@@ -1,8 +1,8 @@
 """
 ``--data key=value``: a site key, checked as the site file's value would be, or
-a run option (``operations/options.py``); any other key is refused.
+a run option (``operations/site/options.py``); any other key is refused.
 
-The site file is validated when it loads (``operations/site.py``), and pyinfra
+The site file is validated when it loads (``operations/site/model.py``), and pyinfra
 merges ``--data`` over the inventory's data afterwards; the settings are built
 from the merged data and not validated again (``operations/settings.py``). So an
 override would reach a unit, a command line or an ssh_config unchecked:
@@ -20,8 +20,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from pyinfra.api.exceptions import PyinfraError
 
-from operations import options
-from operations.site import (
+from operations.site import options
+from operations.site.model import (
     COMMAND_TIMEOUT,
     Candidate,
     GatewayRoles,
