@@ -46,7 +46,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import permutations
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase
@@ -57,9 +57,6 @@ from operations import step
 from operations.plumbing.facts import FactGroup
 from operations.thunderbolt.driver import LoadedModule, PeerCapabilities
 from operations.thunderbolt.link import NO_TRAFFIC, XDOMAIN_PEERS, XDomainLink, trained_rate
-
-if TYPE_CHECKING:
-    from operations.run import Run
 
 LAYER = step.Layer.LEDGER
 
@@ -373,7 +370,17 @@ class Observations:
         return sorted((Controller.of(self.hosts[name]) for name in names), key=str)
 
 
-def keep(run: Run, path: str, state: str, driver: str) -> None:
+class Observing(Protocol):
+    """
+    What the ledger needs of the run (an :class:`operations.run.Run`): what it
+    observed, and its attempt, whose ending it records.
+    """
+
+    observed: Observations
+    attempt: step.Attempt
+
+
+def keep(run: Observing, path: str, state: str, driver: str) -> None:
     """
     Have the run's ending appended to the ledger at ``path``, with what the run
     observed; ``deploy.py`` calls this on every host, the first call counts.
@@ -396,7 +403,7 @@ def keep(run: Run, path: str, state: str, driver: str) -> None:
 
 
 @step.operation(LAYER, is_idempotent=True)
-def observed(run: Run, module: str) -> Iterator[PyinfraCommand]:
+def observed(run: Observing, module: str) -> Iterator[PyinfraCommand]:
     """
     Note this workstation's controller, kernel, driver and link for the run's record.
 
@@ -420,7 +427,7 @@ def observed(run: Run, module: str) -> Iterator[PyinfraCommand]:
 
 
 @step.operation(step.Layer.DRIVER, is_idempotent=True)
-def no_recorded_stall(run: Run, path: str, workstations: list[str], force: bool = False
+def no_recorded_stall(run: Observing, path: str, workstations: list[str], force: bool = False
                       ) -> Iterator[PyinfraCommand]:
     """
     Refuse the candidate on a controller pairing with a recorded stall, before any change.
