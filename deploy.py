@@ -154,7 +154,7 @@ if workstation:
         loaded=state.driver,
         candidate=candidate,
     )
-    if state.driver == "candidate":
+    if state.driver.is_candidate:
         ledger.no_recorded_stall(
             name="Preflight: no stall of the candidate is recorded for these controllers",
             run=run, path=settings.ledger.path, workstations=workstation_names,
@@ -237,7 +237,7 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
         # Production's replicas do not use the link: a rollback is not failed by a cable.
         link.trained(name="Link: trained at the expected rate, the peer answers",
                      needed=state.uses_link, _timeout=link_bound, **the_link)
-    if workstation and state.driver == "candidate":
+    if workstation and state.driver.is_candidate:
         # Armed once the link has trained: a retraining is no stall.
         guard.armed(name="Guard: armed while the candidate is loaded", guard=the_guard)
 

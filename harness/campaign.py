@@ -287,7 +287,7 @@ class Campaign:
         failed = failures(built)
         if failed:
             raise StepFailed(f"{len(failed)} request(s) failed: " + "; ".join(failed[:5]))
-        if resolve_state(state).driver == "candidate":
+        if resolve_state(state).driver.is_candidate:
             # A healthy candidate state must not have made the guard fire while measured.
             fired = guard_fired(await guard_states(self.topology))
             if fired:

@@ -328,7 +328,7 @@ def interface_rung(topology: Topology, state: State, first: dict[str, remote.Rea
         if errors > 0:
             # The stock driver's corruption is what the candidate is for; under the
             # candidate, a receiver error means it is not doing its job.
-            rung.saw(text, FAIL if state.driver == "candidate" else WARN)
+            rung.saw(text, FAIL if state.driver.is_candidate else WARN)
         else:
             rung.saw(text)
     return rung
@@ -345,13 +345,13 @@ def driver_rung(topology: Topology, state: State, first: dict[str, remote.Readin
         if peer is None:
             rung.saw(f"{entry.name}: no peer advertises a ThunderboltIP service",
                      link_verdict(state))
-        elif state.driver == "candidate" and not peer["prtcstns"] & TBNET_E2E:
+        elif state.driver.is_candidate and not peer["prtcstns"] & TBNET_E2E:
             rung.saw(f"{entry.name}: the peer does not advertise E2E (service {peer['service']} "
                      f"prtcstns 0x{peer['prtcstns']:08x}, bit 0 clear) under tx_e2e=1", FAIL)
         else:
             rung.saw(f"{entry.name}: the peer advertises prtcstns 0x{peer['prtcstns']:08x}")
         guard = reading.values["guard"]
-        if guard["armed"] != (state.driver == "candidate"):
+        if guard["armed"] != (state.driver.is_candidate):
             rung.saw(f"{entry.name}: the guard is {'' if guard['armed'] else 'not '}armed under "
                      f"the {state.driver} driver", WARN)
         # What the guard did while no run watched, until a run reads it.

@@ -21,7 +21,7 @@ from harness.report import headline, table
 from harness.topology import Topology
 from operations.safety import ledger
 from operations.site.settings import WorkstationSettings
-from operations.states import State
+from operations.states import Driver, State
 
 
 def ledger_path(topology: Topology) -> Path:
@@ -37,7 +37,7 @@ def row_key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
     build_ids = sorted({
         part["build_id"][:12] for part in hosts
         if part.get("build_id")
-        and ("tx_e2e" in part.get("parameters", {})) == (entry["driver"] == "candidate")
+        and ("tx_e2e" in part.get("parameters", {})) == (entry["driver"] == Driver.CANDIDATE)
     })
     settings = sorted({
         f"rx {part.get('parameters', {}).get('e2e', '-')} "

@@ -19,10 +19,42 @@ class _Value(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# What ``thunderbolt_net`` runs: the distribution's build, the same build with
-# receive-side E2E off (``e2e=0``), or the pinned candidate with ``tx_e2e=1``.
-Driver = Literal["stock", "stock_e2e_off", "candidate"]
-STOCK_BUILDS: tuple[Driver, ...] = ("stock", "stock_e2e_off")
+class Driver(StrEnum):
+    """
+    What ``thunderbolt_net`` runs: the distribution's build, the same build with
+    receive-side E2E off (``e2e=0``), or the pinned candidate with ``tx_e2e=1``.
+
+    The one place a build is spelled: code compares members and asks their
+    properties, never the strings, which are only what the reports, the ledger
+    and the status show.
+    """
+
+    STOCK = "stock"
+    STOCK_E2E_OFF = "stock_e2e_off"
+    CANDIDATE = "candidate"
+
+    @property
+    def is_candidate(self) -> bool:
+        """The pinned out-of-tree build, never persistent, that a stall is recorded against."""
+        return self is Driver.CANDIDATE
+
+    @property
+    def tx_e2e(self) -> bool:
+        """Whether it is loaded with transmit-side E2E (``tx_e2e=1``): only the candidate."""
+        return self is Driver.CANDIDATE
+
+    @property
+    def rx_e2e(self) -> bool:
+        """Whether it is loaded with receive-side E2E on (``parameters/e2e`` reads ``Y``)."""
+        return self is not Driver.STOCK_E2E_OFF
+
+    @property
+    def modprobe_options(self) -> tuple[str, ...]:
+        """What ``modprobe`` is given for a stock build."""
+        return ("e2e=0",) if self is Driver.STOCK_E2E_OFF else ()
+
+
+STOCK_BUILDS = tuple(driver for driver in Driver if not driver.is_candidate)
 
 
 class Speculative(_Value):
@@ -91,7 +123,7 @@ class State(_Value):
         group talks across it, and a driver other than the plain stock build is
         itself the experiment, even under the replicas, which never use it.
         """
-        return self.tensor_parallel or self.driver != "stock"
+        return self.tensor_parallel or self.driver != Driver.STOCK
 
     @property
     def gateway_fallback(self) -> bool:
@@ -113,7 +145,7 @@ STATES: dict[str, State] = {
     for state in (
         State(
             name="production",
-            driver="stock",
+            driver=Driver.STOCK,
             serving=Serving.REPLICAS,
             speculative=None,
         ),
@@ -123,25 +155,25 @@ STATES: dict[str, State] = {
         # the stock build with receive-side E2E off.
         State(
             name="production_tx_e2e",
-            driver="candidate",
+            driver=Driver.CANDIDATE,
             serving=Serving.REPLICAS,
             speculative=None,
         ),
         State(
             name="production_e2e_off",
-            driver="stock_e2e_off",
+            driver=Driver.STOCK_E2E_OFF,
             serving=Serving.REPLICAS,
             speculative=None,
         ),
         State(
             name="tp2_stock",
-            driver="stock",
+            driver=Driver.STOCK,
             serving=Serving.TENSOR_PARALLEL,
             speculative=NEXTN_3_1_4,
         ),
         State(
             name="tp2_e2e",
-            driver="candidate",
+            driver=Driver.CANDIDATE,
             serving=Serving.TENSOR_PARALLEL,
             speculative=NEXTN_3_1_4,
         ),
@@ -149,13 +181,13 @@ STATES: dict[str, State] = {
         # they separate the driver's effect from the speculative decoder's.
         State(
             name="tp2_stock_nospec",
-            driver="stock",
+            driver=Driver.STOCK,
             serving=Serving.TENSOR_PARALLEL,
             speculative=None,
         ),
         State(
             name="tp2_e2e_nospec",
-            driver="candidate",
+            driver=Driver.CANDIDATE,
             serving=Serving.TENSOR_PARALLEL,
             speculative=None,
         ),

@@ -261,8 +261,9 @@ def ledger_entry(event: dict[str, Any], observed: dict[str, Any]) -> dict[str, A
     is recorded as what it is, never a stall. It keeps the event itself, by
     which a record is known (:func:`recorded`).
     """
-    return ledger.record("guard", "candidate", "unaddressed" if unaddressed(event) else "guarded",
-                         [observed], layer=Layer.LINK,
+    return ledger.record("guard", Driver.CANDIDATE,
+                         "unaddressed" if unaddressed(event) else "guarded", [observed],
+                         layer=Layer.LINK,
                          evidence=f"the guard on {observed['host']}: {describe_event(event)}",
                          event=event)
 
@@ -287,7 +288,7 @@ def disarm_first(loaded: Driver, candidate: CandidateModule) -> bool:
     the module, candidate to candidate too, as the driver layer answers it when
     the step runs; and always before a stock driver, which no guard watches.
     """
-    return loaded != "candidate" or swap_planned(loaded, candidate)
+    return not Driver(loaded).is_candidate or swap_planned(loaded, candidate)
 
 
 # Operations

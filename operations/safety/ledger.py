@@ -55,6 +55,8 @@ from pyinfra.facts.server import KernelVersion
 
 from operations import step
 from operations.plumbing.facts import FactGroup
+from operations.site.options import FORCING
+from operations.states import Driver
 from operations.thunderbolt.driver import LoadedModule, PeerCapabilities
 from operations.thunderbolt.link import NO_TRAFFIC, XDOMAIN_PEERS, XDomainLink, trained_rate
 
@@ -67,7 +69,6 @@ FAILED = ("rolled_back", "interrupted", "rollback_failed", "stopped")
 # "hotplug", "suspend": a soak's event and what it did (harness/events.py).
 OUTCOMES = ("accepted", "refused", *FAILED, "measured", "guarded", "unaddressed", "hotplug",
             "suspend")
-FORCE_KEY = "force_candidate"
 
 
 class ThunderboltController(FactBase):
@@ -176,7 +177,7 @@ def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
         "driver": driver,
         "outcome": outcome,
         "layer": layer,
-        "stall": (driver == "candidate" and layer == step.Layer.LINK
+        "stall": (driver == Driver.CANDIDATE and layer == step.Layer.LINK
                   and (outcome == "guarded" or outcome in FAILED and NO_TRAFFIC in evidence)),
         "forced": forced,
         "tok_s": tok_s,
@@ -193,7 +194,7 @@ def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
 # neither the one at the other end nor a firmware, so the pairing is any that
 # includes it, on any firmware.
 SEEDED = [{
-    **record("tx_e2e (upstream)", "candidate", "rolled_back",
+    **record("tx_e2e (upstream)", Driver.CANDIDATE, "rolled_back",
              [{"host": "upstream report", "nhi": "1b21:2425", "router": "ASMedia ASM4242"}],
              layer=step.Layer.LINK,
              evidence="upstream revert 1881f2efbf7f of TX E2E (a8065af3346e): the ASMedia "
@@ -471,11 +472,11 @@ def no_recorded_stall(run: Observing, path: str, workstations: list[str], force:
         step.refuse(step.Layer.DRIVER, [
             f"the candidate's TX E2E has stalled on the controller pairing {pair}",
             *(describe_stall(entry) for entry in stalls),
-            f"override at your own risk with --data {FORCE_KEY}=yes",
+            f"override at your own risk with --data {FORCING}",
         ])
     elif stalls:
         warning = (f"FORCED: THE CANDIDATE RUNS ON THE CONTROLLER PAIRING {pair} DESPITE "
-                   f"{len(stalls)} RECORDED STALL(S) ({FORCE_KEY}=yes)")
+                   f"{len(stalls)} RECORDED STALL(S) ({FORCING})")
         if not run.observed.forced:
             run.observed.forced = True
             run.attempt.caveats.append(warning)
