@@ -32,7 +32,7 @@ from operations.serving.sglang import (
     speculative_of,
 )
 from operations.site.settings import GatewaySettings, WorkstationSettings
-from operations.states import LAYERS, STATES, Serving, Speculative, State
+from operations.states import DECLARED, STATES, ServingMode, Speculative, State
 from operations.thunderbolt.driver import LoadedModule, ModuleFileBuildId, loaded_driver
 from operations.thunderbolt.link import InterfaceState, XDomainLink, trained_rate
 
@@ -61,7 +61,7 @@ class Status:
     def differences(self, declared: State) -> list[str]:
         # All four layers, the derived fallback too: a run cut midway can leave
         # the gateway where the serving layer says otherwise.
-        return [layer for layer in LAYERS if self.layers[layer] != getattr(declared, layer)]
+        return [layer for layer in DECLARED if self.layers[layer] != getattr(declared, layer)]
 
     @property
     def match(self) -> str | None:
@@ -92,7 +92,7 @@ class Status:
             lines.append(f"  {host:<6} {text}")
         lines.append("")
         lines.append("observed: " + "  ".join(f"{layer}={describe(self.layers[layer])}"
-                                               for layer in LAYERS))
+                                               for layer in DECLARED))
         lines.append(self.verdict())
         return "\n".join(lines)
 
@@ -309,9 +309,9 @@ def serving_layer(topology: Topology, readings: dict[str, remote.Reading],
                      f"{ROUTER} {'running' if router else 'stopped'}"))
     value = agreed(shape, "serving")
     # The router belongs to the replicas: it runs with them and only with them.
-    if value == Serving.REPLICAS and not router:
+    if value == ServingMode.REPLICAS and not router:
         return Unknown(f"replicas without {ROUTER}")
-    if value == Serving.TENSOR_PARALLEL and router:
+    if value == ServingMode.TENSOR_PARALLEL and router:
         return Unknown(f"TP ranks with {ROUTER} still running")
     return value
 

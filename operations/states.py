@@ -71,7 +71,7 @@ class Speculative(_Value):
     num_draft_tokens: int
 
 
-class Serving(StrEnum):
+class ServingMode(StrEnum):
     """
     What a state serves: one replica per workstation behind the router, or one
     server split across every workstation (a TP group of one rank each).
@@ -108,13 +108,13 @@ class State(_Value):
 
     name: str
     driver: Driver
-    serving: Serving
+    serving: ServingMode
     speculative: Speculative | None
 
     @property
     def tensor_parallel(self) -> bool:
         """Whether the state serves one TP group rather than the replicas."""
-        return self.serving == Serving.TENSOR_PARALLEL
+        return self.serving == ServingMode.TENSOR_PARALLEL
 
     @property
     def uses_link(self) -> bool:
@@ -135,10 +135,11 @@ class State(_Value):
 
 
 # The axes a state is declared by, in DESIGN.md's order, which is also the order
-# a transition changes them in; and its four layers, the gateway's fallback
-# following from the serving layer.
+# a transition changes them in; and what it declares of its four layers (what a
+# status compares), the gateway's fallback following from the serving layer.
+# ("Layer" alone is a step's: operations.step.Layer.)
 AXES = ("driver", "serving", "speculative")
-LAYERS = (*AXES, "gateway_fallback")
+DECLARED = (*AXES, "gateway_fallback")
 
 STATES: dict[str, State] = {
     state.name: state
@@ -146,7 +147,7 @@ STATES: dict[str, State] = {
         State(
             name="production",
             driver=Driver.STOCK,
-            serving=Serving.REPLICAS,
+            serving=ServingMode.REPLICAS,
             speculative=None,
         ),
         # The transport A/B: production's replicas, which never use the link, under
@@ -156,25 +157,25 @@ STATES: dict[str, State] = {
         State(
             name="production_tx_e2e",
             driver=Driver.CANDIDATE,
-            serving=Serving.REPLICAS,
+            serving=ServingMode.REPLICAS,
             speculative=None,
         ),
         State(
             name="production_e2e_off",
             driver=Driver.STOCK_E2E_OFF,
-            serving=Serving.REPLICAS,
+            serving=ServingMode.REPLICAS,
             speculative=None,
         ),
         State(
             name="tp2_stock",
             driver=Driver.STOCK,
-            serving=Serving.TENSOR_PARALLEL,
+            serving=ServingMode.TENSOR_PARALLEL,
             speculative=NEXTN_3_1_4,
         ),
         State(
             name="tp2_e2e",
             driver=Driver.CANDIDATE,
-            serving=Serving.TENSOR_PARALLEL,
+            serving=ServingMode.TENSOR_PARALLEL,
             speculative=NEXTN_3_1_4,
         ),
         # The two _nospec states are the matched controls the field report lacked:
@@ -182,13 +183,13 @@ STATES: dict[str, State] = {
         State(
             name="tp2_stock_nospec",
             driver=Driver.STOCK,
-            serving=Serving.TENSOR_PARALLEL,
+            serving=ServingMode.TENSOR_PARALLEL,
             speculative=None,
         ),
         State(
             name="tp2_e2e_nospec",
             driver=Driver.CANDIDATE,
-            serving=Serving.TENSOR_PARALLEL,
+            serving=ServingMode.TENSOR_PARALLEL,
             speculative=None,
         ),
     )

@@ -51,7 +51,7 @@ from operations.services import InitSystem, Service, ServiceProcess, log_tails
 from operations.serving import transport
 from operations.site import model, releases
 from operations.site.settings import WorkstationSettings, http_url
-from operations.states import Serving, Speculative
+from operations.states import ServingMode, Speculative
 from operations.step import Layer, failing, operation, refuse
 
 LAYER = Layer.SERVING
@@ -356,17 +356,17 @@ def process_problems(process: dict, service: Service, argv: bool = True) -> list
     return found
 
 
-def service_for(serving: Serving, rank: int) -> str:
+def service_for(serving: ServingMode, rank: int) -> str:
     """The SGLang service a workstation of rank ``rank`` runs for ``serving``."""
-    return REPLICA if serving == Serving.REPLICAS else TP_RANKS[rank]
+    return REPLICA if serving == ServingMode.REPLICAS else TP_RANKS[rank]
 
 
-def serving_of(running: list[str], rank: int) -> Serving | None:
+def serving_of(running: list[str], rank: int) -> ServingMode | None:
     """
     The serving layer's judge on one workstation, from its running SGLang
-    services: the :class:`Serving` whose service alone runs; ``None`` else.
+    services: the :class:`ServingMode` whose service alone runs; ``None`` else.
     """
-    return next((serving for serving in Serving
+    return next((serving for serving in ServingMode
                  if running == [service_for(serving, rank)]), None)
 
 
@@ -581,7 +581,7 @@ def accept(what: str, check: Check, timeout: float,
 
 
 @operation(LAYER, is_idempotent=True)
-def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative | None,
+def admissible(sglang: Sglang | None, serving: ServingMode, speculative: Speculative | None,
                tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Refuse, before anything changes, a serving target this workstation cannot reach.
@@ -604,7 +604,7 @@ def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative
         sglang.admissible(
             name="Preflight: SGLang can serve tp2_e2e here",
             sglang=Sglang.from_host(host),
-            serving=Serving.TENSOR_PARALLEL,
+            serving=ServingMode.TENSOR_PARALLEL,
             speculative=NEXTN_3_1_4,
         )
     """
@@ -616,7 +616,7 @@ def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative
     if speculative and sglang.draft_model_path:
         if not host.get_fact(Directory, path=sglang.draft_model_path):
             found.append(f"the draft weights {sglang.draft_model_path} are not on this host")
-    tensor_parallel = serving == Serving.TENSOR_PARALLEL
+    tensor_parallel = serving == ServingMode.TENSOR_PARALLEL
     needs_minimum = tensor_parallel and speculative is not None
     if needs_minimum or sglang.quantization:
         version = host.get_fact(SglangVersion, python=sglang.python, module=sglang.module,
@@ -843,7 +843,7 @@ def tp_accepted(sglang: Sglang | None, proofs: Proofs, speculative: Speculative 
 
 
 @operation(LAYER, is_idempotent=True)
-def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative | None,
+def verified(sglang: Sglang | None, serving: ServingMode, speculative: Speculative | None,
              proofs: Proofs, tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Prove this workstation serves as the state says, with the evidence if not.
@@ -864,7 +864,7 @@ def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative |
     .. code:: python
 
         sglang.verified(name="Verify: serving", sglang=Sglang.from_host(host),
-                         serving=Serving.REPLICAS, speculative=None, proofs=run.proofs)
+                         serving=ServingMode.REPLICAS, speculative=None, proofs=run.proofs)
     """
     if elsewhere(sglang, "workstation"):
         return
@@ -873,7 +873,7 @@ def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative |
         return
     running = host.get_fact(services.RunningServices, prefix=SGLANG_SERVICES,
                             init_system=sglang.init_system)
-    tensor_parallel = serving == Serving.TENSOR_PARALLEL
+    tensor_parallel = serving == ServingMode.TENSOR_PARALLEL
     if tensor_parallel:
         wanted = tp_rank_service(sglang, speculative)
         check = server_check(sglang, wanted, sglang.tp_size, speculative, tokens, proofs)

@@ -180,7 +180,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Host(_Section):
+class SiteHost(_Section):
     """
     A host twinbolt reaches over SSH; the ``ssh_*`` keys are pyinfra's own, and
     ``sudo`` runs every command of a non-root ``ssh_user`` through passwordless sudo.
@@ -194,7 +194,7 @@ class Host(_Section):
     sudo: bool = False
 
     @model_validator(mode="after")
-    def _root_or_sudo(self) -> "Host":
+    def _root_or_sudo(self) -> "SiteHost":
         # Without root the first insmod or service start would fail halfway
         # through a transition, with production already stopped. sudo as root is
         # pointless, yet harmless wherever sudo is installed: it is allowed.
@@ -207,7 +207,7 @@ class Host(_Section):
         return self
 
 
-class Workstation(Host):
+class Workstation(SiteHost):
     """A GPU workstation: one end of the Thunderbolt link."""
 
     thunderbolt_address: LinkLocalAddress
@@ -391,7 +391,7 @@ class Site(_Section):
     """A whole site: the workstations (rank 0 first), a gateway and their settings."""
 
     workstations: Annotated[list[Workstation], AfterValidator(_one_cable)]
-    gateway: Host
+    gateway: SiteHost
     ssh: Ssh = Field(default_factory=Ssh)
     link: Link = Field(default_factory=Link)
     candidate: Candidate
@@ -456,9 +456,9 @@ class Site(_Section):
             )
         ]
 
-    def _ssh_data(self, host: Host) -> dict[str, Any]:
+    def _ssh_data(self, host: SiteHost) -> dict[str, Any]:
         data = {
-            **host.model_dump(mode="json", include=set(Host.model_fields) - {"name", "sudo"}),
+            **host.model_dump(mode="json", include=set(SiteHost.model_fields) - {"name", "sudo"}),
             **_flat("ssh", self.ssh.model_dump(mode="json",
                                                exclude={"command_timeout_seconds"})),
         }

@@ -25,10 +25,10 @@ from operations.site.model import (
     COMMAND_TIMEOUT,
     Candidate,
     GatewayRoles,
-    Host,
     Ledger,
     Link,
     Serving,
+    SiteHost,
     Ssh,
     Workstation,
     flat_key,
@@ -63,7 +63,7 @@ def site_fields() -> dict[str, FieldInfo]:
               for key, field in flat_fields(model, prefix).items()}
     # pyinfra's own _timeout carries [ssh] command_timeout_seconds (command_timeout_data).
     fields[COMMAND_TIMEOUT] = fields.pop(flat_key("ssh", "command_timeout_seconds"))
-    fields.update({name: field for name, field in Host.model_fields.items()
+    fields.update({name: field for name, field in SiteHost.model_fields.items()
                    if name.startswith("ssh_")})
     fields[flat_key("serving", "listen_address")] = Workstation.model_fields["listen_address"]
     return fields

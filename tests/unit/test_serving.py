@@ -43,7 +43,7 @@ from operations.serving.sglang import (
     tp_rank_service,
     version_problems,
 )
-from operations.states import NEXTN_3_1_4, STATES, Serving
+from operations.states import NEXTN_3_1_4, STATES, ServingMode
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -573,7 +573,7 @@ def test_verify_expects_rank_0_to_report_the_groups_size_not_two(monkeypatch) ->
         raise AssertionError(cls)
 
     [failure] = run_operation(serving.verified, facts, sglang=wider,
-                              serving=Serving.TENSOR_PARALLEL, speculative=None)
+                              serving=ServingMode.TENSOR_PARALLEL, speculative=None)
     assert "/server_info reports tp_size=2, expected 3" in failure
 
 
