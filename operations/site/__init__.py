@@ -8,7 +8,8 @@ and the rollback's keys apart), ``hosts`` (the inventory's entries),
 ``syntax`` (what a value may hold to be written into a unit, a script, an
 ssh_config), ``releases`` (what the supported SGLang releases accept).
 
-It owns what the operator wrote; it must not touch a host. It depends only
-on the Thunderbolt layer's description of the candidate module, which it
-checks at load.
+It owns what the operator wrote; it must not touch a host, nor import the
+layers that read it (serving, the gateway) or the run. Below it: the
+declared states, the plumbing, and the Thunderbolt layer's description of
+the candidate module, which it checks at load.
 """
