@@ -2,6 +2,6 @@
 Defaults for the gateway, read from the site model (see ``workstations.py``).
 """
 
-from operations.site.model import GatewayRoles, section_defaults
+from operations.site.model import GATEWAY_SECTIONS, sections_defaults
 
-globals().update(section_defaults(GatewayRoles, "gateway_roles"))
+globals().update(sections_defaults(GATEWAY_SECTIONS))

@@ -7,21 +7,8 @@ these, so in practice these defaults serve the embedded lab. Published as host
 data, as a site's are, so that ``--data`` overrides them alike.
 """
 
-from operations.site.model import (
-    Candidate,
-    Ledger,
-    Link,
-    Serving,
-    Workstation,
-    section_defaults,
-    site_default,
-)
+from operations.site.model import WORKSTATION_SECTIONS, Workstation, sections_defaults, site_default
 
-globals().update({
-    **section_defaults(Link, "link"),
-    **section_defaults(Candidate, "candidate"),
-    **section_defaults(Serving, "serving"),
-    **section_defaults(Ledger, "ledger"),
-})
+globals().update(sections_defaults(WORKSTATION_SECTIONS))
 # A workstation's own key in a site; every address, the default, in the lab.
 serving_listen_address = str(site_default(Workstation, "listen_address"))

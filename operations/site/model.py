@@ -373,6 +373,17 @@ class Ledger(_Section):
     path: LocalPath = Path("~/.local/state/twinbolt/ledger.jsonl")
 
 
+# The sections a site gives its hosts as flat host data (``prefix_field``), by
+# prefix, the name each has in the site file and on Site: the one table the site's
+# inventory data, the hosts' settings, the overrides and group_data/ derive from.
+# [ssh] reaches every host, as pyinfra's own keys; the others, one kind of host.
+WORKSTATION_SECTIONS: dict[str, type[_Section]] = {
+    "link": Link, "candidate": Candidate, "serving": Serving, "ledger": Ledger,
+}
+GATEWAY_SECTIONS: dict[str, type[_Section]] = {"gateway_roles": GatewayRoles}
+SECTIONS: dict[str, type[_Section]] = {"ssh": Ssh, **WORKSTATION_SECTIONS, **GATEWAY_SECTIONS}
+
+
 # The Thunderbolt link is one cable, and a cable joins two hosts: the only
 # place the workstations are counted. The TP group's size and each host's
 # peers are read from the site (tp_group_data).
@@ -423,12 +434,7 @@ class Site(_Section):
     def workstation_hosts(self) -> list[tuple[str, dict[str, Any]]]:
         """The ``workstations`` inventory group, rank 0 first, each with its TP group's data."""
 
-        shared = {
-            **_flat("link", self.link.model_dump(mode="json")),
-            **_flat("candidate", self.candidate.model_dump(mode="json")),
-            **_flat("serving", self.serving.model_dump(mode="json")),
-            **_flat("ledger", self.ledger.model_dump(mode="json")),
-        }
+        shared = self._sections_data(WORKSTATION_SECTIONS)
         links = [str(workstation.thunderbolt_address) for workstation in self.workstations]
         return [
             (
@@ -451,10 +457,15 @@ class Site(_Section):
                 self.gateway.name,
                 {
                     **self._ssh_data(self.gateway),
-                    **_flat("gateway_roles", self.gateway_roles.model_dump(mode="json")),
+                    **self._sections_data(GATEWAY_SECTIONS),
                 },
             )
         ]
+
+    def _sections_data(self, sections: dict[str, type[_Section]]) -> dict[str, Any]:
+        """The site's ``sections``, each as the flat host data its prefix names."""
+        return {key: value for prefix in sections for key, value
+                in _flat(prefix, getattr(self, prefix).model_dump(mode="json")).items()}
 
     def _ssh_data(self, host: SiteHost) -> dict[str, Any]:
         data = {
@@ -576,6 +587,12 @@ def section_defaults(model: type[BaseModel], prefix: str) -> dict[str, Any]:
         elif not field.is_required():
             defaults[flat_key(prefix, name)] = to_jsonable_python(site_default(model, name))
     return defaults
+
+
+def sections_defaults(sections: dict[str, type[_Section]]) -> dict[str, Any]:
+    """Every one of ``sections``' defaults (:func:`section_defaults`), for ``group_data/``."""
+    return {key: value for prefix, model in sections.items()
+            for key, value in section_defaults(model, prefix).items()}
 
 
 def load_site(path: str | os.PathLike[str]) -> Site:

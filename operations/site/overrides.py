@@ -23,24 +23,13 @@ from pyinfra.api.exceptions import PyinfraError
 from operations.site import options
 from operations.site.model import (
     COMMAND_TIMEOUT,
-    Candidate,
-    GatewayRoles,
-    Ledger,
-    Link,
-    Serving,
+    SECTIONS,
     SiteHost,
-    Ssh,
     Workstation,
     flat_key,
     nested_section,
     problem_message,
 )
-
-# The sections a site gives its hosts as flat data, by prefix (Site.*_hosts).
-SECTIONS: dict[str, type[BaseModel]] = {
-    "ssh": Ssh, "link": Link, "candidate": Candidate, "serving": Serving,
-    "gateway_roles": GatewayRoles, "ledger": Ledger,
-}
 
 
 class BadOverride(PyinfraError):

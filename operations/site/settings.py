@@ -28,6 +28,7 @@ from pydantic import BaseModel
 
 from operations.site.model import (
     COMMAND_TIMEOUT,
+    WORKSTATION_SECTIONS,
     Candidate,
     GatewayRoles,
     Ledger,
@@ -155,10 +156,8 @@ class WorkstationSettings(HostSettings):
             peer_link_address=data.get("peer_thunderbolt_address"),
             rank0_link_address=data.get("rank0_thunderbolt_address"),
             listen_address=data.get("serving_listen_address"),
-            link=section(Link, data, "link"),
-            candidate=section(Candidate, data, "candidate"),
-            serving=section(Serving, data, "serving"),
-            ledger=section(Ledger, data, "ledger"),
+            **{prefix: section(model, data, prefix)
+               for prefix, model in WORKSTATION_SECTIONS.items()},
         )
 
     @property
