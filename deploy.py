@@ -195,7 +195,7 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
     # 3. Serving: stop what the target does not run; a GPU holds a replica or a rank, never both.
     if state.tensor_parallel:
         router.router(name="Serving: the router stops with the replicas", router=the_router,
-                       present=False)
+                      present=False)
         sglang.replica(name="Serving: the replicas are stopped", sglang=the_sglang,
                        proofs=run.proofs, present=False)
         # A running TP group that is to change, or whose link a driver swap will take
