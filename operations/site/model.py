@@ -12,8 +12,8 @@ site as flat pyinfra host data: TOML ``[section] key`` becomes ``section_key``
 ``[ssh]`` become pyinfra's own SSH connector keys, ``[ssh]
 command_timeout_seconds`` pyinfra's ``_timeout`` (:func:`command_timeout_data`),
 and a host's ``sudo`` the data of :func:`sudo_data`. ``group_data/`` publishes
-the same names with these defaults (via :func:`section_defaults`) for the
-embedded lab, which has no site file, and
+the same names with these defaults (:data:`WORKSTATION_DEFAULTS`,
+:data:`GATEWAY_DEFAULTS`) for the embedded lab, which has no site file, and
 ``operations/site/settings.py`` reads them back as one typed object per host.
 """
 
@@ -578,7 +578,8 @@ def section_defaults(model: type[BaseModel], prefix: str) -> dict[str, Any]:
     """
     A section's defaults as the flat host data a site gives (``prefix_field``, as
     JSON), for ``group_data/`` to publish: every field that has one, nested
-    sections' too, so a field added to a model is published with no other edit.
+    sections' too, so a field added to a model is here with no other edit (and
+    ``group_data/``'s test asks for its line there).
     """
     defaults: dict[str, Any] = {}
     for name, field in model.model_fields.items():
@@ -589,10 +590,17 @@ def section_defaults(model: type[BaseModel], prefix: str) -> dict[str, Any]:
     return defaults
 
 
-def sections_defaults(sections: dict[str, type[_Section]]) -> dict[str, Any]:
-    """Every one of ``sections``' defaults (:func:`section_defaults`), for ``group_data/``."""
+def _sections_defaults(sections: dict[str, type[_Section]]) -> dict[str, Any]:
     return {key: value for prefix, model in sections.items()
             for key, value in section_defaults(model, prefix).items()}
+
+
+# Every default of a kind of host's sections (:func:`section_defaults`), by its
+# host data name: group_data/ publishes each by name, one line a key, so that
+# grep finds where a lab host's value comes from; a unit test holds the names
+# there to these keys.
+WORKSTATION_DEFAULTS: dict[str, Any] = _sections_defaults(WORKSTATION_SECTIONS)
+GATEWAY_DEFAULTS: dict[str, Any] = _sections_defaults(GATEWAY_SECTIONS)
 
 
 def load_site(path: str | os.PathLike[str]) -> Site:
