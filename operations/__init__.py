@@ -2,8 +2,10 @@
 twinbolt's operations, in packages by layer and by kind; every import points
 down this list, from the run to the plumbing:
 
-- ``run`` (one run as an object: its attempt, its locks, its proofs) and
-  ``bounds`` (how long a whole run may take, for whoever runs one as a process);
+- ``part`` (a host's part in a run: its settings and what each of its layers
+  is given, for ``deploy.py``), ``run`` (one run as an object: its attempt,
+  its locks, its proofs) and ``bounds`` (how long a whole run may take, for
+  whoever runs one as a process);
 - ``safety/``: ``lock`` (one run at a time), ``scope`` (the pair is one unit),
   ``ledger`` (what each run met and how it ended; no candidate on controllers
   seen to stall), ``guard`` (the candidate undone if a host hangs),
