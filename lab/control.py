@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lab import cable, cgroups, faults, hostfs, hostinit, modules, network, ssh
+from lab.network import in_host
 from lab.topology import (
     BRIDGE,
     CABLE,
@@ -30,6 +31,7 @@ from lab.topology import (
     REPO,
     STATE,
     WORKSTATIONS,
+    LabError,
     LabHost,
     alive,
     host_named,
@@ -47,10 +49,6 @@ LAB_KERNEL_LOG = LOGS / "kernel.log"
 # How much of a host's log a boot failure quotes.
 BOOT_LOG_LINES = 8
 PROCESSES = [f"host-{host.name}" for host in HOSTS] + ["kernel"]
-
-
-class LabError(RuntimeError):
-    """The lab cannot do what was asked; the message says what to do."""
 
 
 def say(message: str) -> None:
@@ -161,21 +159,6 @@ def sshd_answers(host: LabHost) -> bool:
             return sock.recv(4).startswith(b"SSH-")
     except OSError:
         return False
-
-
-def in_host(host: LabHost, *command: str) -> subprocess.CompletedProcess[str]:
-    """
-    Run a command inside a host's namespaces, as its own processes see the world:
-    a systemd host's PID namespace too, or systemctl cannot reach its systemd.
-    """
-    pid = read_pid(f"host-{host.name}")
-    if pid is None:
-        raise LabError(f"host {host.name} is not running; run `python -m lab up`")
-    if init_system() == "systemd":
-        # The recorded pid is unshare's; the host's PID 1 is its only child.
-        pid = int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
-    return subprocess.run(["nsenter", "-t", str(pid), "-m", "-u", "-n", "-p", *command],
-                          capture_output=True, text=True)
 
 
 def carrier(host: LabHost) -> bool:

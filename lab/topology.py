@@ -10,6 +10,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+
+class LabError(RuntimeError):
+    """The lab cannot do what was asked; the message says what to do."""
+
+
 REPO = Path(__file__).resolve().parents[1]
 STATE = Path(os.environ.get("TWINBOLT_LAB_STATE", REPO / ".lab"))
 PYTHON = REPO / ".venv" / "bin" / "python"

@@ -32,10 +32,10 @@ from pyinfra.api.util import get_template
 from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.operations import files, runit, server, systemd
 
-from operations import connect
-from operations.facts import EmptyMeansSomething, FileDigest, digest, digest_script
-from operations.settings import GatewaySettings, http_url
-from operations.syntax import (
+from operations.plumbing import connect
+from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest, digest_script
+from operations.site.settings import GatewaySettings, http_url
+from operations.site.syntax import (
     ENVIRONMENT_NAME,
     AbsolutePath,
     AccountName,

@@ -7,7 +7,7 @@ a rendered service fails here the way it would on a real workstation.
 import argparse
 
 from lab.sglang_sim import __version__
-from operations.sglang_releases import QUANTIZATION, accepted
+from operations.site.releases import QUANTIZATION, accepted
 
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 # The release the simulator is (its __version__): its choices, as twinbolt knows them.

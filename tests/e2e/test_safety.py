@@ -38,8 +38,9 @@ from e2e_helpers import (
 )
 
 from lab.topology import STATE, host_named
-from operations import ledger, serving
-from operations.lock import RunOwner, boot_here
+from operations.safety import ledger
+from operations.safety.lock import RunOwner, boot_here
+from operations.serving import sglang
 
 LOCK = "/run/twinbolt/lock"
 # The lab's JHL8540s on the firmware tx_credit_stall runs, which never returns TX
@@ -233,7 +234,7 @@ def test_a_host_lost_mid_attempt_is_named_the_rest_rolled_back_and_a_later_run_c
             # The rollback reached what it could: wsa back on the stock driver, its
             # replica serving; the locks it could reach released.
             assert "tx_e2e" not in ssh("wsa", "ls /sys/module/thunderbolt_net/parameters")
-            assert service_process("wsa", serving.REPLICA)["running"], how
+            assert service_process("wsa", sglang.REPLICA)["running"], how
             for host in ("wsa", "gw"):
                 assert ssh(host, f"test -e {LOCK} && echo held").strip() == "", (how, host)
         *_, rollback, attempt = ledger.read(tmp_path / "ledger.jsonl")
@@ -288,7 +289,7 @@ def test_a_workstation_rebooted_mid_experiment_is_drift_that_production_repairs(
     assert status.returncode != 0 and "drifted" in status.stdout, status.stdout
     # wsb came back on the stock driver; its TP rank, start-only, did not start alone.
     assert "tx_e2e" not in ssh("wsb", "ls /sys/module/thunderbolt_net/parameters")
-    assert not any(service_process("wsb", rank)["running"] for rank in serving.TP_RANKS)
+    assert not any(service_process("wsb", rank)["running"] for rank in sglang.TP_RANKS)
     restored = deploy("production")
     assert restored.returncode == 0, restored.output[-3000:]
     assert_production_verified()

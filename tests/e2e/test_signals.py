@@ -12,7 +12,7 @@ from functools import partial
 
 from e2e_helpers import deploy_meanwhile, ssh, verify
 
-from operations import ledger
+from operations.safety import ledger
 
 # The steps a signal is sent in: the candidate being loaded, then the TP ranks starting.
 AT_THE_DRIVER = "Driver: thunderbolt_net is the candidate build"

@@ -16,7 +16,7 @@ from e2e_helpers import PYTHON, REPO, deploy, lab, ssh, verify
 
 from lab import cable
 from lab.topology import host_named
-from operations.guard import EVENTS
+from operations.safety.guard import EVENTS
 
 WORKSTATIONS = ("wsa", "wsb")
 # The lab site's candidate.guard_stall_seconds (the default).

@@ -17,9 +17,10 @@ from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.facts.server import TmpDir
 
-from operations import gateway, gateway_route, probes, services
-from operations.facts import FileDigest
-from operations.gateway import (
+from operations import services
+from operations.gateway import proxy as gateway
+from operations.gateway import route as gateway_route
+from operations.gateway.proxy import (
     LITELLM_LOCK,
     Deployment,
     LiveRouting,
@@ -30,9 +31,11 @@ from operations.gateway import (
     serving_deployments,
     wanted_routing,
 )
-from operations.gateway_route import RoleAnswers, parse_answer
+from operations.gateway.route import RoleAnswers, parse_answer
+from operations.plumbing import probes
+from operations.plumbing.facts import FileDigest
+from operations.plumbing.venvs import InstalledVersions, lock_pins
 from operations.states import STATES
-from operations.venvs import InstalledVersions, lock_pins
 
 REPO = Path(__file__).resolve().parents[2]
 KEY_FILE = "/etc/twinbolt/litellm_master_key"

@@ -19,10 +19,10 @@ from pyinfra.facts.server import TmpDir
 from pyinfra.operations import files
 
 from harness.status import guard_fired
-from operations import guard, ledger
-from operations.facts import FileDigest, digest
-from operations.guard import Guard, GuardState
+from operations.plumbing.facts import FileDigest, digest
 from operations.run import Run
+from operations.safety import guard, ledger
+from operations.safety.guard import Guard, GuardState
 from operations.services import RUNSV_EXIT, RUNSV_ONCE
 
 SHELLS = [shell for shell in ("sh", "dash", "bash") if shutil.which(shell)]

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from operations import ledger, options, overrides
-from operations.overrides import BadOverride
-from operations.site import COMMAND_TIMEOUT, load_site
-from operations.site import tp_group_data as tp_group
+from operations.site import options, overrides
+from operations.site.model import COMMAND_TIMEOUT, load_site
+from operations.site.model import tp_group_data as tp_group
+from operations.site.overrides import BadOverride
 
 # Hostile values, one per kind, and what the refusal says of each.
 HOSTILE = {
@@ -135,7 +135,7 @@ def test_the_run_options_are_one_object_read_from_the_data() -> None:
     assert (read.state, read.on_failure, read.forced) == ("tp2_e2e", "rollback", True)
     assert not options.RunOptions.read({"on_failure": "stop"}).forced
     # The ledger's refusal names the option that overrides it.
-    assert ledger.FORCE_KEY in options.RUN_OPTIONS
+    assert options.FORCING.partition("=")[0] in options.RUN_OPTIONS
 
 
 # config.py: the same check, and the password options, before pyinfra connects.

@@ -19,7 +19,7 @@ from pyinfra.operations import server
 from pyinfra_fakes import FakeHost, commands, describe, on
 
 from operations import services
-from operations.facts import FileDigest, digest
+from operations.plumbing.facts import FileDigest, digest
 from operations.services import (
     RunningServices,
     Service,

@@ -25,10 +25,15 @@ from pyinfra_fakes import FakeHost, commands, on
 from sglang_router.launch_router import parse_router_args
 
 from lab.sglang_sim.args import parse_server_args
-from operations import probes, services, serving, serving_router
-from operations.facts import FileDigest, digest
-from operations.probes import Proofs, Proven
-from operations.serving import (
+from operations import services
+from operations.plumbing import probes
+from operations.plumbing.facts import FileDigest, digest
+from operations.plumbing.probes import Proofs, Proven
+from operations.plumbing.venvs import lock_pins
+from operations.serving import router as serving_router
+from operations.serving import sglang as serving
+from operations.serving.router import ROUTER_LOCK, Router, router_service
+from operations.serving.sglang import (
     ACCEPTANCE_TOKENS,
     Sglang,
     SglangVersion,
@@ -38,9 +43,7 @@ from operations.serving import (
     tp_rank_service,
     version_problems,
 )
-from operations.serving_router import ROUTER_LOCK, Router, router_service
-from operations.states import NEXTN_3_1_4, STATES, Serving
-from operations.venvs import lock_pins
+from operations.states import NEXTN_3_1_4, STATES, ServingMode
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -570,7 +573,7 @@ def test_verify_expects_rank_0_to_report_the_groups_size_not_two(monkeypatch) ->
         raise AssertionError(cls)
 
     [failure] = run_operation(serving.verified, facts, sglang=wider,
-                              serving=Serving.TENSOR_PARALLEL, speculative=None)
+                              serving=ServingMode.TENSOR_PARALLEL, speculative=None)
     assert "/server_info reports tp_size=2, expected 3" in failure
 
 

@@ -6,10 +6,10 @@ import pytest
 
 from harness.counters import from_reading
 from harness.remote import Reading
-from operations.driver import CandidateModule
-from operations.hosts import InventoryEntry
-from operations.settings import GatewaySettings, HostSettings, WorkstationSettings
-from operations.site import GatewayRoles, Serving, load_site, section_defaults
+from operations.site.hosts import InventoryEntry
+from operations.site.model import GatewayRoles, Serving, load_site, section_defaults
+from operations.site.settings import GatewaySettings, HostSettings, WorkstationSettings
+from operations.thunderbolt.driver import CandidateModule
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """
 The serving layer on the workstations: SGLang (its part on the gateway,
-sglang-router, is ``operations/serving_router.py``).
+sglang-router, is ``operations/serving/router.py``).
 
 ``production`` runs one single-GPU replica per workstation (``sglang-replica``)
 behind sglang-router on the gateway (``sglang-router``). The TP states run one
@@ -10,7 +10,7 @@ interface. A GPU holds a replica or a rank, never both: replicas stop before
 ranks start and ranks stop before replicas start.
 
 A server is accepted only by a real chat completion of the requested length,
-asked from the machine running pyinfra (see ``operations/probes.py``), and for
+asked from the machine running pyinfra (see ``operations/plumbing/probes.py``), and for
 TP only from rank 0, whose ``/server_info`` must also report the group's
 ``tp_size`` (one rank a workstation of the site) and the declared speculative
 settings (NEXTN is reported as EAGLE). The other ranks are never probed: their
@@ -42,14 +42,17 @@ from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Which
 from pyinfra.operations import apt
 
-from operations import probes, services, sglang_releases, site, transport
-from operations.attempt import Layer, failing, operation, refuse
-from operations.facts import EmptyMeansSomething
-from operations.phase import elsewhere, executing
-from operations.probes import Proofs, Proven
+from operations import services
+from operations.plumbing import probes
+from operations.plumbing.facts import EmptyMeansSomething
+from operations.plumbing.phase import elsewhere, executing
+from operations.plumbing.probes import Proofs, Proven
 from operations.services import InitSystem, Service, ServiceProcess, log_tails
-from operations.settings import WorkstationSettings, http_url
-from operations.states import Serving, Speculative
+from operations.serving import transport
+from operations.site import model, releases
+from operations.site.settings import WorkstationSettings, http_url
+from operations.states import ServingMode, Speculative
+from operations.step import Layer, failing, operation, refuse
 
 LAYER = Layer.SERVING
 REPLICA = "sglang-replica"
@@ -77,7 +80,7 @@ Check = Callable[..., tuple[list[str], bool]]
 @dataclass(frozen=True)
 class Sglang:
     """
-    SGLang on one workstation, as its settings describe it (``operations/settings.py``).
+    SGLang on one workstation, as its settings describe it (``operations/site/settings.py``).
 
     ``address`` is where the router, the acceptance probes and clients reach the
     server: the host's settings' ``address`` (its ``ssh_hostname``).
@@ -143,7 +146,7 @@ class Sglang:
 
 
 # Sglang's fields that are [serving] keys of the site by the same name.
-_SERVING_KEYS = tuple(name for name in site.Serving.model_fields
+_SERVING_KEYS = tuple(name for name in model.Serving.model_fields
                       if name in {field.name for field in fields(Sglang)})
 
 
@@ -312,19 +315,19 @@ def quantization_problems(found: dict, quantization: str | None, python: str) ->
     if not quantization or "version" not in found:
         return []
     installed = found["version"]
-    releases = sglang_releases.CHOICES[sglang_releases.QUANTIZATION][quantization]
+    accepting = releases.CHOICES[releases.QUANTIZATION][quantization]
     try:
-        if releases.accept(installed):
+        if accepting.accept(installed):
             return []
-        too_new = releases.until is not None and Version(installed) >= Version(releases.until)
+        too_new = accepting.until is not None and Version(installed) >= Version(accepting.until)
     except InvalidVersion:
         return []
-    instead = ", ".join(sglang_releases.accepted(sglang_releases.QUANTIZATION, installed))
-    other_release = (f"install an SGLang before {releases.until}" if too_new
-                     else f"upgrade SGLang to {releases.since} or later")
+    instead = ", ".join(releases.accepted(releases.QUANTIZATION, installed))
+    other_release = (f"install an SGLang before {accepting.until}" if too_new
+                     else f"upgrade SGLang to {accepting.since} or later")
     return [
         f"SGLang {installed} refuses --quantization {quantization} (serving.quantization): "
-        f"only {releases} accepts it. Set serving.quantization to a value {installed} "
+        f"only {accepting} accepts it. Set serving.quantization to a value {installed} "
         f"accepts ({instead}), or {other_release} for {python}"
     ]
 
@@ -353,17 +356,17 @@ def process_problems(process: dict, service: Service, argv: bool = True) -> list
     return found
 
 
-def service_for(serving: Serving, rank: int) -> str:
+def service_for(serving: ServingMode, rank: int) -> str:
     """The SGLang service a workstation of rank ``rank`` runs for ``serving``."""
-    return REPLICA if serving == Serving.REPLICAS else TP_RANKS[rank]
+    return REPLICA if serving == ServingMode.REPLICAS else TP_RANKS[rank]
 
 
-def serving_of(running: list[str], rank: int) -> Serving | None:
+def serving_of(running: list[str], rank: int) -> ServingMode | None:
     """
     The serving layer's judge on one workstation, from its running SGLang
-    services: the :class:`Serving` whose service alone runs; ``None`` else.
+    services: the :class:`ServingMode` whose service alone runs; ``None`` else.
     """
-    return next((serving for serving in Serving
+    return next((serving for serving in ServingMode
                  if running == [service_for(serving, rank)]), None)
 
 
@@ -517,7 +520,7 @@ def server_check(sglang: Sglang, service: Service, tp_size: int,
 
 def transport_check(sglang: Sglang, service: Service, tokens: int) -> Check:
     """
-    The TP group's transport (:mod:`operations.transport`), as a check for
+    The TP group's transport (:mod:`operations.serving.transport`), as a check for
     :func:`probes.wait_until`: a completion of ``tokens`` tokens bracketed by the
     link's byte counters, and the rank's connections. Waiting cannot mend a
     wrong interface, so a failure is final.
@@ -578,14 +581,14 @@ def accept(what: str, check: Check, timeout: float,
 
 
 @operation(LAYER, is_idempotent=True)
-def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative | None,
+def admissible(sglang: Sglang | None, serving: ServingMode, speculative: Speculative | None,
                tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Refuse, before anything changes, a serving target this workstation cannot reach.
 
     The weights must be on the host. A NEXTN TP state needs SGLang at least
     ``sglang.min_version``. The installed SGLang must accept the site's
-    ``--quantization`` (:mod:`operations.sglang_releases`), in every state, or the
+    ``--quantization`` (:mod:`operations.site.releases`), in every state, or the
     server would exit 2 at its start. Leaving production needs production working:
     a running replica must serve a real completion before its GPU is borrowed.
 
@@ -598,10 +601,10 @@ def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative
 
     .. code:: python
 
-        serving.admissible(
+        sglang.admissible(
             name="Preflight: SGLang can serve tp2_e2e here",
             sglang=Sglang.from_host(host),
-            serving=Serving.TENSOR_PARALLEL,
+            serving=ServingMode.TENSOR_PARALLEL,
             speculative=NEXTN_3_1_4,
         )
     """
@@ -613,7 +616,7 @@ def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative
     if speculative and sglang.draft_model_path:
         if not host.get_fact(Directory, path=sglang.draft_model_path):
             found.append(f"the draft weights {sglang.draft_model_path} are not on this host")
-    tensor_parallel = serving == Serving.TENSOR_PARALLEL
+    tensor_parallel = serving == ServingMode.TENSOR_PARALLEL
     needs_minimum = tensor_parallel and speculative is not None
     if needs_minimum or sglang.quantization:
         version = host.get_fact(SglangVersion, python=sglang.python, module=sglang.module,
@@ -651,7 +654,7 @@ def linktest_tool(sglang: Sglang | None) -> Iterator[PyinfraCommand]:
 
     .. code:: python
 
-        serving.linktest_tool(name="Serving: iperf3 is installed", sglang=Sglang.from_host(host))
+        sglang.linktest_tool(name="Serving: iperf3 is installed", sglang=Sglang.from_host(host))
     """
     if elsewhere(sglang, "workstation"):
         return
@@ -671,7 +674,7 @@ def replica(sglang: Sglang | None, proofs: Proofs,
     completion (hung) is restarted: converging production must be able to repair it.
 
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
-    + proofs: the run's :class:`~operations.probes.Proofs`, where a replica that
+    + proofs: the run's :class:`~operations.plumbing.probes.Proofs`, where a replica that
       serves is remembered as proven
     + present: whether the replica should run
 
@@ -679,7 +682,7 @@ def replica(sglang: Sglang | None, proofs: Proofs,
 
     .. code:: python
 
-        serving.replica(name="Serving: the replica is stopped",
+        sglang.replica(name="Serving: the replica is stopped",
                         sglang=Sglang.from_host(host), proofs=run.proofs, present=False)
     """
     if elsewhere(sglang, "workstation"):
@@ -710,7 +713,7 @@ def tp_rank(sglang: Sglang | None, speculative: Speculative | None = None, prese
 
     .. code:: python
 
-        serving.tp_rank(
+        sglang.tp_rank(
             name="Serving: the TP ranks run",
             sglang=Sglang.from_host(host),
             speculative=NEXTN_3_1_4,
@@ -745,7 +748,7 @@ def tp_rank_stopped_for_change(sglang: Sglang | None,
 
     .. code:: python
 
-        serving.tp_rank_stopped_for_change(
+        sglang.tp_rank_stopped_for_change(
             name="Serving: the TP ranks stop if they are to change",
             sglang=Sglang.from_host(host),
             speculative=None,
@@ -774,14 +777,14 @@ def replica_accepted(sglang: Sglang | None, proofs: Proofs,
     from its port, waiting up to ``sglang.start_timeout`` seconds with progress.
 
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
-    + proofs: the run's :class:`~operations.probes.Proofs`
+    + proofs: the run's :class:`~operations.plumbing.probes.Proofs`
     + tokens: the completion's length
 
     **Example:**
 
     .. code:: python
 
-        serving.replica_accepted(name="Serving: the replica answers",
+        sglang.replica_accepted(name="Serving: the replica answers",
                                  sglang=Sglang.from_host(host), proofs=run.proofs)
     """
     if elsewhere(sglang, "workstation"):
@@ -805,7 +808,7 @@ def tp_accepted(sglang: Sglang | None, proofs: Proofs, speculative: Speculative 
     The other ranks are never probed; their ``/health`` always answers 200.
 
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
-    + proofs: the run's :class:`~operations.probes.Proofs`
+    + proofs: the run's :class:`~operations.plumbing.probes.Proofs`
     + speculative: the state's speculative decoder, or ``None``
     + tokens: the completion's length
 
@@ -813,7 +816,7 @@ def tp_accepted(sglang: Sglang | None, proofs: Proofs, speculative: Speculative 
 
     .. code:: python
 
-        serving.tp_accepted(name="Serving: rank 0 serves", sglang=Sglang.from_host(host),
+        sglang.tp_accepted(name="Serving: rank 0 serves", sglang=Sglang.from_host(host),
                             proofs=run.proofs, speculative=NEXTN_3_1_4)
     """
     if elsewhere(sglang, "workstation"):
@@ -840,7 +843,7 @@ def tp_accepted(sglang: Sglang | None, proofs: Proofs, speculative: Speculative 
 
 
 @operation(LAYER, is_idempotent=True)
-def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative | None,
+def verified(sglang: Sglang | None, serving: ServingMode, speculative: Speculative | None,
              proofs: Proofs, tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Prove this workstation serves as the state says, with the evidence if not.
@@ -853,15 +856,15 @@ def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative |
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
     + serving: what the state serves: ``replicas`` or ``tp2``
     + speculative: the state's speculative decoder, or ``None``
-    + proofs: the run's :class:`~operations.probes.Proofs`, proofs its acceptance made
+    + proofs: the run's :class:`~operations.plumbing.probes.Proofs`, proofs its acceptance made
     + tokens: the completion's length
 
     **Example:**
 
     .. code:: python
 
-        serving.verified(name="Verify: serving", sglang=Sglang.from_host(host),
-                         serving=Serving.REPLICAS, speculative=None, proofs=run.proofs)
+        sglang.verified(name="Verify: serving", sglang=Sglang.from_host(host),
+                         serving=ServingMode.REPLICAS, speculative=None, proofs=run.proofs)
     """
     if elsewhere(sglang, "workstation"):
         return
@@ -870,7 +873,7 @@ def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative |
         return
     running = host.get_fact(services.RunningServices, prefix=SGLANG_SERVICES,
                             init_system=sglang.init_system)
-    tensor_parallel = serving == Serving.TENSOR_PARALLEL
+    tensor_parallel = serving == ServingMode.TENSOR_PARALLEL
     if tensor_parallel:
         wanted = tp_rank_service(sglang, speculative)
         check = server_check(sglang, wanted, sglang.tp_size, speculative, tokens, proofs)

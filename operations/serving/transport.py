@@ -38,7 +38,7 @@ from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from operations.facts import EmptyMeansSomething
+from operations.plumbing.facts import EmptyMeansSomething
 
 INTERFACE_COUNTERS = (
     "rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_crc_errors", "rx_missed_errors",

@@ -222,3 +222,13 @@ def wait_until(what: str, check: Callable[[float], tuple[list[str], bool]], time
                         + "; ".join(found))
             next_report += PROGRESS_SECONDS
         time.sleep(POLL_SECONDS)
+
+
+def stopped_at_bound(what: str, seconds: float, check: str) -> str:
+    """
+    How a process stopped at its bound reads, wherever one is run (the rollback,
+    the campaign's deploys, the inventory's listing): what was stopped, after
+    how long, and what to check.
+    """
+    return f"{what} did not end within its bound of {seconds:g}s and was stopped; check {check}"
+

@@ -40,18 +40,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, Host, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.context import ctx_host
 
-from operations.attempt import Ending, Layer, operation, refuse
-from operations.phase import connector_arguments, executing, run_now
-
-if TYPE_CHECKING:
-    from operations.run import Run
+from operations.plumbing.phase import connector_arguments, executing, run_now
+from operations.site.options import INHERITED_KEY
+from operations.step import Ending, Layer, operation, refuse
 
 LAYER = Layer.LOCK
 LOCK_NAME = "lock"
@@ -144,10 +142,6 @@ class UnreadableLock:
 
     def describe(self) -> str:
         return f"a lock file that names no run ({self.why})"
-
-
-# The host data naming the run whose lock a rollback holds (attempt.rolled_back).
-INHERITED_KEY = "lock_inherited"
 
 
 def run_owner(state: str, inherited: str | None) -> RunOwner:
@@ -294,8 +288,15 @@ class Locks:
                                f"`{clearing(path, taken_host.name)}`")
 
 
+class Locking(Protocol):
+    """What the lock needs of the run (an :class:`operations.run.Run`): who it is, and its locks."""
+
+    owner: RunOwner
+    locks: Locks
+
+
 @operation(LAYER, is_idempotent=True)
-def held(run_dir: str, run: Run, holder: str) -> Iterator[PyinfraCommand]:
+def held(run_dir: str, run: Locking, holder: str) -> Iterator[PyinfraCommand]:
     """
     Hold ``holder``'s lock for the rest of the run: refuse if another live run
     holds it, take it over (with a warning) if its owner is gone.

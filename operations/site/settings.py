@@ -1,19 +1,19 @@
 """
 A host's settings as one typed object, built from its final host data.
 
-A site reaches its hosts as flat pyinfra host data (``operations/site.py``:
+A site reaches its hosts as flat pyinfra host data (``operations/site/model.py``:
 ``[serving] port`` is ``serving_port``), and ``--data key=value`` overrides it
 after the inventory and ``group_data/`` have run; a rollback's carried data is
 host data too. So the settings are built here, from the data pyinfra merged,
 and this is the only code that reads the flat keys: the runbook, the layers,
 the harness and the verify checks all ask :meth:`WorkstationSettings.of` or
 :meth:`GatewaySettings.of`, given a pyinfra ``Host`` or an
-``operations.hosts.InventoryEntry`` alike.
+``operations.site.hosts.InventoryEntry`` alike.
 
 The key names are the site model's own fields (:func:`section`), so a setting
 added to a model reaches every consumer with no other edit. Values are not
 validated again: the site file was when it loaded, ``--data`` overrides of its
-keys are when a run starts (``operations/overrides.py``), the lab's are its own,
+keys are when a run starts (``operations/site/overrides.py``), the lab's are its own,
 and the lab's service accounts are root, which a site's may never be.
 """
 
@@ -26,10 +26,9 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from operations.driver import CandidateModule
-from operations.module_file import NotAModule
-from operations.site import (
+from operations.site.model import (
     COMMAND_TIMEOUT,
+    WORKSTATION_SECTIONS,
     Candidate,
     GatewayRoles,
     Ledger,
@@ -40,6 +39,8 @@ from operations.site import (
     nested_section,
     site_default,
 )
+from operations.thunderbolt.driver import CandidateModule
+from operations.thunderbolt.module_file import NotAModule
 
 Section = TypeVar("Section", bound=BaseModel)
 
@@ -155,10 +156,8 @@ class WorkstationSettings(HostSettings):
             peer_link_address=data.get("peer_thunderbolt_address"),
             rank0_link_address=data.get("rank0_thunderbolt_address"),
             listen_address=data.get("serving_listen_address"),
-            link=section(Link, data, "link"),
-            candidate=section(Candidate, data, "candidate"),
-            serving=section(Serving, data, "serving"),
-            ledger=section(Ledger, data, "ledger"),
+            **{prefix: section(model, data, prefix)
+               for prefix, model in WORKSTATION_SECTIONS.items()},
         )
 
     @property

@@ -6,7 +6,7 @@ through sglang-router in front of the replicas) and ``large`` (the alternate
 backend) on a LiteLLM proxy on the gateway. Production carries only a
 context-window fallback ``small -> large``, which never fires on an outage. An
 experiment adds a general fallback ``small -> large``; the proofs that the
-route works through it are :mod:`operations.gateway_route`'s. The fallback goes
+route works through it are :mod:`operations.gateway.route`'s. The fallback goes
 only after production is proven again.
 
 This module runs the proxy. The master key is a mode-0600 file on the gateway:
@@ -38,14 +38,15 @@ from pyinfra.api.util import get_template
 from pyinfra.facts.files import File
 from pyinfra.operations import files
 
-from operations import probes, services, venvs
-from operations.attempt import Layer, failing, operation
-from operations.facts import EmptyMeansSomething, FileDigest, digest
-from operations.phase import elsewhere
-from operations.probes import Proofs, Proven
+from operations import services
+from operations.plumbing import probes, venvs
+from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest
+from operations.plumbing.phase import elsewhere
+from operations.plumbing.probes import Proofs, Proven
 from operations.services import GatewayService, Service, log_tails
-from operations.settings import GatewaySettings
-from operations.site import MASTER_KEY_ENV
+from operations.site.model import MASTER_KEY_ENV
+from operations.site.settings import GatewaySettings
+from operations.step import Layer, failing, operation
 
 LAYER = Layer.GATEWAY
 SERVICE = "litellm"
@@ -56,7 +57,7 @@ DEPLOYMENTS = {"small": "small-router", "large": "large-backend"}
 FALLBACK_KINDS = {"fallbacks": "general", "context_window_fallbacks": "context_window"}
 # The proxy twinbolt installs on the gateway; requirements-lab.txt pins the same release.
 # litellm[proxy], hash-pinned; installed into the proxy's venv as it is.
-LITELLM_LOCK = Path(__file__).resolve().parents[1] / "requirements-litellm.lock"
+LITELLM_LOCK = Path(__file__).resolve().parents[2] / "requirements-litellm.lock"
 TEMPLATE = services.TEMPLATES / "litellm_config.yaml.j2"
 # LiteLLM fetches these from GitHub or its documentation site unless told to use
 # the copies bundled with it; a gateway may have no route to the internet.
@@ -393,7 +394,7 @@ def proxy(proxy: Proxy | None, fallback: bool, proofs: Proofs,
 
     + proxy: the gateway's :class:`Proxy`; ``None`` elsewhere (a no-op)
     + fallback: whether the general fallback ``small -> large`` is present
-    + proofs: the run's :class:`~operations.probes.Proofs`, where a proxy that
+    + proofs: the run's :class:`~operations.plumbing.probes.Proofs`, where a proxy that
       routes as declared is remembered as proven
     + timeout: seconds to wait for the proxy to be ready with the new routing
 
@@ -401,7 +402,7 @@ def proxy(proxy: Proxy | None, fallback: bool, proofs: Proofs,
 
     .. code:: python
 
-        gateway.proxy(
+        proxy.proxy(
             name="Gateway: the temporary fallback small -> large is present",
             proxy=Proxy.from_host(host, router.served_model_name, router.url),
             fallback=True,

@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand
@@ -51,18 +51,19 @@ from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.util import get_template
 from pyinfra.operations import files
 
-from operations import ledger
-from operations.attempt import Layer, operation, refuse
-from operations.driver import CandidateModule, staged_path, swap_planned
-from operations.facts import EmptyMeansSomething, FileDigest, digest
-from operations.phase import executing, run_now
+from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest
+from operations.plumbing.phase import executing, run_now
+from operations.safety import ledger
+from operations.safety.ledger import Observations
+from operations.safety.lock import Locks, RunOwner
 from operations.services import SUPERVISORS, TEMPLATES, InitSystem, Service
-from operations.serving import TP_RANKS
+from operations.serving.sglang import TP_RANKS
 from operations.states import Driver
+from operations.step import Layer, operation, refuse
+from operations.thunderbolt.driver import CandidateModule, staged_path, swap_planned
 
 if TYPE_CHECKING:
-    from operations.run import Run
-    from operations.settings import WorkstationSettings
+    from operations.site.settings import WorkstationSettings
 
 LAYER = Layer.DRIVER
 NAME = "twinbolt-guard"
@@ -260,8 +261,9 @@ def ledger_entry(event: dict[str, Any], observed: dict[str, Any]) -> dict[str, A
     is recorded as what it is, never a stall. It keeps the event itself, by
     which a record is known (:func:`recorded`).
     """
-    return ledger.record("guard", "candidate", "unaddressed" if unaddressed(event) else "guarded",
-                         [observed], layer=Layer.LINK,
+    return ledger.record("guard", Driver.CANDIDATE,
+                         "unaddressed" if unaddressed(event) else "guarded", [observed],
+                         layer=Layer.LINK,
                          evidence=f"the guard on {observed['host']}: {describe_event(event)}",
                          event=event)
 
@@ -286,7 +288,7 @@ def disarm_first(loaded: Driver, candidate: CandidateModule) -> bool:
     the module, candidate to candidate too, as the driver layer answers it when
     the step runs; and always before a stock driver, which no guard watches.
     """
-    return loaded != "candidate" or swap_planned(loaded, candidate)
+    return not Driver(loaded).is_candidate or swap_planned(loaded, candidate)
 
 
 # Operations
@@ -337,8 +339,19 @@ def armed(guard: Guard, present: bool = True) -> Iterator[PyinfraCommand]:
     yield from supervisor.transient_start(guard.service())
 
 
+class Guarded(Protocol):
+    """
+    What the guard's report needs of the run (an :class:`operations.run.Run`): who
+    it is, the locks it holds, and what it observed.
+    """
+
+    owner: RunOwner
+    locks: Locks
+    observed: Observations
+
+
 @operation(Layer.LEDGER, is_idempotent=True)
-def reported(run: Run, init_system: InitSystem, ledger_path: str) -> Iterator[PyinfraCommand]:
+def reported(run: Guarded, init_system: InitSystem, ledger_path: str) -> Iterator[PyinfraCommand]:
     """
     Read what the guard did since the last run: name each event, and have the
     ledger record it as a stall of the candidate on this host's controller.
@@ -389,7 +402,7 @@ def reported(run: Run, init_system: InitSystem, ledger_path: str) -> Iterator[Py
     yield from ()
 
 
-def moved_aside(run: Run) -> list[dict[str, Any]]:
+def moved_aside(run: Guarded) -> list[dict[str, Any]]:
     """
     The guard's events, renamed aside under this run's lock and read; refuse, with
     nothing recorded, where the run does not hold the lock or the rename fails.
