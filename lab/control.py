@@ -27,6 +27,7 @@ from lab.topology import (
     INIT_FILE,
     LINK_INTERFACE,
     MODULE_NAME,
+    OWNER_FILE,
     PYTHON,
     REPO,
     STATE,
@@ -36,6 +37,7 @@ from lab.topology import (
     alive,
     host_named,
     init_system,
+    owner,
     pid_file,
     read_pid,
 )
@@ -49,6 +51,7 @@ LAB_KERNEL_LOG = LOGS / "kernel.log"
 # How much of a host's log a boot failure quotes.
 BOOT_LOG_LINES = 8
 PROCESSES = [f"host-{host.name}" for host in HOSTS] + ["kernel"]
+KERNEL_MODULE = ["-m", "lab.kernel"]
 
 
 def say(message: str) -> None:
@@ -211,7 +214,9 @@ def up(init: str | None = None) -> None:
         wait_for_boot(host)
     for host in WORKSTATIONS:
         boot_workstation_driver(host)
-    spawn("kernel", [str(PYTHON), "-m", "lab.kernel"])
+    spawn("kernel", [str(PYTHON), *KERNEL_MODULE])
+    OWNER_FILE.parent.mkdir(parents=True, exist_ok=True)
+    OWNER_FILE.write_text(f"{STATE}\n")
     wait_until_linked("after the boot")
     say(f"up ({init_system()}) in {time.monotonic() - started:.1f}s; "
         f"ssh -F {shlex.quote(str(ssh.CLIENT_CONFIG))} wsa")
@@ -359,10 +364,29 @@ def stop_pids(pids: list[int], timeout: float = 3.0) -> None:
             pass
 
 
+def another_checkouts_kernel() -> int | None:
+    """
+    The lab kernel another checkout started, by its pid file, if it still runs
+    as one: a pid alone may since name another process. A host's processes are
+    found by its namespace whoever started them; the kernel runs outside.
+    """
+    state = owner()
+    if state is None or state == STATE:
+        return None
+    pid = read_pid("kernel", state)
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1] if pid else []
+    except FileNotFoundError:
+        return None
+    return pid if [arg.decode() for arg in argv[1:]] == KERNEL_MODULE else None
+
+
 def down(quiet: bool = False) -> None:
     started = time.monotonic()
     removed = []
     pids = [pid for pid in (read_pid(name) for name in PROCESSES) if pid]
+    if (foreign := another_checkouts_kernel()) is not None:
+        pids.append(foreign)
     for host in HOSTS:
         pids += network.netns_pids(host.name)
         cut_power(host)
@@ -375,6 +399,7 @@ def down(quiet: bool = False) -> None:
         pid_file(name).unlink(missing_ok=True)
     # A lab brought up again boots systemd unless asked otherwise.
     INIT_FILE.unlink(missing_ok=True)
+    OWNER_FILE.unlink(missing_ok=True)
     faults.clear()
     cable.forget()
     if not quiet:
@@ -402,6 +427,9 @@ def status() -> bool:
     """Print each host's state; return whether the lab is fully up."""
     is_up = healthy()
     say(f"{'up' if is_up else 'down'}; state in {STATE}")
+    if (state := owner()) not in (None, STATE):
+        say(f"  the lab was last brought up from {state}; `up` here rebuilds it as this "
+            "checkout's")
     for host in HOSTS:
         running = read_pid(f"host-{host.name}") is not None
         sshd = "up" if running and sshd_answers(host) else "down"
