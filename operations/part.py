@@ -118,7 +118,7 @@ class Part:
             sglang=the_sglang,
             router=the_router,
             proxy=the_proxy,
-            start_bound=settings.bound((the_sglang or the_router).start_timeout),
+            start_bound=settings.bound((the_sglang or the_router).start_timeout_seconds),
             proxy_bound=settings.bound(PROXY_START_TIMEOUT_SECONDS),
             request_bound=settings.bound(route.REQUEST_TIMEOUT_SECONDS),
             rollback_timeout=rollback_timeout,

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from pyinfra import host
@@ -34,7 +34,7 @@ from pyinfra.operations import files, runit, server, systemd
 
 from operations.plumbing import connect
 from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest, digest_script
-from operations.site.settings import GatewaySettings, http_url
+from operations.site.settings import http_url
 from operations.site.syntax import (
     ENVIRONMENT_NAME,
     AbsolutePath,
@@ -112,7 +112,9 @@ class GatewayService:
     A service of the gateway's own (sglang-router, the LiteLLM proxy): where
     clients reach it (the gateway's ``address``), what it binds (the site's
     ``gateway_roles.listen_address``), how it runs, and where pip finds what its
-    venv holds (``gateway_roles.pip_options``).
+    venv holds (``gateway_roles.pip_options``); its ``port``, ``venv`` and
+    ``user`` are its role's own (``gateway_roles.router_port``, ``litellm_port``
+    ...), each derived by its name (:func:`~operations.site.settings.derived`).
     """
 
     address: str
@@ -122,13 +124,6 @@ class GatewayService:
     user: str
     init_system: InitSystem
     pip_options: tuple[str, ...]
-
-    @staticmethod
-    def shared(gateway: GatewaySettings) -> dict[str, Any]:
-        """The fields every service of the gateway takes from its settings alike."""
-        roles = gateway.roles
-        return {"address": gateway.address, "listen_address": roles.listen_address,
-                "init_system": roles.init_system, "pip_options": tuple(roles.pip_options or ())}
 
     @property
     def url(self) -> str:

@@ -45,7 +45,7 @@ from operations.plumbing.phase import elsewhere
 from operations.plumbing.probes import Proofs, Proven
 from operations.services import GatewayService, Service, log_tails
 from operations.site.model import MASTER_KEY_ENV
-from operations.site.settings import GatewaySettings
+from operations.site.settings import GatewaySettings, derived
 from operations.step import Layer, failing, operation
 
 LAYER = Layer.GATEWAY
@@ -97,7 +97,9 @@ class Deployment:
 @dataclass(frozen=True)
 class Proxy(GatewayService):
     """
-    The LiteLLM proxy on the gateway (the site's ``gateway_roles``) and its two roles.
+    The LiteLLM proxy on the gateway and its two roles: the site's
+    ``gateway_roles``, its own as ``litellm_*``
+    (:func:`~operations.site.settings.derived`).
 
     ``secret_files`` are the environment variables the service reads from files
     on the gateway when it starts, the master key first.
@@ -125,13 +127,8 @@ class Proxy(GatewayService):
         elif roles.large.api_key_env:
             # A variable the site puts in the proxy's environment itself.
             large_key = f"os.environ/{roles.large.api_key_env}"
-        return cls(
-            **GatewayService.shared(settings),
-            port=roles.litellm_port,
-            venv=roles.litellm_venv,
-            user=roles.litellm_user,
-            config_file=roles.litellm_config_file,
-            master_key_file=roles.master_key_file,
+        return derived(
+            cls, settings, roles, prefix="litellm_",
             small=Deployment(DEPLOYMENTS["small"], small_model, f"{small_url}/v1", NO_KEY),
             large=Deployment(DEPLOYMENTS["large"], roles.large.served_model_name,
                              str(roles.large.api_base).rstrip("/"), large_key),
