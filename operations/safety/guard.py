@@ -61,6 +61,7 @@ from operations.serving.sglang import TP_RANKS
 from operations.states import Driver
 from operations.step import Layer, operation, refuse
 from operations.thunderbolt.driver import CandidateModule, staged_path, swap_planned
+from operations.thunderbolt.link import ExpectedLink
 
 if TYPE_CHECKING:
     from operations.site.settings import WorkstationSettings
@@ -92,17 +93,13 @@ MODULE_SECONDS = 20
 @dataclass(frozen=True)
 class Guard:
     """
-    What one workstation's guard watches and what it restores: the link towards
-    the peer and its declared address, the stall bound, the module, and the TP
-    rank it stops. ``sysfs`` and ``uptime_path`` are where it reads the host;
-    only a test points them elsewhere.
+    What one workstation's guard watches and what it restores: the link as this
+    host expects it (its interface, its declared address and who applies it, the
+    peer), the stall bound, the module, and the TP rank it stops. ``sysfs`` and
+    ``uptime_path`` are where it reads the host; only a test points them elsewhere.
     """
 
-    interface: str
-    address: str
-    prefix_length: int
-    address_owner: str
-    peer_address: str
+    link: ExpectedLink
     stall_seconds: int
     module: str
     rank_service: str
@@ -115,15 +112,13 @@ class Guard:
     module_seconds: int = MODULE_SECONDS
 
     @classmethod
-    def of(cls, settings: WorkstationSettings) -> Guard:
+    def of(cls, settings: WorkstationSettings, link: ExpectedLink) -> Guard:
         candidate = settings.candidate_module
         return cls(
-            interface=settings.link.interface, address=settings.link_address,
-            prefix_length=settings.link.prefix_length,
-            address_owner=settings.link.address_owner, peer_address=settings.peer_link_address,
-            stall_seconds=settings.candidate.guard_stall_seconds, module=candidate.name,
-            rank_service=TP_RANKS[settings.rank], init_system=settings.serving.init_system,
-            run_dir=settings.run_dir, staged_candidate=staged_path(settings.run_dir, candidate),
+            link=link, stall_seconds=settings.candidate.guard_stall_seconds,
+            module=candidate.name, rank_service=TP_RANKS[settings.rank],
+            init_system=settings.serving.init_system, run_dir=settings.run_dir,
+            staged_candidate=staged_path(settings.run_dir, candidate),
         )
 
     @property
@@ -133,9 +128,9 @@ class Guard:
     def script(self) -> str:
         """The guard's script, rendered locally, each value quoted for the shell."""
         return get_template(str(TEMPLATE)).render(
-            sh=shlex.quote, script_path=self.script_path, interface=self.interface,
-            address=self.address, prefix_length=int(self.prefix_length),
-            address_owner=self.address_owner, peer_address=self.peer_address,
+            sh=shlex.quote, script_path=self.script_path, interface=self.link.interface,
+            address=self.link.link_address, prefix_length=int(self.link.prefix_length),
+            address_owner=self.link.address_owner, peer_address=self.link.peer_link_address,
             stall_seconds=int(self.stall_seconds), interval_seconds=INTERVAL_SECONDS,
             module_seconds=int(self.module_seconds), module=self.module,
             rank_service=self.rank_service, staged_path=self.staged_candidate,
@@ -313,7 +308,7 @@ def armed(guard: Guard, present: bool = True) -> Iterator[PyinfraCommand]:
     .. code:: python
 
         guard.armed(name="Guard: armed while the candidate is loaded",
-                    guard=Guard.of(settings))
+                    guard=Guard.of(settings, expected_link))
     """
     supervisor = SUPERVISORS[guard.init_system]
     state = host.get_fact(GuardState, init_system=guard.init_system)

@@ -41,13 +41,14 @@ class ExpectedLink:
     The link as one workstation expects it: the interface, this host's address on
     it and the peer's, the rate (speed × lanes) and the lanes it must train at,
     who applies the address (``twinbolt``, with ``prefix_length``, or ``system``,
-    the host's network manager) and how long a retraining may take. All but the
-    addresses are the site's ``[link]``, under the same names.
+    the host's network manager) and how long a retraining may take. Each is the
+    host's setting of its name (:func:`~operations.site.settings.derived`): the
+    addresses the host's, the rest the site's ``[link]``.
     """
 
     interface: str
-    address: str
-    peer_address: str
+    link_address: str
+    peer_link_address: str
     expected_rate_gbps: float
     expected_lanes: int
     address_owner: str
@@ -256,10 +257,10 @@ def link_problems(link: ExpectedLink, traffic: bool = True) -> tuple[list[str], 
     if found or not traffic:
         return found, worth_waiting
     found = interface_problems(host.get_fact(InterfaceState, interface=link.interface),
-                               link.interface, link.address, link.address_owner)
-    if not found and not host.get_fact(PeerAnswers, address=link.peer_address,
+                               link.interface, link.link_address, link.address_owner)
+    if not found and not host.get_fact(PeerAnswers, address=link.peer_link_address,
                                        interface=link.interface):
-        found = [silent_peer(link.interface, link.peer_address)]
+        found = [silent_peer(link.interface, link.peer_link_address)]
     return found, True
 
 
@@ -441,7 +442,7 @@ def trained(link: ExpectedLink, needed: bool = True) -> Iterator[PyinfraCommand]
         return
     def check(seconds_left: float) -> tuple[list[str], bool]:
         if link.address_owner == "twinbolt":
-            apply_address(link.interface, link.address, link.prefix_length)
+            apply_address(link.interface, link.link_address, link.prefix_length)
         return link_problems(link)
 
     outcome: dict = {}

@@ -3,15 +3,17 @@
 import json
 import re
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 
 from harness.counters import from_reading
 from harness.remote import Reading
+from operations import part
 from operations.gateway import proxy
 from operations.serving import router, sglang
 from operations.site.hosts import InventoryEntry
-from operations.site.model import GatewayRoles, Serving, load_site, section_defaults
+from operations.site.model import GatewayRoles, Link, Serving, load_site, section_defaults
 from operations.site.settings import (
     GatewaySettings,
     HostSettings,
@@ -168,6 +170,7 @@ def test_a_layer_field_that_no_setting_names_or_two_do_is_refused(sources, prefi
 # What each layer computes; every other field of it is a setting of its name.
 COMPUTED = {
     "Sglang": set(),
+    "ExpectedLink": set(),
     "Router": {"workers", "served_model_name", "start_timeout_seconds"},
     "Proxy": {"small", "large", "secret_files"},
 }
@@ -184,20 +187,26 @@ def test_every_field_of_a_layer_is_a_setting_of_its_name_or_listed_as_computed(
         computed[layer.__name__] = set(values)
         return derived(layer, *sources, prefix=prefix, **values)
 
-    for module in (sglang, router, proxy):
+    for module in (sglang, router, proxy, part):
         monkeypatch.setattr(module, "derived", recording)
     site = load_site(write_site())
     workstations = [InventoryEntry(name, ("workstations",), data)
                     for name, data in site.workstation_hosts()]
     ((name, data),) = site.gateway_hosts()
     gateway = InventoryEntry(name, ("gateway",), data)
+    inventory = SimpleNamespace(get_group={"workstations": workstations,
+                                           "gateway": [gateway]}.get)
     the_sglang = sglang.Sglang.from_host(workstations[0])
+    the_part = part.WorkstationPart.of(WorkstationSettings.of(workstations[0]), inventory,
+                                       the_sglang)
     the_router = router.Router.from_hosts(gateway, workstations)
     the_proxy = proxy.Proxy.from_host(gateway, the_router.served_model_name, the_router.url)
     assert computed == COMPUTED
     # Each setting under its own name, a role's without its prefix.
     assert (the_sglang.sglang_module, the_sglang.interface) == (
         site.serving.sglang_module, site.link.interface)
+    assert the_part.link.peer_link_address == str(site.workstations[1].thunderbolt_address)
+    assert the_part.link.wait_seconds == Link().wait_seconds
     roles = site.gateway_roles
     assert (the_router.port, the_router.venv, the_router.user) == (
         roles.router_port, roles.router_venv, roles.router_user)
