@@ -33,7 +33,13 @@ from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.operations import files, runit, server, systemd
 
 from operations.plumbing import connect
-from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest, digest_script
+from operations.plumbing.facts import (
+    EmptyMeansSomething,
+    FileDigest,
+    digest,
+    digest_script,
+    shell_script,
+)
 from operations.site.settings import http_url
 from operations.site.syntax import (
     ENVIRONMENT_NAME,
@@ -366,11 +372,10 @@ class Runit(Supervisor):
         yield from files.put._inner(src=StringIO(render(service, "runit", RUNIT_TRANSIENT_DIR)),
                                     dest=f"{directory}/run", mode="0755")
         yield from files.file._inner(path=f"{directory}/down")
-        yield StringCommand("sh", "-c", QuoteString(RUNSV_ONCE), "-", QuoteString(directory))
+        yield shell_script(RUNSV_ONCE, directory)
 
     def transient_stop(self, name: str) -> Iterator[PyinfraCommand]:
-        yield StringCommand("sh", "-c", QuoteString(RUNSV_EXIT), "-",
-                            QuoteString(f"{RUNIT_TRANSIENT_DIR}/{name}"))
+        yield shell_script(RUNSV_EXIT, f"{RUNIT_TRANSIENT_DIR}/{name}")
 
 
 SUPERVISORS: dict[InitSystem, Supervisor] = {"systemd": Systemd(), "runit": Runit()}
@@ -466,8 +471,7 @@ class AccountExists(EmptyMeansSomething):
     """
 
     def command(self, user: str) -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString('id -u "$1" >/dev/null 2>&1 && echo yes'),
-                             "-", QuoteString(user))
+        return shell_script('id -u "$1" >/dev/null 2>&1 && echo yes', user)
 
     def process(self, output: list[str]) -> bool:
         return bool(output) and output[0].strip() == "yes"
@@ -509,8 +513,7 @@ class ServiceProcess(EmptyMeansSomething):
             "grep -z -m 1 -e \"^$name=\" \"/proc/$pid/environ\" | tr '\\0' '\\n' "
             "| head -n 1 | sed 's/^/env /'; done; true"
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(service),
-                             *(QuoteString(name) for name in variables))
+        return shell_script(script, service, *variables)
 
     def process(self, output: list[str]) -> dict:
         process: dict = {"running": False, "status": "", "pid": None, "seconds": None,
@@ -549,8 +552,7 @@ class ServiceSettled(FactBase):
 
     def command(self, service: str, path: str, init_system: InitSystem) -> StringCommand:
         script = digest_script('"$2"') + SUPERVISORS[init_system].settled_script() + "true"
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(service),
-                             QuoteString(path))
+        return shell_script(script, service, path)
 
     def process(self, output: list[str]) -> dict[str, str]:
         return dict(line.strip().partition(" ")[::2] for line in output if line.strip())
@@ -570,8 +572,7 @@ class ServicePids(FactBase):
     def command(self, services: tuple[str, ...], init_system: InitSystem) -> StringCommand:
         script = ("pid_of() { " + SUPERVISORS[init_system].status_script()
                   + 'echo "$1 $pid"; }; for s in "$@"; do pid_of "$s"; done')
-        return StringCommand("sh", "-c", QuoteString(script), "-",
-                             *(QuoteString(service) for service in services))
+        return shell_script(script, *services)
 
     def process(self, output: list[str]) -> dict[str, int]:
         pids = {}
@@ -595,7 +596,7 @@ class RunningServices(FactBase):
 
     def command(self, prefix: str, init_system: InitSystem) -> StringCommand:
         script = SUPERVISORS[init_system].running_script() + "true"
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(prefix))
+        return shell_script(script, prefix)
 
     def process(self, output: list[str]) -> list[str]:
         return sorted(line.strip() for line in output if line.strip())

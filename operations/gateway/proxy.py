@@ -40,7 +40,7 @@ from pyinfra.operations import files
 
 from operations import services
 from operations.plumbing import probes, venvs
-from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest
+from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest, shell_script
 from operations.plumbing.phase import elsewhere
 from operations.plumbing.probes import Proofs, Proven
 from operations.services import GatewayService, Service, log_tails
@@ -159,7 +159,7 @@ def master_key_command(path: str) -> StringCommand:
         'printf "sk-%s\\n" "$(od -An -tx1 -N24 /dev/urandom | tr -d " \\n")" > "$1.new") && '
         'mv "$1.new" "$1"'
     )
-    return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(path))
+    return shell_script(script, path)
 
 
 def template_context(proxy: Proxy, fallback: bool) -> dict[str, object]:
@@ -257,9 +257,7 @@ class HoldsKey(EmptyMeansSomething):
     """
 
     def command(self, path: str) -> StringCommand:
-        return StringCommand("sh", "-c",
-                             QuoteString('grep -q "[^[:space:]]" "$1" 2>/dev/null && echo yes'),
-                             "-", QuoteString(path))
+        return shell_script('grep -q "[^[:space:]]" "$1" 2>/dev/null && echo yes', path)
 
     def process(self, output: list[str]) -> bool:
         return bool(output) and output[0].strip() == "yes"
@@ -289,8 +287,7 @@ class LiveRouting(FactBase):
             f'for role in "$@"; do for kind in {kinds}; do '
             'echo "$kind $role $(tr -d "\\n" < "$out/$kind.$role")"; done; done'
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(master_key_file),
-                             QuoteString(url), *ROLES)
+        return shell_script(script, master_key_file, url, *ROLES)
 
     def process(self, output: list[str]) -> dict | None:
         answers = {}

@@ -46,12 +46,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pyinfra import host, logger
-from pyinfra.api import QuoteString, StringCommand
+from pyinfra.api import StringCommand
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.util import get_template
 from pyinfra.operations import files
 
-from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest
+from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest, shell_script
 from operations.plumbing.phase import executing, run_now
 from operations.safety import ledger
 from operations.safety.ledger import Observations
@@ -163,7 +163,7 @@ class GuardState(EmptyMeansSomething):
         # The events, and any a run moved aside and did not finish with.
         script = (supervisor.transient_active_script() + supervisor.transient_left_script()
                   + f"sed 's/^/event /' {EVENTS} {EVENTS}.* 2>/dev/null; true")
-        return StringCommand("sh", "-c", QuoteString(script), "-", NAME)
+        return shell_script(script, NAME)
 
     def process(self, output: list[str]) -> dict[str, Any]:
         return {"armed": any(line.strip() == "active" for line in output),
@@ -387,8 +387,7 @@ def reported(run: Guarded, init_system: InitSystem, ledger_path: str) -> Iterato
     if executing():
         for entry in run.observed.guarded[host.name]:
             ledger.append(Path(ledger_path), entry)
-        finished, output = run_now(StringCommand("sh", "-c", QuoteString(FINISH_MOVED), "-",
-                                                 EVENTS, REPORTED))
+        finished, output = run_now(shell_script(FINISH_MOVED, EVENTS, REPORTED))
         if not finished:
             host.log_styled(f"the guard's events are recorded, but could not move to {REPORTED} "
                             f"({output.stderr}): the next run reads them again, and records "
@@ -405,8 +404,7 @@ def moved_aside(run: Guarded) -> list[dict[str, Any]]:
     if not run.locks.holds(host.name):
         refuse(Layer.LOCK, [f"the guard's events are read only under this run's lock, which it "
                             f"does not hold on {host.name}"])
-    moved, output = run_now(StringCommand("sh", "-c", QuoteString(MOVE_ASIDE), "-", EVENTS,
-                                          f"{EVENTS}.{run.owner.token}"))
+    moved, output = run_now(shell_script(MOVE_ASIDE, EVENTS, f"{EVENTS}.{run.owner.token}"))
     if not moved:
         refuse(Layer.LEDGER, [f"the guard's events could not be moved aside to be read "
                               f"({output.stderr}); nothing was recorded"])

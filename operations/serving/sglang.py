@@ -44,7 +44,7 @@ from pyinfra.operations import apt
 
 from operations import services
 from operations.plumbing import probes
-from operations.plumbing.facts import EmptyMeansSomething
+from operations.plumbing.facts import EmptyMeansSomething, shell_script
 from operations.plumbing.phase import elsewhere, executing
 from operations.plumbing.probes import Proofs, Proven
 from operations.services import InitSystem, Service, ServiceProcess, log_tails
@@ -257,9 +257,8 @@ class SglangVersion(EmptyMeansSomething):
         script = 'cd "$1" && exec "$2" -c "$3" "$4"'
         as_user = [] if user == "root" else ["runuser", "-u", QuoteString(user), "--"]
         return StringCommand(
-            *as_user, "sh", "-c", QuoteString(script), "-", QuoteString(working_directory),
-            QuoteString(python), QuoteString(self.SCRIPT), QuoteString(module), "2>&1", "||",
-            "true",
+            *as_user, shell_script(script, working_directory, python, self.SCRIPT, module),
+            "2>&1", "||", "true",
         )
 
     def process(self, output: list[str]) -> dict:

@@ -27,7 +27,7 @@ from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 
 from operations.plumbing import probes
-from operations.plumbing.facts import EmptyMeansSomething
+from operations.plumbing.facts import EmptyMeansSomething, shell_script
 from operations.plumbing.phase import executing, run_now
 from operations.step import Layer, failing, failure, operation, refuse
 
@@ -120,7 +120,7 @@ class InterfaceState(EmptyMeansSomething):
             'echo "carrier $(cat "/sys/class/net/$1/carrier" 2>/dev/null || echo 0)"; '
             'ip -o -4 addr show dev "$1" | awk \'{print "address " $4}\''
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(interface))
+        return shell_script(script, interface)
 
     def process(self, output: list[str]) -> dict:
         state: dict = {"exists": bool(output), "carrier": False, "addresses": []}
@@ -170,7 +170,7 @@ class RouteInterface(FactBase):
             f'a="$1"; [ "$a" = {SSH_CLIENT} ] && set -- $SSH_CONNECTION && a="$1"; '
             '[ -n "$a" ] && ip route get "$a" | sed -n "s/.* dev \\([^ ]*\\).*/\\1/p"; true'
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(address))
+        return shell_script(script, address)
 
     def process(self, output: list[str]) -> str | None:
         return output[0].strip() if output else None
