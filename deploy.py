@@ -48,21 +48,22 @@ from operations.gateway import proxy, route
 from operations.part import Part
 from operations.safety import guard, interrupt, ledger, lock, rollback, scope
 from operations.serving import gpu, router, sglang
-from operations.site.options import INHERITED_KEY, LOST_HOSTS_KEY, RunOptions
+from operations.site.options import RollbackKeys, RunOptions
 from operations.states import resolve_state
 from operations.thunderbolt import driver, link
 
-# The run's options, read and checked with every --data item by config.py.
+# The run's options, read and checked with every --data item by config.py; a
+# rollback's own keys, given by the failed run that started it.
 options = RunOptions.of(pyinfra.state)
+rollback_keys = RollbackKeys.of(host.data)
 state = resolve_state(options.state)
-# A rollback holds the lock of the failed run that started it.
-inherited_lock = host.data.get(INHERITED_KEY)
 # The pair is one unit: a run that leaves a host out is refused before anything,
 # but for a rollback, which leaves out the hosts its failed run lost.
 scope.whole_pair(inventory, pyinfra.state.is_host_in_limit, state.name,
-                 lost=scope.lost_hosts(host.data.get(LOST_HOSTS_KEY), inherited_lock,
+                 lost=scope.lost_hosts(rollback_keys.lost_hosts, rollback_keys.lock_inherited,
                                        state.name))
-run = runs.begin(pyinfra.state, state.name, inherited_lock)
+# A rollback holds the lock of the failed run that started it.
+run = runs.begin(pyinfra.state, state.name, rollback_keys.lock_inherited)
 in_run = scope.reached(inventory, pyinfra.state.is_host_in_limit)
 # This host's part in the run (operations/part.py); a workstation's own steps are
 # called only where it has one.
@@ -244,6 +245,6 @@ with host.arguments(_ignore_errors=True):
                          carried=(lock.inheriting(run.owner),), timeout=part.rollback_timeout,
                          _timeout=part.rollback_bound)
     lock.released(name="Lock: released", run_dir=part.settings.run_dir, owner=run.owner,
-                  inherited=bool(inherited_lock))
+                  inherited=bool(rollback_keys.lock_inherited))
 rollback.concluded(name="Conclusion: did the attempt succeed, and what was restored",
                    attempt=run.attempt, on_failure=options.on_failure, speakers=speakers)

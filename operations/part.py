@@ -27,7 +27,12 @@ from operations.gateway.proxy import Proxy
 from operations.safety.guard import Guard
 from operations.serving.router import Router
 from operations.serving.sglang import Sglang, replica_runs
-from operations.site.settings import GatewaySettings, HostSettings, WorkstationSettings
+from operations.site.settings import (
+    GatewaySettings,
+    HostSettings,
+    WorkstationSettings,
+    derived,
+)
 from operations.thunderbolt.driver import CandidateModule
 from operations.thunderbolt.link import ExpectedLink
 
@@ -56,15 +61,13 @@ class WorkstationPart:
     @classmethod
     def of(cls, settings: WorkstationSettings, inventory: Inventory,
            the_sglang: Sglang) -> WorkstationPart:
+        link = derived(ExpectedLink, settings, settings.link)
         return cls(
             settings=settings,
             candidate=settings.candidate_module,
-            # The site's [link] as it is, and this host's and its peer's addresses.
-            link=ExpectedLink(address=settings.link_address,
-                              peer_address=settings.peer_link_address,
-                              **settings.link.model_dump()),
-            link_bound=settings.bound(settings.link.wait_seconds),
-            guard=Guard.of(settings),
+            link=link,
+            link_bound=settings.bound(link.wait_seconds),
+            guard=Guard.of(settings, link),
             pair=[member.name for member in inventory.get_group("workstations")],
             gateway_address=GatewaySettings.of(inventory.get_group("gateway")[0]).address,
             replica_serves=partial(replica_runs, the_sglang),
@@ -118,7 +121,7 @@ class Part:
             sglang=the_sglang,
             router=the_router,
             proxy=the_proxy,
-            start_bound=settings.bound((the_sglang or the_router).start_timeout),
+            start_bound=settings.bound((the_sglang or the_router).start_timeout_seconds),
             proxy_bound=settings.bound(PROXY_START_TIMEOUT_SECONDS),
             request_bound=settings.bound(route.REQUEST_TIMEOUT_SECONDS),
             rollback_timeout=rollback_timeout,

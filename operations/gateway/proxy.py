@@ -40,12 +40,12 @@ from pyinfra.operations import files
 
 from operations import services
 from operations.plumbing import probes, venvs
-from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest
+from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest, shell_script
 from operations.plumbing.phase import elsewhere
 from operations.plumbing.probes import Proofs, Proven
 from operations.services import GatewayService, Service, log_tails
 from operations.site.model import MASTER_KEY_ENV
-from operations.site.settings import GatewaySettings
+from operations.site.settings import GatewaySettings, derived
 from operations.step import Layer, failing, operation
 
 LAYER = Layer.GATEWAY
@@ -97,7 +97,9 @@ class Deployment:
 @dataclass(frozen=True)
 class Proxy(GatewayService):
     """
-    The LiteLLM proxy on the gateway (the site's ``gateway_roles``) and its two roles.
+    The LiteLLM proxy on the gateway and its two roles: the site's
+    ``gateway_roles``, its own as ``litellm_*``
+    (:func:`~operations.site.settings.derived`).
 
     ``secret_files`` are the environment variables the service reads from files
     on the gateway when it starts, the master key first.
@@ -125,13 +127,8 @@ class Proxy(GatewayService):
         elif roles.large.api_key_env:
             # A variable the site puts in the proxy's environment itself.
             large_key = f"os.environ/{roles.large.api_key_env}"
-        return cls(
-            **GatewayService.shared(settings),
-            port=roles.litellm_port,
-            venv=roles.litellm_venv,
-            user=roles.litellm_user,
-            config_file=roles.litellm_config_file,
-            master_key_file=roles.master_key_file,
+        return derived(
+            cls, settings, roles, prefix="litellm_",
             small=Deployment(DEPLOYMENTS["small"], small_model, f"{small_url}/v1", NO_KEY),
             large=Deployment(DEPLOYMENTS["large"], roles.large.served_model_name,
                              str(roles.large.api_base).rstrip("/"), large_key),
@@ -162,7 +159,7 @@ def master_key_command(path: str) -> StringCommand:
         'printf "sk-%s\\n" "$(od -An -tx1 -N24 /dev/urandom | tr -d " \\n")" > "$1.new") && '
         'mv "$1.new" "$1"'
     )
-    return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(path))
+    return shell_script(script, path)
 
 
 def template_context(proxy: Proxy, fallback: bool) -> dict[str, object]:
@@ -260,9 +257,7 @@ class HoldsKey(EmptyMeansSomething):
     """
 
     def command(self, path: str) -> StringCommand:
-        return StringCommand("sh", "-c",
-                             QuoteString('grep -q "[^[:space:]]" "$1" 2>/dev/null && echo yes'),
-                             "-", QuoteString(path))
+        return shell_script('grep -q "[^[:space:]]" "$1" 2>/dev/null && echo yes', path)
 
     def process(self, output: list[str]) -> bool:
         return bool(output) and output[0].strip() == "yes"
@@ -292,8 +287,7 @@ class LiveRouting(FactBase):
             f'for role in "$@"; do for kind in {kinds}; do '
             'echo "$kind $role $(tr -d "\\n" < "$out/$kind.$role")"; done; done'
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(master_key_file),
-                             QuoteString(url), *ROLES)
+        return shell_script(script, master_key_file, url, *ROLES)
 
     def process(self, output: list[str]) -> dict | None:
         answers = {}

@@ -19,7 +19,7 @@ import shlex
 from collections.abc import Iterator
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand
+from pyinfra.api import StringCommand
 from pyinfra.api.command import PyinfraCommand
 
 from operations.gateway.proxy import (
@@ -38,7 +38,7 @@ from operations.gateway.proxy import (
     wanted_routing,
 )
 from operations.plumbing import probes
-from operations.plumbing.facts import EmptyMeansSomething
+from operations.plumbing.facts import EmptyMeansSomething, shell_script
 from operations.plumbing.phase import elsewhere, executing
 from operations.plumbing.probes import Proofs, Proven
 from operations.step import failing, operation, refuse
@@ -89,10 +89,7 @@ class RoleAnswers(EmptyMeansSomething):
             '"$url/v1/chat/completions" > "$out/$1" 2>&1 & shift 2; done; wait; '
             'for f in "$out"/*; do echo "@@answer ${f##*/}"; cat "$f"; done'
         )
-        return StringCommand(
-            "sh", "-c", QuoteString(script), "-", QuoteString(master_key_file),
-            str(float(timeout)), QuoteString(url), *(QuoteString(word) for word in asked),
-        )
+        return shell_script(script, master_key_file, str(float(timeout)), url, *asked)
 
     def process(self, output: list[str]) -> dict[str, probes.Answer]:
         roles: list[str] = []

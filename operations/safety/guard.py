@@ -46,12 +46,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pyinfra import host, logger
-from pyinfra.api import QuoteString, StringCommand
+from pyinfra.api import StringCommand
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.util import get_template
 from pyinfra.operations import files
 
-from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest
+from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest, shell_script
 from operations.plumbing.phase import executing, run_now
 from operations.safety import ledger
 from operations.safety.ledger import Observations
@@ -61,6 +61,7 @@ from operations.serving.sglang import TP_RANKS
 from operations.states import Driver
 from operations.step import Layer, operation, refuse
 from operations.thunderbolt.driver import CandidateModule, staged_path, swap_planned
+from operations.thunderbolt.link import ExpectedLink
 
 if TYPE_CHECKING:
     from operations.site.settings import WorkstationSettings
@@ -92,17 +93,13 @@ MODULE_SECONDS = 20
 @dataclass(frozen=True)
 class Guard:
     """
-    What one workstation's guard watches and what it restores: the link towards
-    the peer and its declared address, the stall bound, the module, and the TP
-    rank it stops. ``sysfs`` and ``uptime_path`` are where it reads the host;
-    only a test points them elsewhere.
+    What one workstation's guard watches and what it restores: the link as this
+    host expects it (its interface, its declared address and who applies it, the
+    peer), the stall bound, the module, and the TP rank it stops. ``sysfs`` and
+    ``uptime_path`` are where it reads the host; only a test points them elsewhere.
     """
 
-    interface: str
-    address: str
-    prefix_length: int
-    address_owner: str
-    peer_address: str
+    link: ExpectedLink
     stall_seconds: int
     module: str
     rank_service: str
@@ -115,15 +112,13 @@ class Guard:
     module_seconds: int = MODULE_SECONDS
 
     @classmethod
-    def of(cls, settings: WorkstationSettings) -> Guard:
+    def of(cls, settings: WorkstationSettings, link: ExpectedLink) -> Guard:
         candidate = settings.candidate_module
         return cls(
-            interface=settings.link.interface, address=settings.link_address,
-            prefix_length=settings.link.prefix_length,
-            address_owner=settings.link.address_owner, peer_address=settings.peer_link_address,
-            stall_seconds=settings.candidate.guard_stall_seconds, module=candidate.name,
-            rank_service=TP_RANKS[settings.rank], init_system=settings.serving.init_system,
-            run_dir=settings.run_dir, staged_candidate=staged_path(settings.run_dir, candidate),
+            link=link, stall_seconds=settings.candidate.guard_stall_seconds,
+            module=candidate.name, rank_service=TP_RANKS[settings.rank],
+            init_system=settings.serving.init_system, run_dir=settings.run_dir,
+            staged_candidate=staged_path(settings.run_dir, candidate),
         )
 
     @property
@@ -133,9 +128,9 @@ class Guard:
     def script(self) -> str:
         """The guard's script, rendered locally, each value quoted for the shell."""
         return get_template(str(TEMPLATE)).render(
-            sh=shlex.quote, script_path=self.script_path, interface=self.interface,
-            address=self.address, prefix_length=int(self.prefix_length),
-            address_owner=self.address_owner, peer_address=self.peer_address,
+            sh=shlex.quote, script_path=self.script_path, interface=self.link.interface,
+            address=self.link.link_address, prefix_length=int(self.link.prefix_length),
+            address_owner=self.link.address_owner, peer_address=self.link.peer_link_address,
             stall_seconds=int(self.stall_seconds), interval_seconds=INTERVAL_SECONDS,
             module_seconds=int(self.module_seconds), module=self.module,
             rank_service=self.rank_service, staged_path=self.staged_candidate,
@@ -168,7 +163,7 @@ class GuardState(EmptyMeansSomething):
         # The events, and any a run moved aside and did not finish with.
         script = (supervisor.transient_active_script() + supervisor.transient_left_script()
                   + f"sed 's/^/event /' {EVENTS} {EVENTS}.* 2>/dev/null; true")
-        return StringCommand("sh", "-c", QuoteString(script), "-", NAME)
+        return shell_script(script, NAME)
 
     def process(self, output: list[str]) -> dict[str, Any]:
         return {"armed": any(line.strip() == "active" for line in output),
@@ -313,7 +308,7 @@ def armed(guard: Guard, present: bool = True) -> Iterator[PyinfraCommand]:
     .. code:: python
 
         guard.armed(name="Guard: armed while the candidate is loaded",
-                    guard=Guard.of(settings))
+                    guard=Guard.of(settings, expected_link))
     """
     supervisor = SUPERVISORS[guard.init_system]
     state = host.get_fact(GuardState, init_system=guard.init_system)
@@ -392,8 +387,7 @@ def reported(run: Guarded, init_system: InitSystem, ledger_path: str) -> Iterato
     if executing():
         for entry in run.observed.guarded[host.name]:
             ledger.append(Path(ledger_path), entry)
-        finished, output = run_now(StringCommand("sh", "-c", QuoteString(FINISH_MOVED), "-",
-                                                 EVENTS, REPORTED))
+        finished, output = run_now(shell_script(FINISH_MOVED, EVENTS, REPORTED))
         if not finished:
             host.log_styled(f"the guard's events are recorded, but could not move to {REPORTED} "
                             f"({output.stderr}): the next run reads them again, and records "
@@ -410,8 +404,7 @@ def moved_aside(run: Guarded) -> list[dict[str, Any]]:
     if not run.locks.holds(host.name):
         refuse(Layer.LOCK, [f"the guard's events are read only under this run's lock, which it "
                             f"does not hold on {host.name}"])
-    moved, output = run_now(StringCommand("sh", "-c", QuoteString(MOVE_ASIDE), "-", EVENTS,
-                                          f"{EVENTS}.{run.owner.token}"))
+    moved, output = run_now(shell_script(MOVE_ASIDE, EVENTS, f"{EVENTS}.{run.owner.token}"))
     if not moved:
         refuse(Layer.LEDGER, [f"the guard's events could not be moved aside to be read "
                               f"({output.stderr}); nothing was recorded"])

@@ -43,10 +43,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, Host, QuoteString, StringCommand
+from pyinfra.api import FactBase, Host, StringCommand
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.context import ctx_host
 
+from operations.plumbing.facts import shell_script
 from operations.plumbing.phase import connector_arguments, executing, run_now
 from operations.site.options import INHERITED_KEY
 from operations.step import Ending, Layer, operation, refuse
@@ -179,8 +180,7 @@ class HostLock(FactBase):
                   '[ -r "$1" ] || { echo "unreadable"; exit 0; }; '
                   'line=$(head -n 1 "$1"); '
                   '[ -n "$line" ] && echo "owner $line" || echo "empty"')
-        return StringCommand("sh", "-c", QuoteString(script), "-",
-                             QuoteString(lock_path(run_dir)))
+        return shell_script(script, lock_path(run_dir))
 
     def process(self, output: list[str]) -> RunOwner | UnreadableLock | None:
         if not output:
@@ -215,9 +215,7 @@ def swapped(run_dir: str, seen: str, new: str | None) -> StringCommand:
         f'if [ "$4" = remove ]; then rm -f {LOCK_NAME}; exit; fi; '
         f'tmp={LOCK_NAME}.new.$$; printf "%s\\n" "$new" > "$tmp" && mv -f "$tmp" {LOCK_NAME}'
     )
-    return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(run_dir),
-                         QuoteString(seen), QuoteString(new or ""),
-                         "remove" if new is None else "write")
+    return shell_script(script, run_dir, seen, new or "", "remove" if new is None else "write")
 
 
 def seen_as(owner: RunOwner | None) -> str:

@@ -32,7 +32,7 @@ from operations.serving.sglang import (
     accept,
     process_problems,
 )
-from operations.site.settings import GatewaySettings
+from operations.site.settings import GatewaySettings, derived
 from operations.step import failing, operation
 
 # The router twinbolt installs on the gateway; requirements-lab.txt pins the same release.
@@ -42,26 +42,26 @@ ROUTER_LOCK = Path(__file__).resolve().parents[2] / "requirements-router.lock"
 
 @dataclass(frozen=True)
 class Router(GatewayService):
-    """sglang-router on the gateway (the site's ``gateway_roles.router_*``) and its workers."""
+    """
+    sglang-router on the gateway and its workers: the site's ``gateway_roles``,
+    its own as ``router_*`` (:func:`~operations.site.settings.derived`), and
+    every replica's URL, model and start's bound.
+    """
 
     workers: tuple[str, ...]
     served_model_name: str
-    start_timeout: float
+    start_timeout_seconds: float
 
     @classmethod
     def from_hosts(cls, gateway: Host, workstations: list[Host]) -> Router:
         """The gateway's settings, with every workstation's replica as a worker."""
         replicas = [Sglang.from_host(workstation) for workstation in workstations]
         settings = GatewaySettings.of(gateway)
-        roles = settings.roles
-        return cls(
-            **GatewayService.shared(settings),
-            port=roles.router_port,
-            venv=roles.router_venv,
-            user=roles.router_user,
+        return derived(
+            cls, settings, settings.roles, prefix="router_",
             workers=tuple(replica.url for replica in replicas),
             served_model_name=replicas[0].served_model_name,
-            start_timeout=max(replica.start_timeout for replica in replicas),
+            start_timeout_seconds=max(replica.start_timeout_seconds for replica in replicas),
         )
 
 
@@ -157,7 +157,7 @@ def router_accepted(router: Router | None, proofs: Proofs,
     yield from accept(
         f"the router at {router.url} serves a real completion",
         router_check(router, tokens, proofs),
-        router.start_timeout,
+        router.start_timeout_seconds,
         lambda: log_tails([(host, ROUTER, router.init_system)]),
     )
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 from pyinfra import host, inventory, logger
@@ -44,13 +44,13 @@ from pyinfra.operations import apt
 
 from operations import services
 from operations.plumbing import probes
-from operations.plumbing.facts import EmptyMeansSomething
+from operations.plumbing.facts import EmptyMeansSomething, shell_script
 from operations.plumbing.phase import elsewhere, executing
 from operations.plumbing.probes import Proofs, Proven
 from operations.services import InitSystem, Service, ServiceProcess, log_tails
 from operations.serving import transport
-from operations.site import model, releases
-from operations.site.settings import WorkstationSettings, http_url
+from operations.site import releases
+from operations.site.settings import WorkstationSettings, derived, http_url
 from operations.states import ServingMode, Speculative
 from operations.step import Layer, failing, operation, refuse
 
@@ -87,7 +87,9 @@ class Sglang:
     ``link_address``, ``peer_link_address`` and ``rank0_link_address`` are this
     host's, its peer's and rank 0's addresses on the Thunderbolt link, where the
     TP group meets and talks; ``tp_size`` is the group's size, one rank a
-    workstation of the site.
+    workstation of the site. Each field is the host's setting of its name
+    (:func:`~operations.site.settings.derived`): the host's own, ``[link]
+    interface`` and ``[serving]``'s.
     """
 
     address: str
@@ -98,7 +100,7 @@ class Sglang:
     rank0_link_address: str
     interface: str
     python: str
-    module: str
+    sglang_module: str
     model_path: str
     served_model_name: str
     quantization: str | None
@@ -107,11 +109,12 @@ class Sglang:
     draft_model_path: str | None
     port: int
     dist_init_port: int
-    min_version: str
+    # A number where pyinfra read ``--data serving_min_sglang_version=9.9`` as one.
+    min_sglang_version: str | float
     user: str
     init_system: InitSystem
     working_directory: str
-    start_timeout: float
+    start_timeout_seconds: float
     # Where the server listens (site key workstations.listen_address).
     listen_address: str = "0.0.0.0"
 
@@ -119,22 +122,7 @@ class Sglang:
     def from_host(cls, workstation: Host) -> Sglang:
         """A workstation's settings (any inventory host, not only the current one)."""
         settings = WorkstationSettings.of(workstation)
-        serving = settings.serving
-        return cls(
-            address=settings.address,
-            rank=settings.rank,
-            tp_size=settings.tp_size,
-            link_address=settings.link_address,
-            peer_link_address=settings.peer_link_address,
-            rank0_link_address=settings.rank0_link_address,
-            interface=settings.link.interface,
-            listen_address=settings.listen_address,
-            module=serving.sglang_module,
-            min_version=str(serving.min_sglang_version),
-            start_timeout=serving.start_timeout_seconds,
-            # The rest are the site's own [serving] keys, under their own names.
-            **{name: getattr(serving, name) for name in _SERVING_KEYS},
-        )
+        return derived(cls, settings, settings.link, settings.serving)
 
     @property
     def url(self) -> str:
@@ -145,15 +133,10 @@ class Sglang:
         return TP_RANKS[self.rank]
 
 
-# Sglang's fields that are [serving] keys of the site by the same name.
-_SERVING_KEYS = tuple(name for name in model.Serving.model_fields
-                      if name in {field.name for field in fields(Sglang)})
-
-
 def server_command(sglang: Sglang) -> list[str]:
     """The argv every SGLang server here starts with: the model and how it is served."""
     argv = [
-        sglang.python, "-m", sglang.module,
+        sglang.python, "-m", sglang.sglang_module,
         "--model-path", sglang.model_path,
         "--served-model-name", sglang.served_model_name,
         # Every address unless the site names one: the router, the acceptance
@@ -274,9 +257,8 @@ class SglangVersion(EmptyMeansSomething):
         script = 'cd "$1" && exec "$2" -c "$3" "$4"'
         as_user = [] if user == "root" else ["runuser", "-u", QuoteString(user), "--"]
         return StringCommand(
-            *as_user, "sh", "-c", QuoteString(script), "-", QuoteString(working_directory),
-            QuoteString(python), QuoteString(self.SCRIPT), QuoteString(module), "2>&1", "||",
-            "true",
+            *as_user, shell_script(script, working_directory, python, self.SCRIPT, module),
+            "2>&1", "||", "true",
         )
 
     def process(self, output: list[str]) -> dict:
@@ -289,12 +271,12 @@ class SglangVersion(EmptyMeansSomething):
 # Evidence
 
 
-def version_problems(found: dict, minimum: str) -> list[str]:
+def version_problems(found: dict, minimum: str | float) -> list[str]:
     """Why the SGLang found is not at least ``minimum``; empty when it is."""
     if "version" not in found:
         return [f"cannot read the SGLang version: {found.get('error')}"]
     try:
-        too_old = Version(found["version"]) < Version(minimum)
+        too_old = Version(found["version"]) < Version(str(minimum))
     except InvalidVersion:
         return [f"SGLang reports an unreadable version {found['version']!r}"]
     if too_old:
@@ -457,7 +439,7 @@ def stuck(sglang: Sglang, service: Service, proofs: Proofs,
     process = host.get_fact(ServiceProcess, service=service.name,
                             init_system=sglang.init_system,
                             variables=tuple(service.environment))
-    if (not process.get("running") or (process.get("seconds") or 0) < sglang.start_timeout
+    if (not process.get("running") or (process.get("seconds") or 0) < sglang.start_timeout_seconds
             or process_problems(process, service)):
         return []
     return serves(sglang, service, process["pid"], 1, None, tokens,
@@ -587,7 +569,7 @@ def admissible(sglang: Sglang | None, serving: ServingMode, speculative: Specula
     Refuse, before anything changes, a serving target this workstation cannot reach.
 
     The weights must be on the host. A NEXTN TP state needs SGLang at least
-    ``sglang.min_version``. The installed SGLang must accept the site's
+    ``sglang.min_sglang_version``. The installed SGLang must accept the site's
     ``--quantization`` (:mod:`operations.site.releases`), in every state, or the
     server would exit 2 at its start. Leaving production needs production working:
     a running replica must serve a real completion before its GPU is borrowed.
@@ -619,10 +601,10 @@ def admissible(sglang: Sglang | None, serving: ServingMode, speculative: Specula
     tensor_parallel = serving == ServingMode.TENSOR_PARALLEL
     needs_minimum = tensor_parallel and speculative is not None
     if needs_minimum or sglang.quantization:
-        version = host.get_fact(SglangVersion, python=sglang.python, module=sglang.module,
+        version = host.get_fact(SglangVersion, python=sglang.python, module=sglang.sglang_module,
                                 working_directory=sglang.working_directory, user=sglang.user)
         if needs_minimum:
-            found += version_problems(version, sglang.min_version)
+            found += version_problems(version, sglang.min_sglang_version)
         found += quantization_problems(version, sglang.quantization, sglang.python)
     if tensor_parallel and replica_runs(sglang):
         answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
@@ -774,7 +756,7 @@ def replica_accepted(sglang: Sglang | None, proofs: Proofs,
                      tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Accept this workstation's replica only by a real completion of ``tokens`` tokens
-    from its port, waiting up to ``sglang.start_timeout`` seconds with progress.
+    from its port, waiting up to ``sglang.start_timeout_seconds`` seconds with progress.
 
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
     + proofs: the run's :class:`~operations.plumbing.probes.Proofs`
@@ -794,7 +776,7 @@ def replica_accepted(sglang: Sglang | None, proofs: Proofs,
         f"the replica at {sglang.url} serves a real completion",
         server_check(sglang, service, tp_size=1, speculative=None, tokens=tokens,
                      proofs=proofs),
-        sglang.start_timeout,
+        sglang.start_timeout_seconds,
         lambda: log_tails([(host, REPLICA, sglang.init_system)]),
     )
 
@@ -837,7 +819,7 @@ def tp_accepted(sglang: Sglang | None, proofs: Proofs, speculative: Speculative 
         f"TP rank 0 at {sglang.url} serves a real completion as tp_size {sglang.tp_size} over "
         f"{sglang.interface}",
         check,
-        sglang.start_timeout,
+        sglang.start_timeout_seconds,
         tp_log_tails,
     )
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -108,6 +109,26 @@ RUN_OPTIONS = tuple(RunOptions.model_fields)
 
 # The item that loads the candidate despite a recorded stall, as an operator gives it.
 FORCING = RunOptions(force_candidate="yes").data_items()[0]
+
+
+@dataclass(frozen=True)
+class RollbackKeys:
+    """
+    The rollback's own keys (:data:`ROLLBACK_KEYS`) in a host's data, as its
+    failed run gave them; absent, None, in any other run:
+
+    + lost_hosts: the hosts the failed run lost, as given (``operations.safety.scope.lost_hosts``
+      checks it is a list of names)
+    + lock_inherited: the line of the failed run's lock, which the rollback holds
+    """
+
+    lost_hosts: Any
+    lock_inherited: str | None
+
+    @classmethod
+    def of(cls, data: Any) -> RollbackKeys:
+        """The keys among ``data``, a pyinfra ``Host``'s data or a plain mapping."""
+        return cls(lost_hosts=data.get(LOST_HOSTS_KEY), lock_inherited=data.get(INHERITED_KEY))
 
 
 class BadCommandLine(PyinfraError):

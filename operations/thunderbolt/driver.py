@@ -28,7 +28,7 @@ from pyinfra.facts.files import File
 from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import files
 
-from operations.plumbing.facts import EmptyMeansSomething
+from operations.plumbing.facts import EmptyMeansSomething, shell_script
 from operations.plumbing.phase import executing
 from operations.states import STOCK_BUILDS, Driver
 from operations.step import Layer, failing, operation, refuse
@@ -70,7 +70,7 @@ class LoadedModule(FactBase):
             "done; "
             'echo "note $(od -An -tx1 -v "$d/notes/.note.gnu.build-id" | tr -d " \\n")"'
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(module))
+        return shell_script(script, module)
 
     def process(self, output: list[str]) -> dict | None:
         if not output:
@@ -112,8 +112,7 @@ class ModuleFileBuildId(FactBase):
         return "readelf"
 
     def command(self, path: str = "", module: str = "") -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString(BUILD_ID_SCRIPT), "-", QuoteString(path),
-                             QuoteString(module))
+        return shell_script(BUILD_ID_SCRIPT, path, module)
 
     def process(self, output: list[str]) -> str | None:
         for line in output:
@@ -173,7 +172,7 @@ class PersistentModuleCopies(EmptyMeansSomething):
             "grep -rsH -e \"$1\" /etc/modprobe.d /etc/modules-load.d /etc/modules "
             "/etc/initramfs-tools/modules | sed 's/^/config /'; true"
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(module))
+        return shell_script(script, module)
 
     def process(self, output: list[str]) -> dict:
         copies: dict = {"files": {}, "config": []}
@@ -520,8 +519,7 @@ def module(
             src=candidate.path, dest=staged, mode="0600", create_remote_dir=False
         )
         if swap:
-            yield StringCommand("sh", "-c", QuoteString(SWAP_TO_CANDIDATE), "-",
-                                QuoteString(candidate.name), QuoteString(staged))
+            yield shell_script(SWAP_TO_CANDIDATE, candidate.name, staged)
         else:
             host.noop("the candidate is loaded with tx_e2e=Y")
         return

@@ -27,7 +27,7 @@ from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 
 from operations.plumbing import probes
-from operations.plumbing.facts import EmptyMeansSomething
+from operations.plumbing.facts import EmptyMeansSomething, shell_script
 from operations.plumbing.phase import executing, run_now
 from operations.step import Layer, failing, failure, operation, refuse
 
@@ -41,13 +41,14 @@ class ExpectedLink:
     The link as one workstation expects it: the interface, this host's address on
     it and the peer's, the rate (speed × lanes) and the lanes it must train at,
     who applies the address (``twinbolt``, with ``prefix_length``, or ``system``,
-    the host's network manager) and how long a retraining may take. All but the
-    addresses are the site's ``[link]``, under the same names.
+    the host's network manager) and how long a retraining may take. Each is the
+    host's setting of its name (:func:`~operations.site.settings.derived`): the
+    addresses the host's, the rest the site's ``[link]``.
     """
 
     interface: str
-    address: str
-    peer_address: str
+    link_address: str
+    peer_link_address: str
     expected_rate_gbps: float
     expected_lanes: int
     address_owner: str
@@ -119,7 +120,7 @@ class InterfaceState(EmptyMeansSomething):
             'echo "carrier $(cat "/sys/class/net/$1/carrier" 2>/dev/null || echo 0)"; '
             'ip -o -4 addr show dev "$1" | awk \'{print "address " $4}\''
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(interface))
+        return shell_script(script, interface)
 
     def process(self, output: list[str]) -> dict:
         state: dict = {"exists": bool(output), "carrier": False, "addresses": []}
@@ -169,7 +170,7 @@ class RouteInterface(FactBase):
             f'a="$1"; [ "$a" = {SSH_CLIENT} ] && set -- $SSH_CONNECTION && a="$1"; '
             '[ -n "$a" ] && ip route get "$a" | sed -n "s/.* dev \\([^ ]*\\).*/\\1/p"; true'
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(address))
+        return shell_script(script, address)
 
     def process(self, output: list[str]) -> str | None:
         return output[0].strip() if output else None
@@ -256,10 +257,10 @@ def link_problems(link: ExpectedLink, traffic: bool = True) -> tuple[list[str], 
     if found or not traffic:
         return found, worth_waiting
     found = interface_problems(host.get_fact(InterfaceState, interface=link.interface),
-                               link.interface, link.address, link.address_owner)
-    if not found and not host.get_fact(PeerAnswers, address=link.peer_address,
+                               link.interface, link.link_address, link.address_owner)
+    if not found and not host.get_fact(PeerAnswers, address=link.peer_link_address,
                                        interface=link.interface):
-        found = [silent_peer(link.interface, link.peer_address)]
+        found = [silent_peer(link.interface, link.peer_link_address)]
     return found, True
 
 
@@ -441,7 +442,7 @@ def trained(link: ExpectedLink, needed: bool = True) -> Iterator[PyinfraCommand]
         return
     def check(seconds_left: float) -> tuple[list[str], bool]:
         if link.address_owner == "twinbolt":
-            apply_address(link.interface, link.address, link.prefix_length)
+            apply_address(link.interface, link.link_address, link.prefix_length)
         return link_problems(link)
 
     outcome: dict = {}

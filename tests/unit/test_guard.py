@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import time
+from dataclasses import fields, replace
 from pathlib import Path
 from unittest.mock import patch
 
@@ -24,13 +25,21 @@ from operations.run import Run
 from operations.safety import guard, ledger
 from operations.safety.guard import Guard, GuardState
 from operations.services import RUNSV_EXIT, RUNSV_ONCE
+from operations.thunderbolt.link import ExpectedLink
 
 SHELLS = [shell for shell in ("sh", "dash", "bash") if shutil.which(shell)]
 
 
+LINK = ExpectedLink(interface="thunderbolt0", link_address="169.254.77.1",
+                    peer_link_address="169.254.77.2", expected_rate_gbps=20.0, expected_lanes=1,
+                    address_owner="twinbolt", prefix_length=16, wait_seconds=30)
+LINK_FIELDS = {field.name for field in fields(ExpectedLink)}
+
+
 def a_guard(tmp_path: Path, init_system: str = "systemd", **changes: object) -> Guard:
-    fields = dict(interface="thunderbolt0", address="169.254.77.1", prefix_length=16,
-                  address_owner="twinbolt", peer_address="169.254.77.2", stall_seconds=30,
+    """A guard; ``changes`` to its own fields or to its link's."""
+    link = {name: changes.pop(name) for name in list(changes) if name in LINK_FIELDS}
+    fields = dict(link=replace(LINK, **link), stall_seconds=30,
                   module="thunderbolt_net", rank_service="sglang-tp2-rank0",
                   init_system=init_system, run_dir="/run/twinbolt",
                   staged_candidate="/run/twinbolt/thunderbolt_net.ko",

@@ -23,8 +23,8 @@ from operations.thunderbolt.link import (
     XDomainLink,
 )
 
-LINK = dict(link=ExpectedLink(interface="thunderbolt0", address="169.254.77.1",
-                              peer_address="169.254.77.2", expected_rate_gbps=20.0,
+LINK = dict(link=ExpectedLink(interface="thunderbolt0", link_address="169.254.77.1",
+                              peer_link_address="169.254.77.2", expected_rate_gbps=20.0,
                               expected_lanes=1, address_owner="twinbolt", prefix_length=16,
                               wait_seconds=30.0))
 

@@ -3,6 +3,7 @@
 a run option's, and no other key.
 """
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,15 @@ def test_the_run_options_are_one_object_read_from_the_data() -> None:
     assert not options.RunOptions.read({"on_failure": "stop"}).forced
     # The ledger's refusal names the option that overrides it.
     assert options.FORCING.partition("=")[0] in options.RUN_OPTIONS
+
+
+def test_the_rollbacks_own_keys_are_one_object_apart_from_the_run_options() -> None:
+    given = {"state": "production", "lock_inherited": "machine=m user=u pid=1",
+             "lost_hosts": ["wsb"]}
+    carried = options.RollbackKeys.of(given)
+    assert (carried.lock_inherited, carried.lost_hosts) == ("machine=m user=u pid=1", ["wsb"])
+    assert options.RollbackKeys.of({"state": "production"}) == options.RollbackKeys(None, None)
+    assert {field.name for field in fields(options.RollbackKeys)} == set(options.ROLLBACK_KEYS)
 
 
 # config.py: the same check, and the password options, before pyinfra connects.

@@ -19,7 +19,7 @@ from pyinfra.operations import server
 from pyinfra_fakes import FakeHost, commands, describe, on
 
 from operations import services
-from operations.plumbing.facts import FileDigest, digest
+from operations.plumbing.facts import FileDigest, digest, shell_script
 from operations.services import (
     RunningServices,
     Service,
@@ -385,6 +385,14 @@ def test_a_file_digest_is_its_mode_and_sha1_read_in_one_command(tmp_path: Path) 
         return fact.process(output.splitlines()) if output else fact.default()
     assert read(path) == digest("#!/bin/sh\nexec true\n", "750")
     assert read(tmp_path / "absent") is None
+
+
+def test_a_shell_scripts_arguments_are_its_parameters_never_its_syntax() -> None:
+    hostile = ["a b", "$(id)", "'; touch /x #", ""]
+    command = shell_script('for word in "$@"; do printf "%s|" "$word"; done', *hostile)
+    output = subprocess.run(["/bin/sh", "-c", command.get_raw_value()],
+                            capture_output=True, text=True, check=True).stdout
+    assert output == "".join(f"{word}|" for word in hostile)
 
 
 # Hostile values: what a unit or a run script cannot carry is refused, the rest is quoted

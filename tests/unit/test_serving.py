@@ -50,11 +50,11 @@ REPO = Path(__file__).resolve().parents[2]
 RANK0 = Sglang(
     address="10.66.0.11", rank=0, tp_size=2, link_address="169.254.77.1",
     peer_link_address="169.254.77.2", rank0_link_address="169.254.77.1", interface="thunderbolt0",
-    python="/opt/sglang/bin/python", module="sglang.launch_server",
+    python="/opt/sglang/bin/python", sglang_module="sglang.launch_server",
     model_path="/srv/models/qwen", served_model_name="qwen", quantization="modelopt_fp4",
     context_length=32768, mem_fraction_static=0.85, draft_model_path=None, port=30000,
-    dist_init_port=5757, min_version="0.5.9", user="sglang", init_system="systemd",
-    working_directory="/", start_timeout=900,
+    dist_init_port=5757, min_sglang_version="0.5.9", user="sglang", init_system="systemd",
+    working_directory="/", start_timeout_seconds=900,
 )
 RANK1 = replace(RANK0, address="10.66.0.12", rank=1, link_address="169.254.77.2",
                 peer_link_address="169.254.77.1")
@@ -148,7 +148,7 @@ def test_the_router_fronts_only_the_replicas_with_cache_aware_policy() -> None:
                     venv="/opt/twinbolt/sglang-router",
                     user="nobody", init_system="systemd", pip_options=(),
                     workers=("http://10.66.0.11:30000", "http://10.66.0.12:30000"),
-                    served_model_name="qwen", start_timeout=900)
+                    served_model_name="qwen", start_timeout_seconds=900)
     service = router_service(router)
     assert service.command[:3] == ["/opt/twinbolt/sglang-router/bin/python", "-m",
                                    "sglang_router.launch_router"]
