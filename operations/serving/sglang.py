@@ -526,7 +526,7 @@ def transport_check(sglang: Sglang, service: Service, tokens: int) -> Check:
         deadline = time.monotonic() + COUNTER_LAG_SECONDS
         while ((moved := carried() - before) < transport.one_way_bytes(shape, tokens)
                and time.monotonic() < deadline):
-            time.sleep(probes.POLL_SECONDS / 5)
+            time.sleep(probes.POLL_SECONDS_MIN)
         process = host.get_fact(ServiceProcess, service=service.name,
                                 init_system=sglang.init_system)
         reading = host.get_fact(transport.Connections)

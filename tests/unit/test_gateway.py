@@ -574,7 +574,7 @@ def test_an_unreadable_master_key_is_each_roles_error(tmp_path: Path) -> None:
 def test_preflight_waits_for_a_proxy_that_runs_but_does_not_listen_yet(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A run cut just after restarting the proxy: the next run's preflight waits it out."""
-    monkeypatch.setattr(probes, "POLL_SECONDS", 0.0)
+    monkeypatch.setattr(probes, "poll_interval", lambda elapsed: 0.0)
     starting = probes.Answer("http://10.66.0.13:4000/v1/chat/completions",
                              error="curl: (7) Failed to connect to 10.66.0.13 port 4000")
     answers = [starting, starting, completion("large-backend")]
