@@ -134,6 +134,44 @@ def test_tp2_e2e_is_observed_and_measured_with_the_link_counters_in_its_window(
                                          **files_under(tmp_path)}) == []
 
 
+def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
+        tmp_path: Path) -> None:
+    run = deploy("production", VERBOSE)
+    assert run.returncode == 0, run.output[-3000:]
+    refused = experiment("measure", "--state", "tp2_stock", *SHORT, "--out", str(tmp_path))
+    assert refused.returncode == 1
+    assert "the hosts are not in tp2_stock" in refused.stderr
+    assert not list(tmp_path.glob("*.json"))
+
+    result = experiment("measure", *SHORT, "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    report = measured(tmp_path, "production")
+    (single,) = report["windows"]
+    assert report["endpoint"]["route"] == "sglang-router on gw"
+    assert single["summary"]["completion_tokens"] == 64
+    assert single["server"]["accept_length"] is None
+    assert "matches: production" in report["observed"]["verdict"]
+    # The replicas talk to nobody across the link: no TP socket, so no per-socket figure.
+    assert single["link"]["totals"]["socket_retransmissions"] == 0
+    assert single["link"]["totals"]["max_socket_retransmissions"] is None
+    # A replica holds the whole model on one GPU and all-reduces nothing.
+    bound = report["roofline"]["bound"]
+    assert (bound["inputs"]["tp_size"], bound["link_ms"], bound["draft_ms"]) == (1, 0.0, 0.0)
+    # The link needs no model: production's stock driver is tested on it, the
+    # replicas untouched, and set beside the field's stock-direction control.
+    path, built = linktested(tmp_path, "production")
+    row = linktest_report.headline(built)
+    assert row["driver"] == "stock" and row["receiver_errors"] > 0 and row["retransmissions"] > 0
+    compared = experiment("compare", str(path), *map(str, tmp_path.glob("production-*.json")))
+    assert compared.returncode == 0, compared.stderr
+    assert "### Linktests" in compared.stdout and "| production | stock |" in compared.stdout
+    assert "single tok/s" in compared.stdout
+    assert places_holding(master_key(), {"the way back at -vvv": run.output,
+                                         "measure": result.stdout + result.stderr,
+                                         **files_under(tmp_path)}) == []
+    assert 0 < report["roofline"]["fraction"] < 1
+
+
 def demo_windows() -> list[str]:
     """The Makefile's DEMO_WINDOWS: the demo's own short windows."""
     match = re.search(r"^DEMO_WINDOWS := (.*?[^\\])$", (REPO / "Makefile").read_text(),
@@ -143,8 +181,8 @@ def demo_windows() -> list[str]:
 
 def test_the_demos_campaign_in_three_trials_gives_intervals_and_verdicts(tmp_path: Path) -> None:
     """
-    The demo's campaign with ``--trials 3``, from the tp2_e2e the test above
-    left (the transport stage, tested state by state, skipped): tp2_stock
+    The demo's campaign with ``--trials 3``, from the production the test above
+    left (the transport stage, tested above state by state, skipped): tp2_stock
     and tp2_e2e in the order ABBA, five moves for six measurements, each trial's
     reports kept, the comparison in medians, intervals and verdicts, and
     production restored.
@@ -180,41 +218,3 @@ def test_the_demos_campaign_in_three_trials_gives_intervals_and_verdicts(tmp_pat
                      "reading counters", result.stderr)
     spent = built["time"]
     assert spent["measuring_seconds"] > 0 and spent["converging_and_proving_seconds"] > 0
-
-
-def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
-        tmp_path: Path) -> None:
-    run = deploy("production", VERBOSE)
-    assert run.returncode == 0, run.output[-3000:]
-    refused = experiment("measure", "--state", "tp2_stock", *SHORT, "--out", str(tmp_path))
-    assert refused.returncode == 1
-    assert "the hosts are not in tp2_stock" in refused.stderr
-    assert not list(tmp_path.glob("*.json"))
-
-    result = experiment("measure", *SHORT, "--out", str(tmp_path))
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    report = measured(tmp_path, "production")
-    (single,) = report["windows"]
-    assert report["endpoint"]["route"] == "sglang-router on gw"
-    assert single["summary"]["completion_tokens"] == 64
-    assert single["server"]["accept_length"] is None
-    assert "matches: production" in report["observed"]["verdict"]
-    # The replicas talk to nobody across the link: no TP socket, so no per-socket figure.
-    assert single["link"]["totals"]["socket_retransmissions"] == 0
-    assert single["link"]["totals"]["max_socket_retransmissions"] is None
-    # A replica holds the whole model on one GPU and all-reduces nothing.
-    bound = report["roofline"]["bound"]
-    assert (bound["inputs"]["tp_size"], bound["link_ms"], bound["draft_ms"]) == (1, 0.0, 0.0)
-    # The link needs no model: production's stock driver is tested on it, the
-    # replicas untouched, and set beside the field's stock-direction control.
-    path, built = linktested(tmp_path, "production")
-    row = linktest_report.headline(built)
-    assert row["driver"] == "stock" and row["receiver_errors"] > 0 and row["retransmissions"] > 0
-    compared = experiment("compare", str(path), *map(str, tmp_path.glob("production-*.json")))
-    assert compared.returncode == 0, compared.stderr
-    assert "### Linktests" in compared.stdout and "| production | stock |" in compared.stdout
-    assert "single tok/s" in compared.stdout
-    assert places_holding(master_key(), {"production converged at -vvv": run.output,
-                                         "measure": result.stdout + result.stderr,
-                                         **files_under(tmp_path)}) == []
-    assert 0 < report["roofline"]["fraction"] < 1
