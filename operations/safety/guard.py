@@ -40,7 +40,7 @@ import json
 import shlex
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from io import StringIO
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -58,6 +58,7 @@ from operations.safety.ledger import Observations
 from operations.safety.lock import Locks, RunOwner
 from operations.services import SUPERVISORS, TEMPLATES, InitSystem, Service
 from operations.serving.sglang import TP_RANKS
+from operations.site.settings import derived
 from operations.states import Driver
 from operations.step import Layer, operation, refuse
 from operations.thunderbolt.driver import CandidateModule, staged_path, swap_planned
@@ -88,6 +89,9 @@ FINISH_MOVED = ('events=$1 reported=$2; for file in "$events".*; do [ -e "$file"
 INTERVAL_SECONDS = 2
 # How long rmmod, then modprobe, may take before the guard gives up on the restore.
 MODULE_SECONDS = 20
+# The guard's fields that are where it reads the host and how long it waits there,
+# no setting of the site's: their defaults, which only a test changes.
+_READS_THE_HOST = ("events_path", "sysfs", "uptime_path", "module_seconds")
 
 
 @dataclass(frozen=True)
@@ -100,8 +104,8 @@ class Guard:
     """
 
     link: ExpectedLink
-    stall_seconds: int
-    module: str
+    guard_stall_seconds: int
+    module_name: str
     rank_service: str
     init_system: InitSystem
     run_dir: str
@@ -113,12 +117,16 @@ class Guard:
 
     @classmethod
     def of(cls, settings: WorkstationSettings, link: ExpectedLink) -> Guard:
-        candidate = settings.candidate_module
-        return cls(
-            link=link, stall_seconds=settings.candidate.guard_stall_seconds,
-            module=candidate.name, rank_service=TP_RANKS[settings.rank],
-            init_system=settings.serving.init_system, run_dir=settings.run_dir,
-            staged_candidate=staged_path(settings.run_dir, candidate),
+        """
+        The guard's settings by the site's names (``[candidate]``, ``[serving]``);
+        where it reads and how long a module command may take are constants here.
+        """
+        return derived(
+            cls, settings, settings.candidate, settings.serving, link=link,
+            rank_service=TP_RANKS[settings.rank],
+            staged_candidate=staged_path(settings.run_dir, settings.candidate_module),
+            **{field.name: field.default for field in fields(cls)
+               if field.name in _READS_THE_HOST},
         )
 
     @property
@@ -131,16 +139,17 @@ class Guard:
             sh=shlex.quote, script_path=self.script_path, interface=self.link.interface,
             address=self.link.link_address, prefix_length=int(self.link.prefix_length),
             address_owner=self.link.address_owner, peer_address=self.link.peer_link_address,
-            stall_seconds=int(self.stall_seconds), interval_seconds=INTERVAL_SECONDS,
-            module_seconds=int(self.module_seconds), module=self.module,
+            stall_seconds=int(self.guard_stall_seconds), interval_seconds=INTERVAL_SECONDS,
+            module_seconds=int(self.module_seconds), module=self.module_name,
             rank_service=self.rank_service, staged_path=self.staged_candidate,
             events_path=self.events_path, sysfs=self.sysfs, uptime_path=self.uptime_path,
             stop_service=SUPERVISORS[self.init_system].stop_script(),
         )
 
     def service(self) -> Service:
+        stall = self.guard_stall_seconds
         return Service(name=NAME, description="twinbolt guard: the candidate thunderbolt_net "
-                       f"is replaced by the stock driver after a {self.stall_seconds} s stall",
+                       f"is replaced by the stock driver after a {stall} s stall",
                        command=["/bin/sh", self.script_path])
 
 

@@ -11,6 +11,7 @@ from harness.counters import from_reading
 from harness.remote import Reading
 from operations import part
 from operations.gateway import proxy
+from operations.safety import guard
 from operations.serving import router, sglang
 from operations.site.hosts import InventoryEntry
 from operations.site.model import GatewayRoles, Link, Serving, load_site, section_defaults
@@ -173,6 +174,8 @@ COMPUTED = {
     "ExpectedLink": set(),
     "Router": {"workers", "served_model_name", "start_timeout_seconds"},
     "Proxy": {"small", "large", "secret_files"},
+    "Guard": {"link", "rank_service", "staged_candidate",
+              "events_path", "sysfs", "uptime_path", "module_seconds"},
 }
 
 
@@ -187,7 +190,7 @@ def test_every_field_of_a_layer_is_a_setting_of_its_name_or_listed_as_computed(
         computed[layer.__name__] = set(values)
         return derived(layer, *sources, prefix=prefix, **values)
 
-    for module in (sglang, router, proxy, part):
+    for module in (sglang, router, proxy, part, guard):
         monkeypatch.setattr(module, "derived", recording)
     site = load_site(write_site())
     workstations = [InventoryEntry(name, ("workstations",), data)
@@ -207,6 +210,9 @@ def test_every_field_of_a_layer_is_a_setting_of_its_name_or_listed_as_computed(
         site.serving.sglang_module, site.link.interface)
     assert the_part.link.peer_link_address == str(site.workstations[1].thunderbolt_address)
     assert the_part.link.wait_seconds == Link().wait_seconds
+    assert (the_part.guard.guard_stall_seconds, the_part.guard.module_name,
+            the_part.guard.init_system) == (site.candidate.guard_stall_seconds,
+                                            site.candidate.module_name, site.serving.init_system)
     roles = site.gateway_roles
     assert (the_router.port, the_router.venv, the_router.user) == (
         roles.router_port, roles.router_venv, roles.router_user)
