@@ -108,8 +108,9 @@ lint: root setup  ## ruff
 # rebuilt gateway has no venvs, which the end-to-end tests would then reinstall.
 test: root setup lint  ## every test: conformance, unit, end-to-end, a short interruption sweep, the lab's own, runit
 	$(LAB_PY) -m pytest --durations=5 tests/conformance
+	$(LAB_PY) -m pytest --durations=10 -n auto tests/unit
 	$(PY) -m lab up
-	$(LAB_PY) -m pytest --durations=20 tests/unit tests/e2e
+	$(LAB_PY) -m pytest --durations=20 tests/e2e
 	$(MAKE) soak SOAK_POINTS=1
 	$(LAB_PY) -m pytest --durations=5 tests/lab
 	$(MAKE) test-runit
