@@ -492,6 +492,9 @@ class ServiceProcess(EmptyMeansSomething):
         {"running": True, "status": "run: sglang-replica: (pid 4242) 73s", "pid": 4242,
          "seconds": 73.2, "argv": ["/opt/sglang/bin/python", "-m", "sglang.launch_server", ...],
          "environment": {"NCCL_IB_DISABLE": "1", ...}}
+
+    A process that exits while it is read keeps its ``pid`` with ``running``
+    false: it was there, and is gone.
     """
 
     def command(self, service: str, init_system: InitSystem,
@@ -511,7 +514,11 @@ class ServiceProcess(EmptyMeansSomething):
             # entries, so that a value holding a newline cannot fake another's.
             'shift; for name in "$@"; do '
             "grep -z -m 1 -e \"^$name=\" \"/proc/$pid/environ\" | tr '\\0' '\\n' "
-            "| head -n 1 | sed 's/^/env /'; done; true"
+            "| head -n 1 | sed 's/^/env /'; done; "
+            # A process that exits while it is read leaves a zombie whose
+            # cmdline and environ read empty: that is a crash, not a wrong process.
+            "state=$(sed 's/.*) //' \"/proc/$pid/stat\" 2>/dev/null | cut -d' ' -f1); "
+            'case "$state" in ""|Z|X) echo "exited";; esac; true'
         )
         return shell_script(script, service, *variables)
 
@@ -533,6 +540,9 @@ class ServiceProcess(EmptyMeansSomething):
             elif kind == "env":
                 key, _, val = value.partition("=")
                 process["environment"][key] = val
+            elif kind == "exited":
+                process["running"] = False
+                process["status"] += f"; pid {process['pid']} exited as it was read"
         return process
 
 

@@ -479,7 +479,7 @@ def server_check(sglang: Sglang, service: Service, tp_size: int,
                                 init_system=sglang.init_system,
                                 variables=tuple(service.environment))
         found = process_problems(process, service)
-        if process.get("running") and not first_pid:
+        if process.get("pid") and not first_pid:
             first_pid.append(process["pid"])
         if found:
             # Seen running and now gone or replaced: it crashed; waiting will
