@@ -104,8 +104,8 @@ lint: root setup  ## ruff
 # Every test. Each kind of interruption is here once (tests/e2e/test_signals.py:
 # SIGINT, SIGTERM and SIGKILL on the way to tp2_e2e, SIGINT on the way back);
 # `make soak` sweeps them over many points of both legs.
-# The lab's own tests go last: they take the lab down and rebuild it, and a
-# rebuilt gateway has no venvs, which the end-to-end tests would then reinstall.
+# The lab's own tests go last: they take the lab down and rebuild it, which
+# restarts every host (a rebuilt gateway keeps its venvs, as a disk would).
 test: root setup lint  ## every test: conformance, unit, end-to-end, the lab's own, runit
 	$(LAB_PY) -m pytest --durations=5 tests/conformance
 	$(LAB_PY) -m pytest --durations=10 -n auto tests/unit
