@@ -101,16 +101,16 @@ demo: root lab  ## the experiment on the lab: the link alone, then production, t
 lint: root setup  ## ruff
 	$(LAB_VENV)/bin/ruff check .
 
-# Every test, with a short interruption sweep: one point per leg, the middle of
-# its run (tests/e2e/test_signals.py signals the driver and the ranks' steps);
-# `make soak SOAK_POINTS=N` for a longer one.
-# The lab's own tests go last: they take the lab down and rebuild it, and a
-# rebuilt gateway has no venvs, which the end-to-end tests would then reinstall.
-test: root setup lint  ## every test: conformance, unit, end-to-end, a short interruption sweep, the lab's own, runit
+# Every test. Each kind of interruption is here once (tests/e2e/test_signals.py:
+# SIGINT, SIGTERM and SIGKILL on the way to tp2_e2e, SIGINT on the way back);
+# `make soak` sweeps them over many points of both legs.
+# The lab's own tests go last: they take the lab down and rebuild it, which
+# restarts every host (a rebuilt gateway keeps its venvs, as a disk would).
+test: root setup lint  ## every test: conformance, unit, end-to-end, the lab's own, runit
 	$(LAB_PY) -m pytest --durations=5 tests/conformance
+	$(LAB_PY) -m pytest --durations=10 -n auto tests/unit
 	$(PY) -m lab up
-	$(LAB_PY) -m pytest --durations=20 tests/unit tests/e2e
-	$(MAKE) soak SOAK_POINTS=1
+	$(LAB_PY) -m pytest --durations=20 tests/e2e
 	$(LAB_PY) -m pytest --durations=5 tests/lab
 	$(MAKE) test-runit
 

@@ -3,7 +3,7 @@ pyinfra's config file: the CLI executes it once per run, after parsing the
 command line and before it loads the inventory or connects to any host.
 
 twinbolt uses it to read the run's options and check every ``--data`` item (a
-site key's value, a run option, no other key: ``operations/options.py``), and to
+site key's value, a run option, no other key: ``operations/site/options.py``), and to
 refuse an unknown or missing target state, before anything else happens. It
 has to be here, because no later hook is early enough:
 ``--data state=NAME`` reaches host data only when pyinfra builds the final
@@ -14,14 +14,15 @@ cost a round of connections, let alone a half-run, so the check reads the CLI's
 own parsed arguments from click's context.
 
 It is also where twinbolt answers SIGINT, SIGTERM and SIGHUP in place of the
-CLI (:mod:`operations.interrupt`): before any host is connected to.
+CLI (:mod:`operations.safety.interrupt`): before any host is connected to.
 """
 
 import click
 from pyinfra import config, state
 
-from operations import interrupt, options, overrides
 from operations.run import remember_command_line
+from operations.safety import interrupt
+from operations.site import options, overrides
 from operations.states import resolve_state
 
 # A host that fails (cannot be reached, or refuses in preflight) stops the whole

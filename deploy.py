@@ -25,7 +25,7 @@ report's discipline, one layer at a time:
 Around them: a host lock (one run at a time), the rule that a failure after
 the first change ends in a verified production (``--data on_failure=stop``
 leaves the hosts as they are instead), then a non-zero exit naming the host,
-the layer and the evidence (a signal is such a failure: operations/interrupt.py);
+the layer and the evidence (a signal is such a failure: operations/safety/interrupt.py);
 and the compatibility ledger, which records what each run met and how it ended,
 and refuses the candidate on controllers it has seen stall (``--data
 force_candidate=yes`` overrides).
@@ -43,102 +43,45 @@ from functools import partial
 import pyinfra
 from pyinfra import host, inventory
 
-from operations import (
-    attempt,
-    bounds,
-    driver,
-    gateway,
-    gateway_route,
-    gpu,
-    guard,
-    interrupt,
-    ledger,
-    link,
-    lock,
-    scope,
-    serving,
-    serving_router,
-)
 from operations import run as runs
-from operations.options import RunOptions
-from operations.settings import GatewaySettings, WorkstationSettings
+from operations.gateway import proxy, route
+from operations.part import Part
+from operations.safety import guard, interrupt, ledger, lock, rollback, scope
+from operations.serving import gpu, router, sglang
+from operations.site.options import RollbackKeys, RunOptions
 from operations.states import resolve_state
+from operations.thunderbolt import driver, link
 
-# The run's options, read and checked with every --data item by config.py.
+# The run's options, read and checked with every --data item by config.py; a
+# rollback's own keys, given by the failed run that started it.
 options = RunOptions.of(pyinfra.state)
+rollback_keys = RollbackKeys.of(host.data)
 state = resolve_state(options.state)
-# A rollback holds the lock of the failed run that started it.
-inherited_lock = host.data.get(lock.INHERITED_KEY)
 # The pair is one unit: a run that leaves a host out is refused before anything,
 # but for a rollback, which leaves out the hosts its failed run lost.
 scope.whole_pair(inventory, pyinfra.state.is_host_in_limit, state.name,
-                 lost=scope.lost_hosts(host.data.get(attempt.LOST_HOSTS_KEY), inherited_lock,
+                 lost=scope.lost_hosts(rollback_keys.lost_hosts, rollback_keys.lock_inherited,
                                        state.name))
-on_failure = options.on_failure
-workstation = "workstations" in host.groups
-on_gateway = "gateway" in host.groups
-run = runs.begin(pyinfra.state, state.name, inherited_lock)
-this_run = run.owner
-workstation_names = [member.name for member in inventory.get_group("workstations")]
-# The hosts this run reaches, workstations first: the first not lost speaks for it.
-in_run = [member for group in scope.PAIR_GROUPS for member in inventory.get_group(group)
-          if pyinfra.state.is_host_in_limit(member)]
-speakers = tuple(member.name for member in in_run)
-
-# The host's settings, built once from its final data (--data included).
-settings = WorkstationSettings.of(host) if workstation else GatewaySettings.of(host)
-if workstation:
-    candidate = settings.candidate_module
-    the_link = dict(
-        interface=settings.link.interface,
-        address=settings.link_address,
-        peer_address=settings.peer_link_address,
-        expected_rate_gbps=settings.link.expected_rate_gbps,
-        expected_lanes=settings.link.expected_lanes,
-        address_owner=settings.link.address_owner,
-        prefix_length=settings.link.prefix_length,
-        timeout=settings.link.wait_seconds,
-    )
-    link_bound = settings.bound(settings.link.wait_seconds)
-    the_guard = guard.Guard.of(settings)
-
-# Serving runs on both kinds of host; each gets its own settings and None for the
-# other kind. Every serving step is called on every host (a no-op where it has no
-# part): pyinfra orders operations across hosts only through the ones they share.
-sglang = serving.Sglang.from_host(host) if workstation else None
-router = (serving_router.Router.from_hosts(
-    host, [member for member in in_run if "workstations" in member.groups])
-          if on_gateway else None)
-proxy = (gateway.Proxy.from_host(host, router.served_model_name, router.url)
-         if on_gateway else None)
-
-if workstation:
-    # What a refusal before any change keeps: production's replica, serving here.
-    # Asked when a step runs (its _if), as facts are.
-    replica_serves = partial(serving.replica_runs, sglang)
-    no_replica_serves = partial(serving.replica_runs, sglang, running=False)
-
-# The steps that wait longer than one command, each bounded by its own wait (a
-# serving start waits as long on the gateway, for the router, as on a workstation).
-start_bound = settings.bound((sglang or router).start_timeout)
-proxy_bound = settings.bound(gateway.START_TIMEOUT_SECONDS)
-request_bound = settings.bound(gateway_route.REQUEST_TIMEOUT_SECONDS)
-# The rollback converges production, and is bounded by every wait of one.
-rollback_timeout = bounds.rollback_timeout(
-    WorkstationSettings.of(inventory.get_group("workstations")[0]))
+# A rollback holds the lock of the failed run that started it.
+run = runs.begin(pyinfra.state, state.name, rollback_keys.lock_inherited)
+in_run = scope.reached(inventory, pyinfra.state.is_host_in_limit)
+# This host's part in the run (operations/part.py); a workstation's own steps are
+# called only where it has one.
+part = Part.of(host, inventory, in_run)
+workstation = part.workstation
 
 if workstation:
     # However the run ends, the compatibility ledger on this machine gets one record.
-    ledger.keep(run, settings.ledger.path, state.name, state.driver)
+    ledger.keep(run, workstation.settings.ledger.path, state.name, state.driver)
     ledger.observed(name="Ledger: the controller, kernel and driver this run meets",
-                    run=run, module=settings.candidate.module_name)
+                    run=run, module=workstation.settings.candidate.module_name)
 
 # One run at a time: the pair's locks, all or nothing, before anything else is read.
 # One step per host, in the inventory's order, so that of two runs started together
 # the one that takes the first host proceeds; a refusal from here on (the lock's,
 # or preflight's) releases what this run took, and so leaves nothing behind.
 for member in in_run:
-    lock.held(name=f"Lock: held on {member.name}", run_dir=settings.run_dir, run=run,
+    lock.held(name=f"Lock: held on {member.name}", run_dir=part.settings.run_dir, run=run,
               holder=member.name)
 # The locks are the run's first write: from here a signal fails the attempt into the
 # rollback, which releases them and ends in a verified production (nothing to undo
@@ -150,39 +93,34 @@ if workstation:
     # A stall the guard met with no run watching is named, and counts in this run's
     # refusal; read under the lock, so that a run the lock refuses leaves it in place.
     guard.reported(name="Guard: what the guard did since the last run", run=run,
-                   init_system=settings.serving.init_system, ledger_path=settings.ledger.path)
+                   init_system=workstation.settings.serving.init_system,
+                   ledger_path=workstation.settings.ledger.path)
 
 # 1. Preflight: read-only; every refusal happens here, before any change.
 if workstation:
-    link.management_path(
-        name="Preflight: management traffic does not cross the link",
-        interface=settings.link.interface,
-        addresses={"operator": "ssh-client",
-                   "gateway": GatewaySettings.of(inventory.get_group("gateway")[0]).address},
-    )
-    driver.admissible(
-        name=f"Preflight: the {state.driver} driver can be loaded",
-        loaded=state.driver,
-        candidate=candidate,
-    )
-    if state.driver == "candidate":
+    link.management_path(name="Preflight: management traffic does not cross the link",
+                         interface=workstation.link.interface,
+                         addresses={"operator": "ssh-client",
+                                    "gateway": workstation.gateway_address})
+    driver.admissible(name=f"Preflight: the {state.driver} driver can be loaded",
+                      loaded=state.driver, candidate=workstation.candidate)
+    if state.driver.is_candidate:
         ledger.no_recorded_stall(
             name="Preflight: no stall of the candidate is recorded for these controllers",
-            run=run, path=settings.ledger.path, workstations=workstation_names,
-            force=options.forced,
-        )
+            run=run, path=workstation.settings.ledger.path, workstations=workstation.pair,
+            force=options.forced)
     if state.uses_link:
         # Production needs no link, and must stay reachable from a broken one: while
         # its replica serves here, a link the target cannot use refuses the run.
-        link.trained(name="Preflight: the link is up at the expected rate", wait=False,
-                     _if=[replica_serves], **the_link)
+        link.admissible(name="Preflight: the link is up at the expected rate",
+                        link=workstation.link, _if=[workstation.replica_serves])
     gpu.free(name="Preflight: the GPU is present and holds nothing twinbolt did not start",
-             services=serving.GPU_SERVICES, init_system=settings.serving.init_system,
-             foreign_memory_mib=settings.serving.foreign_gpu_memory_mib)
-    serving.admissible(name=f"Preflight: SGLang can serve {state.name} here", sglang=sglang,
-                       serving=state.serving, speculative=state.speculative)
-gateway_route.admissible(name="Preflight: the large role answers, so small can fall back to it",
-                         proxy=proxy, fallback=state.gateway_fallback, _timeout=request_bound)
+             services=sglang.GPU_SERVICES, init_system=workstation.settings.serving.init_system,
+             foreign_memory_mib=workstation.settings.serving.foreign_gpu_memory_mib)
+    sglang.admissible(name=f"Preflight: SGLang can serve {state.name} here", sglang=part.sglang,
+                      serving=state.serving, speculative=state.speculative)
+route.admissible(name="Preflight: the large role answers, so small can fall back to it",
+                 proxy=part.proxy, fallback=state.gateway_fallback, _timeout=part.request_bound)
 
 # Steps 2-8 are the attempt: after a failure the remaining steps are skipped on
 # every host, and the failure is recorded rather than ending the run at once.
@@ -191,112 +129,103 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
     # refusing would keep small on the fallback: the same link fails the attempt
     # instead, before anything moves, and the run ends in a verified production.
     if workstation and state.uses_link:
-        link.trained(name="Link: the link is up at the expected rate, or the run ends in "
-                          "production", wait=False, refusing=False,
-                     _if=[run.attempt.healthy, no_replica_serves], **the_link)
+        link.cable_holds(name="Link: the link is up at the expected rate, or the run ends in "
+                              "production", link=workstation.link,
+                         _if=[run.attempt.healthy, workstation.no_replica_serves])
 
     # 2. Gateway: the temporary fallback exists, and is proven, before the GPUs are borrowed.
     if state.gateway_fallback:
-        gateway.proxy(name="Gateway: the temporary fallback small -> large is present",
-                      proxy=proxy, fallback=True, proofs=run.proofs, _timeout=proxy_bound)
-        gateway_route.fallback_proven(
-            name="Gateway: a forced fallback through small is served by large", proxy=proxy,
-            _timeout=request_bound)
+        proxy.proxy(name="Gateway: the temporary fallback small -> large is present",
+                    proxy=part.proxy, fallback=True, proofs=run.proofs,
+                    _timeout=part.proxy_bound)
+        route.fallback_proven(name="Gateway: a forced fallback through small is served by large",
+                              proxy=part.proxy, _timeout=part.request_bound)
 
     # 3. Serving: stop what the target does not run; a GPU holds a replica or a rank, never both.
     if state.tensor_parallel:
-        serving_router.router(name="Serving: the router stops with the replicas", router=router,
-                       present=False)
-        serving.replica(name="Serving: the replicas are stopped", sglang=sglang,
-                        proofs=run.proofs, present=False)
+        router.router(name="Serving: the router stops with the replicas", router=part.router,
+                      present=False)
+        sglang.replica(name="Serving: the replicas are stopped", sglang=part.sglang,
+                       proofs=run.proofs, present=False)
         # A running TP group that is to change, or whose link a driver swap will take
         # away, stops here as a whole; it starts again together in step 6.
-        serving.tp_rank_stopped_for_change(name="Serving: the TP ranks stop if they are to change",
-                                           sglang=sglang, speculative=state.speculative)
+        sglang.tp_rank_stopped_for_change(name="Serving: the TP ranks stop if they are to change",
+                                          sglang=part.sglang, speculative=state.speculative)
         if workstation:
             # The driver layer's own answer, asked when the step runs: the swap of step 4.
-            serving.tp_rank(
+            sglang.tp_rank(
                 name="Serving: the TP ranks stop if the driver under them is to change",
-                sglang=sglang, present=False,
-                _if=[run.attempt.healthy, partial(driver.swap_planned, state.driver, candidate)],
-            )
+                sglang=part.sglang, present=False,
+                _if=[run.attempt.healthy,
+                     partial(driver.swap_planned, state.driver, workstation.candidate)])
         # The outage has begun: the user's route must survive it before the GPUs are borrowed.
-        gateway_route.roles_proven(
+        route.roles_proven(
             name="Gateway: small answers through the fallback while the replicas are down",
-            proxy=proxy, fallback=state.gateway_fallback, proofs=run.proofs,
-            _timeout=request_bound)
+            proxy=part.proxy, fallback=state.gateway_fallback, proofs=run.proofs,
+            _timeout=part.request_bound)
     else:
-        serving.tp_rank(name="Serving: the TP ranks are stopped", sglang=sglang, present=False)
+        sglang.tp_rank(name="Serving: the TP ranks are stopped", sglang=part.sglang, present=False)
 
     # 4. Driver: both workstations in the same step; the guard never swaps it at once with a
     # run: any reload disarms it first, as the driver layer answers when the step runs.
     if workstation:
         guard.armed(name="Guard: disarmed before any driver reload, and under a stock driver",
-                    guard=the_guard, present=False,
+                    guard=workstation.guard, present=False,
                     _if=[run.attempt.healthy,
-                         partial(guard.disarm_first, state.driver, candidate)])
-    if workstation:
-        driver.module(
-            name=f"Driver: thunderbolt_net is the {state.driver} build",
-            loaded=state.driver,
-            candidate=candidate,
-            run_dir=settings.run_dir,
-        )
+                         partial(guard.disarm_first, state.driver, workstation.candidate)])
+        driver.module(name=f"Driver: thunderbolt_net is the {state.driver} build",
+                      loaded=state.driver, candidate=workstation.candidate,
+                      run_dir=part.settings.run_dir)
 
     # 5. Link: retrained after any driver change, the peer answering across it.
     if workstation:
         # Production's replicas do not use the link: a rollback is not failed by a cable.
         link.trained(name="Link: trained at the expected rate, the peer answers",
-                     needed=state.uses_link, _timeout=link_bound, **the_link)
-    if workstation and state.driver == "candidate":
-        # Armed once the link has trained: a retraining is no stall.
-        guard.armed(name="Guard: armed while the candidate is loaded", guard=the_guard)
+                     link=workstation.link, needed=state.uses_link,
+                     _timeout=workstation.link_bound)
+        if state.driver.is_candidate:
+            # Armed once the link has trained: a retraining is no stall.
+            guard.armed(name="Guard: armed while the candidate is loaded", guard=workstation.guard)
 
     # 6. Serving: start the target's servers; only a real completion accepts them.
-    serving.linktest_tool(name="Serving: iperf3, the linktest's tool, is installed",
-                          sglang=sglang)
+    sglang.linktest_tool(name="Serving: iperf3, the linktest's tool, is installed",
+                         sglang=part.sglang)
     if state.tensor_parallel:
-        serving.tp_rank(name="Serving: the TP ranks run", sglang=sglang,
-                        speculative=state.speculative)
-        serving.tp_accepted(name="Serving: rank 0 serves a real completion as declared",
-                            sglang=sglang, proofs=run.proofs, speculative=state.speculative,
-                            _timeout=start_bound)
+        sglang.tp_rank(name="Serving: the TP ranks run", sglang=part.sglang,
+                       speculative=state.speculative)
+        sglang.tp_accepted(name="Serving: rank 0 serves a real completion as declared",
+                           sglang=part.sglang, proofs=run.proofs, speculative=state.speculative,
+                           _timeout=part.start_bound)
     else:
-        serving.replica(name="Serving: the replicas run", sglang=sglang, proofs=run.proofs)
-        serving.replica_accepted(name="Serving: each replica serves a real completion",
-                                 sglang=sglang, proofs=run.proofs, _timeout=start_bound)
-        serving_router.router(name="Serving: the router fronts the replicas", router=router)
-        serving_router.router_accepted(name="Serving: the router serves a real completion",
-                                       router=router, proofs=run.proofs, _timeout=start_bound)
+        sglang.replica(name="Serving: the replicas run", sglang=part.sglang, proofs=run.proofs)
+        sglang.replica_accepted(name="Serving: each replica serves a real completion",
+                                sglang=part.sglang, proofs=run.proofs, _timeout=part.start_bound)
+        router.router(name="Serving: the router fronts the replicas", router=part.router)
+        router.router_accepted(name="Serving: the router serves a real completion",
+                               router=part.router, proofs=run.proofs, _timeout=part.start_bound)
 
     # 7. Gateway: the fallback goes only once production is proven, then both roles are proven.
     if not state.gateway_fallback:
-        gateway.proxy(name="Gateway: the temporary fallback is removed", proxy=proxy,
-                      fallback=False, proofs=run.proofs, _timeout=proxy_bound)
-        gateway_route.roles_proven(
-            name="Gateway: small is served by the Qwen deployment, large by large", proxy=proxy,
-            fallback=False, proofs=run.proofs, _timeout=request_bound)
+        proxy.proxy(name="Gateway: the temporary fallback is removed", proxy=part.proxy,
+                    fallback=False, proofs=run.proofs, _timeout=part.proxy_bound)
+        route.roles_proven(
+            name="Gateway: small is served by the Qwen deployment, large by large",
+            proxy=part.proxy, fallback=False, proofs=run.proofs, _timeout=part.request_bound)
 
     # 8. Verify: every layer holds.
     if workstation:
         driver.verified(
             name=f"Verify: the {state.driver} driver is loaded, nothing of the candidate persists",
-            loaded=state.driver,
-            candidate=candidate,
-            run_dir=settings.run_dir,
-        )
-    serving.verified(name=f"Verify: the workstations serve as {state.name} declares",
-                     sglang=sglang, serving=state.serving, speculative=state.speculative,
-                     proofs=run.proofs)
-    serving_router.router_verified(
+            loaded=state.driver, candidate=workstation.candidate, run_dir=part.settings.run_dir)
+    sglang.verified(name=f"Verify: the workstations serve as {state.name} declares",
+                    sglang=part.sglang, serving=state.serving, speculative=state.speculative,
+                    proofs=run.proofs)
+    router.router_verified(
         name="Verify: the router " + ("is stopped" if state.tensor_parallel else "serves"),
-        router=router,
-        proofs=run.proofs,
-        present=not state.tensor_parallel,
-    )
-    gateway_route.verified(name=f"Verify: the gateway routes as {state.name} declares",
-                           proxy=proxy, fallback=state.gateway_fallback, proofs=run.proofs,
-                           _timeout=request_bound)
+        router=part.router, proofs=run.proofs, present=not state.tensor_parallel)
+    route.verified(name=f"Verify: the gateway routes as {state.name} declares",
+                   proxy=part.proxy, fallback=state.gateway_fallback, proofs=run.proofs,
+                   _timeout=part.request_bound)
 
 # From here on every step runs on every host whatever the attempt met, and a host
 # lost in it (its connection dead) only adds to the conclusion, never ends the
@@ -305,16 +234,17 @@ with host.arguments(_ignore_errors=True):
     if workstation:
         # Before any rollback: a failed attempt is recorded with what it ran.
         ledger.observed(name="Ledger: the controller, kernel and driver the attempt ran",
-                        run=run, module=settings.candidate.module_name)
+                        run=run, module=workstation.settings.candidate.module_name)
     # One host speaks for the run: the rollback is one run, the conclusion one message.
     # A failed attempt ends in a verified production: a new run converges it, holding
     # this run's lock, so that no other run moves the hosts in between.
     # A failed rollback is reported by the conclusion, not by pyinfra's abort.
-    attempt.rolled_back(name="Rollback: production is converged and proven if the attempt failed",
-                        attempt=run.attempt, on_failure=on_failure, speakers=speakers,
-                        carried=(lock.inheriting(this_run),), timeout=rollback_timeout,
-                        _timeout=settings.bound(rollback_timeout))
-    lock.released(name="Lock: released", run_dir=settings.run_dir, owner=this_run,
-                  inherited=bool(inherited_lock))
-attempt.concluded(name="Conclusion: did the attempt succeed, and what was restored",
-                  attempt=run.attempt, on_failure=on_failure, speakers=speakers)
+    speakers = tuple(member.name for member in in_run)
+    rollback.rolled_back(name="Rollback: production is converged and proven if the attempt failed",
+                         attempt=run.attempt, on_failure=options.on_failure, speakers=speakers,
+                         carried=(lock.inheriting(run.owner),), timeout=part.rollback_timeout,
+                         _timeout=part.rollback_bound)
+    lock.released(name="Lock: released", run_dir=part.settings.run_dir, owner=run.owner,
+                  inherited=bool(rollback_keys.lock_inherited))
+rollback.concluded(name="Conclusion: did the attempt succeed, and what was restored",
+                   attempt=run.attempt, on_failure=options.on_failure, speakers=speakers)

@@ -12,7 +12,7 @@ The experiment, from the operator's chair:
     python experiment.py linktest [--seconds S] [--out DIR]   # the link alone, no model
     python experiment.py compare A.json B.json ... [--baseline STATE]
 
-Window sizes default to the issue's (512 tokens single, 6 x 256 concurrent, a
+Window sizes default to the field report's (512 tokens single, 6 x 256 concurrent, a
 120K prefix, a 200K long input); ``--single-tokens`` and friends shorten them.
 ``prefix`` and ``long`` are cold; ``prefix_warm`` and ``long_warm`` prime, then
 measure; a campaign plans both temperatures of each prefill window named.
@@ -47,11 +47,11 @@ from harness.soak import Schedule, recorded, soak
 from harness.status import observe
 from harness.topology import Topology
 from harness.windows import WINDOWS, EndpointDown, WindowSettings
-from operations import ledger
+from operations.safety import ledger
 from operations.states import STATES
 
 REPORTS = Path(__file__).resolve().parent / "reports"
-# A day of the windows at most; beyond, a typo.
+# A day of the field report's windows at most; beyond, a typo.
 MAX_TRIALS = 50
 
 

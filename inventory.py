@@ -6,16 +6,16 @@ in ``lab``, defined last so that ``group_data/lab.py`` wins over the
 ``workstations`` and ``gateway`` defaults (pyinfra applies group data in the
 order the groups are defined here).
 
-A site's values arrive as host data (see ``operations/site.py``), so they win
+A site's values arrive as host data (see ``operations/site/model.py``), so they win
 over every ``group_data/`` default. The lab's host data is only what differs
 between its hosts; the rest is ``group_data/``.
 """
 
 import os
 
-from operations.attempt import carried_data
-from operations.connect import connection_data
-from operations.site import SITE_ENV, load_site, sudo_data, tp_group_data
+from operations.plumbing.connect import connection_data
+from operations.site.model import SITE_ENV, load_site, sudo_data, tp_group_data
+from operations.site.options import carried_data
 
 if os.environ.get(SITE_ENV):
     _site = load_site(os.environ[SITE_ENV])
@@ -66,7 +66,7 @@ else:
     gateway = [(host.name, _lab_ssh(host)) for host in _lab.HOSTS if not host.workstation]
     lab = [host.name for host in _lab.HOSTS]
 
-# A rollback's --data, carried by the run that started it (operations/attempt.py):
+# A rollback's --data, carried by the run that started it (operations/site/options.py):
 # host data, which wins over group data as --data does.
 _carried = carried_data()
 workstations = [(name, {**data, **_carried}) for name, data in workstations]

@@ -30,8 +30,8 @@ from openai import OpenAI
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.remote import remote_command  # noqa: E402
-from operations.hosts import in_group, inventory_entries, ssh_config  # noqa: E402
-from operations.settings import GatewaySettings  # noqa: E402
+from operations.site.hosts import in_group, inventory_entries, ssh_config  # noqa: E402
+from operations.site.settings import GatewaySettings  # noqa: E402
 
 PROMPT = "say something about the cable"
 

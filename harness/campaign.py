@@ -54,8 +54,8 @@ from harness.progress import placed, reporting, say
 from harness.status import guard_fired, guard_states, observe
 from harness.topology import Topology
 from harness.windows import EndpointDown, WindowSettings, both_temperatures
-from operations.attempt import stopped_at_bound
-from operations.hosts import REPO
+from operations.plumbing.probes import stopped_at_bound
+from operations.site.hosts import REPO
 from operations.states import State, UnknownState, layers_changed, resolve_state
 
 FORMAT = "twinbolt-campaign/1"
@@ -287,7 +287,7 @@ class Campaign:
         failed = failures(built)
         if failed:
             raise StepFailed(f"{len(failed)} request(s) failed: " + "; ".join(failed[:5]))
-        if resolve_state(state).driver == "candidate":
+        if resolve_state(state).driver.is_candidate:
             # A healthy candidate state must not have made the guard fire while measured.
             fired = guard_fired(await guard_states(self.topology))
             if fired:

@@ -18,15 +18,15 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from harness import remote
 from harness.topology import Topology
-from operations.driver import LoadedModule
-from operations.link import XDomainLink, trained_rate
-from operations.settings import WorkstationSettings
-from operations.transport import (
+from operations.serving.transport import (
     INTERFACE_COUNTERS,
     RETRANSMISSIONS,
     LinkCounters,
     ipv4_endpoint,
 )
+from operations.site.settings import WorkstationSettings
+from operations.thunderbolt.driver import LoadedModule
+from operations.thunderbolt.link import XDomainLink, trained_rate
 
 # rx_errors is the sum of the others (plus allocation failures): the one to total.
 RECEIVER_ERRORS = "rx_errors"
@@ -84,7 +84,7 @@ class LinkSnapshot:
     host: str
     at: float
     counters: dict[str, int] = field(default_factory=dict)
-    # The link's trained rate (operations.link.trained_rate): the slower direction
+    # The link's trained rate (operations.thunderbolt.link.trained_rate): the slower direction
     # times the narrower width, since a TP all-reduce crosses the cable both ways,
     # and the roofline prices it at this rate. The name is the reports' own.
     rx_rate_gbps: float | None = None

@@ -38,19 +38,25 @@ from harness import remote
 from harness.counters import RECEIVER_ERRORS, PeerSockets, socket_deltas
 from harness.status import Status, classify_driver, observe
 from harness.topology import Topology, server_url
-from operations import probes, transport
-from operations.driver import (
+from operations.gateway.proxy import ROLES, serving_deployments
+from operations.gateway.route import RoleAnswers, answer_problems
+from operations.plumbing import probes
+from operations.safety.guard import GuardState, summary
+from operations.safety.lock import HostLock
+from operations.services import ServiceLog, ServiceProcess
+from operations.serving import transport
+from operations.serving.gpu import Gpus
+from operations.serving.sglang import TP_RANKS, server_info, server_info_problems, service_for
+from operations.site.settings import GatewaySettings, WorkstationSettings
+from operations.states import STATES, State
+from operations.thunderbolt.driver import (
     TBNET_E2E,
     LoadedModule,
     ModuleFileBuildId,
     PeerCapabilities,
     SignatureEnforcement,
 )
-from operations.gateway import ROLES, serving_deployments
-from operations.gateway_route import RoleAnswers, answer_problems
-from operations.gpu import Gpus
-from operations.guard import GuardState, summary
-from operations.link import (
+from operations.thunderbolt.link import (
     InterfaceState,
     PeerAnswers,
     XDomainLink,
@@ -59,11 +65,6 @@ from operations.link import (
     silent_peer,
     trained_rate,
 )
-from operations.lock import HostLock
-from operations.services import ServiceLog, ServiceProcess
-from operations.serving import TP_RANKS, server_info, server_info_problems, service_for
-from operations.settings import GatewaySettings, WorkstationSettings
-from operations.states import STATES, State
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 # Each probe is bounded: a hung rank must not hang the diagnosis.
@@ -327,7 +328,7 @@ def interface_rung(topology: Topology, state: State, first: dict[str, remote.Rea
         if errors > 0:
             # The stock driver's corruption is what the candidate is for; under the
             # candidate, a receiver error means it is not doing its job.
-            rung.saw(text, FAIL if state.driver == "candidate" else WARN)
+            rung.saw(text, FAIL if state.driver.is_candidate else WARN)
         else:
             rung.saw(text)
     return rung
@@ -344,13 +345,13 @@ def driver_rung(topology: Topology, state: State, first: dict[str, remote.Readin
         if peer is None:
             rung.saw(f"{entry.name}: no peer advertises a ThunderboltIP service",
                      link_verdict(state))
-        elif state.driver == "candidate" and not peer["prtcstns"] & TBNET_E2E:
+        elif state.driver.is_candidate and not peer["prtcstns"] & TBNET_E2E:
             rung.saw(f"{entry.name}: the peer does not advertise E2E (service {peer['service']} "
                      f"prtcstns 0x{peer['prtcstns']:08x}, bit 0 clear) under tx_e2e=1", FAIL)
         else:
             rung.saw(f"{entry.name}: the peer advertises prtcstns 0x{peer['prtcstns']:08x}")
         guard = reading.values["guard"]
-        if guard["armed"] != (state.driver == "candidate"):
+        if guard["armed"] != (state.driver.is_candidate):
             rung.saw(f"{entry.name}: the guard is {'' if guard['armed'] else 'not '}armed under "
                      f"the {state.driver} driver", WARN)
         # What the guard did while no run watched, until a run reads it.

@@ -34,8 +34,8 @@ from typing import Any, Protocol
 from harness import counters, remote
 from harness.progress import say
 from harness.topology import Topology
-from operations.hosts import REPO
-from operations.transport import RETRANSMISSIONS
+from operations.serving.transport import RETRANSMISSIONS
+from operations.site.hosts import REPO
 
 KINDS = ("unplug", "plug", "suspend")
 ITEM = re.compile(r"^(unplug|plug|suspend)@(\d+(?:\.\d+)?)$")

@@ -31,7 +31,7 @@ from harness.progress import say
 from harness.report import number
 from harness.status import observe
 from harness.topology import Topology
-from operations.settings import WorkstationSettings
+from operations.site.settings import WorkstationSettings
 
 T = TypeVar("T")
 

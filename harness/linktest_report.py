@@ -32,16 +32,16 @@ class FieldColumn:
 
 # shared/REFERENCE.md, "Network only", by the driver each part measured.
 FIELD_NETWORK: dict[Driver, FieldColumn] = {
-    "stock": FieldColumn("stock-direction control", {
+    Driver.STOCK: FieldColumn("stock-direction control", {
         "gbit_s_4_flows": Reported(15.249, "15.249"),
         "retransmissions": Reported(25717, "25,717"),
         "receiver_errors": Reported(4346, "4,346"),
     }),
-    "stock_e2e_off": FieldColumn("stock, receive-side E2E off (e2e=0)", {
+    Driver.STOCK_E2E_OFF: FieldColumn("stock, receive-side E2E off (e2e=0)", {
         # Words, not a count: "did not remove the errors and could make the path worse".
         "receiver_errors": Reported(None, "not removed (no count given)"),
     }),
-    "candidate": FieldColumn("candidate (tx_e2e=1)", {
+    Driver.CANDIDATE: FieldColumn("candidate (tx_e2e=1)", {
         "probe_loss": Reported(0.0, "0 (100 each way)"),
         "probe_mean_ms": Reported(0.285, "about 0.28 to 0.29"),
         "loaded_probe_loss": Reported(0.0, "0"),

@@ -3,7 +3,7 @@ The compatibility ledger read back: ``experiment.py matrix`` prints controller
 pairing (each NHI with its NVM firmware) x kernel x driver x E2E setting ->
 outcomes, and ``measure`` adds its tok/s to the ledger.
 
-The records are written by the runs themselves (``operations/ledger.py``); this
+The records are written by the runs themselves (``operations/safety/ledger.py``); this
 only groups them. The driver column is the declared driver with the build-ids
 seen loaded of it, and the E2E column the parameters seen loaded: a refused
 candidate run shows no candidate build-id and ``tx -``, which is the truth.
@@ -19,9 +19,9 @@ from typing import Any
 from harness import remote
 from harness.report import headline, table
 from harness.topology import Topology
-from operations import ledger
-from operations.settings import WorkstationSettings
-from operations.states import State
+from operations.safety import ledger
+from operations.site.settings import WorkstationSettings
+from operations.states import Driver, State
 
 
 def ledger_path(topology: Topology) -> Path:
@@ -37,7 +37,7 @@ def row_key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
     build_ids = sorted({
         part["build_id"][:12] for part in hosts
         if part.get("build_id")
-        and ("tx_e2e" in part.get("parameters", {})) == (entry["driver"] == "candidate")
+        and ("tx_e2e" in part.get("parameters", {})) == (entry["driver"] == Driver.CANDIDATE)
     })
     settings = sorted({
         f"rx {part.get('parameters', {}).get('e2e', '-')} "
@@ -103,7 +103,7 @@ def stalls(records: list[dict[str, Any]]) -> list[str]:
 
 def identity_queries(topology: Topology) -> list[remote.Query]:
     """
-    :class:`~operations.ledger.HostIdentity`'s members, one query each: the harness
+    :class:`~operations.safety.ledger.HostIdentity`'s members, one query each: the harness
     reads them in sections of its own, which a group's sections cannot nest in.
     """
     arguments = ledger.HostIdentity.arguments(

@@ -18,9 +18,9 @@ from harness.matrix import record_measurement
 from harness.progress import say
 from harness.status import observe
 from harness.topology import Topology
-from operations.settings import WorkstationSettings
+from operations.serving.transport import ModelShape
+from operations.site.settings import WorkstationSettings
 from operations.states import resolve_state
-from operations.transport import ModelShape
 
 
 class NotMeasurable(RuntimeError):

@@ -21,8 +21,8 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from operations.facts import FactGroup, raw_command, section_values, sections_script
-from operations.hosts import InventoryEntry
+from operations.plumbing.facts import FactGroup, raw_command, section_values, sections_script
+from operations.site.hosts import InventoryEntry
 
 SSH_TIMEOUT_SECONDS = 30.0
 

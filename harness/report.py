@@ -26,7 +26,7 @@ from harness.client import THROUGHPUT
 from harness.counters import INTERFACE_COUNTERS, RETRANSMISSIONS, combined
 from harness.topology import Endpoint, Topology
 from harness.windows import PREFILLS, WARM_SUFFIX, WindowSettings
-from operations.settings import WorkstationSettings
+from operations.site.settings import WorkstationSettings
 
 FORMAT = "twinbolt-measurement/1"
 GIB = 1 << 30

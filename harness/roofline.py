@@ -12,7 +12,7 @@ one position each), then verifies ``num_draft_tokens`` positions through the
 target, and yields the accept length in tokens.
 
 Every input is read, none fitted: the model's shape and size from its files
-(:class:`operations.transport.ModelShape`), the GPU's memory bandwidth from the
+(:class:`operations.serving.transport.ModelShape`), the GPU's memory bandwidth from the
 site (``serving.gpu_memory_bandwidth_gb_s``), TP size and the speculative
 settings from the server's ``/server_info``, the accept length measured in the
 same window, and the link's rate from its XDomain. The bound leaves out every
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from operations.transport import one_way_bytes
+from operations.serving.transport import one_way_bytes
 
 
 def single_stream(shape: dict[str, Any], bandwidth_gb_s: float, server_info: dict[str, Any],

@@ -36,7 +36,7 @@ from harness import campaign, counters, events, matrix, report
 from harness.progress import say
 from harness.status import guard_fired, guard_states
 from harness.topology import Endpoint, Topology
-from operations import probes
+from operations.plumbing import probes
 from operations.states import State
 
 FORMAT = "twinbolt-soak/1"
@@ -90,7 +90,7 @@ def alarm(state: State, sample: dict[str, Any], disrupted: bool = False) -> str 
     otherwise. While an event has the cable out or a host asleep (``disrupted``),
     nothing can complete: that is the event's, judged when it ends.
     """
-    if state.driver != "candidate":
+    if not state.driver.is_candidate:
         return None
     if sample["receiver_errors"]:
         return (f"{sample['receiver_errors']} receiver error(s) on thunderbolt0 under the "
@@ -180,7 +180,7 @@ async def soak(topology: Topology, state: State, minutes: float, interval: float
               "interval_seconds": interval, "samples": samples, "stopped": why,
               "restored": None, "guard": None, "events": schedule.outcomes,
               "ledger": await record_events(topology, state, schedule.outcomes)}
-    if state.driver == "candidate":
+    if state.driver.is_candidate:
         # Read before any restore, which disarms it: did it stay armed and quiet?
         result["guard"] = guard_fired(await guard_states(topology)) or "armed, quiet"
     if schedule.cable_out:

@@ -20,15 +20,21 @@ from typing import Any
 
 from harness import remote
 from harness.topology import Topology, server_url
-from operations.driver import LoadedModule, ModuleFileBuildId, loaded_driver
-from operations.gateway import SERVICE as PROXY
-from operations.gateway import LiveRouting, ProxyConfig, fallback_present
-from operations.guard import GuardState, summary
-from operations.link import InterfaceState, XDomainLink, trained_rate
+from operations.gateway.proxy import SERVICE as PROXY
+from operations.gateway.proxy import LiveRouting, ProxyConfig, fallback_present
+from operations.safety.guard import GuardState, summary
 from operations.services import RunningServices
-from operations.serving import ROUTER, SGLANG_SERVICES, server_info, serving_of, speculative_of
-from operations.settings import GatewaySettings, WorkstationSettings
-from operations.states import LAYERS, STATES, Serving, Speculative, State
+from operations.serving.sglang import (
+    ROUTER,
+    SGLANG_SERVICES,
+    server_info,
+    serving_of,
+    speculative_of,
+)
+from operations.site.settings import GatewaySettings, WorkstationSettings
+from operations.states import DECLARED, STATES, ServingMode, Speculative, State
+from operations.thunderbolt.driver import LoadedModule, ModuleFileBuildId, loaded_driver
+from operations.thunderbolt.link import InterfaceState, XDomainLink, trained_rate
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,7 @@ class Status:
     def differences(self, declared: State) -> list[str]:
         # All four layers, the derived fallback too: a run cut midway can leave
         # the gateway where the serving layer says otherwise.
-        return [layer for layer in LAYERS if self.layers[layer] != getattr(declared, layer)]
+        return [layer for layer in DECLARED if self.layers[layer] != getattr(declared, layer)]
 
     @property
     def match(self) -> str | None:
@@ -86,7 +92,7 @@ class Status:
             lines.append(f"  {host:<6} {text}")
         lines.append("")
         lines.append("observed: " + "  ".join(f"{layer}={describe(self.layers[layer])}"
-                                               for layer in LAYERS))
+                                               for layer in DECLARED))
         lines.append(self.verdict())
         return "\n".join(lines)
 
@@ -161,7 +167,7 @@ def gateway_queries(settings: GatewaySettings) -> list[remote.Query]:
 
 async def guard_states(topology: Topology) -> dict[str, dict[str, Any]]:
     """
-    Each workstation's guard, as :class:`~operations.guard.GuardState` reads it:
+    Each workstation's guard, as :class:`~operations.safety.guard.GuardState` reads it:
     whether it is armed, and its events no run has read; an unreachable host
     reads as its error.
     """
@@ -303,9 +309,9 @@ def serving_layer(topology: Topology, readings: dict[str, remote.Reading],
                      f"{ROUTER} {'running' if router else 'stopped'}"))
     value = agreed(shape, "serving")
     # The router belongs to the replicas: it runs with them and only with them.
-    if value == Serving.REPLICAS and not router:
+    if value == ServingMode.REPLICAS and not router:
         return Unknown(f"replicas without {ROUTER}")
-    if value == Serving.TENSOR_PARALLEL and router:
+    if value == ServingMode.TENSOR_PARALLEL and router:
         return Unknown(f"TP ranks with {ROUTER} still running")
     return value
 

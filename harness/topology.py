@@ -2,7 +2,7 @@
 The inventory as the harness uses it: the workstations (rank 0 first), the
 gateway, an SSH config to reach them, and where each state is served.
 
-Everything comes from ``operations.hosts`` (pyinfra's own merge of the
+Everything comes from ``operations.site.hosts`` (pyinfra's own merge of the
 inventory, group data and site data), so the harness reaches the hosts pyinfra
 deploys to, with the same keys and host-key checking.
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from operations import bounds
-from operations.hosts import InventoryEntry, in_group, inventory_entries, ssh_config
-from operations.settings import GatewaySettings, WorkstationSettings
+from operations.site.hosts import InventoryEntry, in_group, inventory_entries, ssh_config
+from operations.site.settings import GatewaySettings, WorkstationSettings
 from operations.states import State
 
 

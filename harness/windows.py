@@ -69,7 +69,7 @@ LinkSnapshots = Callable[[], Awaitable[dict[str, counters.LinkSnapshot]]]
 
 class WindowSettings(BaseModel):
     """
-    The sizes of the windows; the defaults are the issue's, the CLI may shorten them.
+    The sizes of the windows; the defaults are the field report's, the CLI may shorten them.
 
     + single_tokens: output tokens of the single-stream request
     + concurrent_requests, concurrent_tokens: the concurrent window's requests and their length

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from lab import cable, control, faults
-from lab.topology import HOSTS, INIT_SYSTEMS, WORKSTATIONS
+from lab.topology import HOSTS, INIT_SYSTEMS, WORKSTATIONS, LabError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             faults.switch(args.name, args.switch == "on")
             print(f"lab: fault {args.name} {args.switch}: {faults.FAULTS[args.name]}")
-    except control.LabError as error:
+    except LabError as error:
         print(f"lab: {error}", file=sys.stderr)
         return 1
     return 0

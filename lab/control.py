@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lab import cable, cgroups, faults, hostfs, hostinit, modules, network, ssh
+from lab.network import in_host
 from lab.topology import (
     BRIDGE,
     CABLE,
@@ -26,14 +27,17 @@ from lab.topology import (
     INIT_FILE,
     LINK_INTERFACE,
     MODULE_NAME,
+    OWNER_FILE,
     PYTHON,
     REPO,
     STATE,
     WORKSTATIONS,
+    LabError,
     LabHost,
     alive,
     host_named,
     init_system,
+    owner,
     pid_file,
     read_pid,
 )
@@ -47,10 +51,7 @@ LAB_KERNEL_LOG = LOGS / "kernel.log"
 # How much of a host's log a boot failure quotes.
 BOOT_LOG_LINES = 8
 PROCESSES = [f"host-{host.name}" for host in HOSTS] + ["kernel"]
-
-
-class LabError(RuntimeError):
-    """The lab cannot do what was asked; the message says what to do."""
+KERNEL_MODULE = ["-m", "lab.kernel"]
 
 
 def say(message: str) -> None:
@@ -163,21 +164,6 @@ def sshd_answers(host: LabHost) -> bool:
         return False
 
 
-def in_host(host: LabHost, *command: str) -> subprocess.CompletedProcess[str]:
-    """
-    Run a command inside a host's namespaces, as its own processes see the world:
-    a systemd host's PID namespace too, or systemctl cannot reach its systemd.
-    """
-    pid = read_pid(f"host-{host.name}")
-    if pid is None:
-        raise LabError(f"host {host.name} is not running; run `python -m lab up`")
-    if init_system() == "systemd":
-        # The recorded pid is unshare's; the host's PID 1 is its only child.
-        pid = int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
-    return subprocess.run(["nsenter", "-t", str(pid), "-m", "-u", "-n", "-p", *command],
-                          capture_output=True, text=True)
-
-
 def carrier(host: LabHost) -> bool:
     out = network.in_netns(host.name, "ip", "-br", "link", "show", LINK_INTERFACE,
                            check=False).stdout
@@ -228,7 +214,9 @@ def up(init: str | None = None) -> None:
         wait_for_boot(host)
     for host in WORKSTATIONS:
         boot_workstation_driver(host)
-    spawn("kernel", [str(PYTHON), "-m", "lab.kernel"])
+    spawn("kernel", [str(PYTHON), *KERNEL_MODULE])
+    OWNER_FILE.parent.mkdir(parents=True, exist_ok=True)
+    OWNER_FILE.write_text(f"{STATE}\n")
     wait_until_linked("after the boot")
     say(f"up ({init_system()}) in {time.monotonic() - started:.1f}s; "
         f"ssh -F {shlex.quote(str(ssh.CLIENT_CONFIG))} wsa")
@@ -376,10 +364,29 @@ def stop_pids(pids: list[int], timeout: float = 3.0) -> None:
             pass
 
 
+def another_checkouts_kernel() -> int | None:
+    """
+    The lab kernel another checkout started, by its pid file, if it still runs
+    as one: a pid alone may since name another process. A host's processes are
+    found by its namespace whoever started them; the kernel runs outside.
+    """
+    state = owner()
+    if state is None or state == STATE:
+        return None
+    pid = read_pid("kernel", state)
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1] if pid else []
+    except FileNotFoundError:
+        return None
+    return pid if [arg.decode() for arg in argv[1:]] == KERNEL_MODULE else None
+
+
 def down(quiet: bool = False) -> None:
     started = time.monotonic()
     removed = []
     pids = [pid for pid in (read_pid(name) for name in PROCESSES) if pid]
+    if (foreign := another_checkouts_kernel()) is not None:
+        pids.append(foreign)
     for host in HOSTS:
         pids += network.netns_pids(host.name)
         cut_power(host)
@@ -392,6 +399,7 @@ def down(quiet: bool = False) -> None:
         pid_file(name).unlink(missing_ok=True)
     # A lab brought up again boots systemd unless asked otherwise.
     INIT_FILE.unlink(missing_ok=True)
+    OWNER_FILE.unlink(missing_ok=True)
     faults.clear()
     cable.forget()
     if not quiet:
@@ -419,6 +427,9 @@ def status() -> bool:
     """Print each host's state; return whether the lab is fully up."""
     is_up = healthy()
     say(f"{'up' if is_up else 'down'}; state in {STATE}")
+    if (state := owner()) not in (None, STATE):
+        say(f"  the lab was last brought up from {state}; `up` here rebuilds it as this "
+            "checkout's")
     for host in HOSTS:
         running = read_pid(f"host-{host.name}") is not None
         sshd = "up" if running and sshd_answers(host) else "down"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lab.network import in_host
 from lab.topology import HOSTS, LARGE_BACKEND_SERVICE, STATE, host_named, init_system
 
 FAULTS_DIR = STATE / "faults"
@@ -68,8 +69,6 @@ def switch(name: str, on: bool) -> None:
 
 def large_backend(running: bool) -> None:
     """Start or stop the gateway's alternate backend through the gateway's own init system."""
-    from lab.control import in_host  # control switches faults: imported when one is switched
-
     if init_system() == "systemd":
         command = ["systemctl", "start" if running else "stop", f"{LARGE_BACKEND_SERVICE}.service"]
     else:

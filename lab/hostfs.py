@@ -33,6 +33,7 @@ from lab.topology import (
     OPERATOR_UID,
     PYTHON,
     REPO,
+    STATE,
     LabHost,
 )
 from operations.services import unit_quote
@@ -184,11 +185,32 @@ def accounts(root: Path) -> None:
     os.chown(home, OPERATOR_UID, OPERATOR_UID)
 
 
+# What a rebuilt host keeps, as a real disk keeps it over a reboot: the venvs the
+# gateway layer builds from the locks in its private /var/lib (group_data/lab.py),
+# a minute's install on this machine. A converge still checks them against the
+# locks; tests/e2e/test_gateway_install.py removes them to prove a fresh install.
+KEPT_OVER_A_REBUILD = ("var-lib/twinbolt/venvs",)
+
+
 def prepare(host: LabHost) -> None:
-    """Lay out a host's files from nothing: a rebuilt host starts as if freshly booted."""
+    """
+    Lay out a host's files from nothing but :data:`KEPT_OVER_A_REBUILD`: a rebuilt
+    host starts as if freshly booted.
+    """
+    kept = STATE / "kept" / host.name
+    shutil.rmtree(kept, ignore_errors=True)
+    for path in KEPT_OVER_A_REBUILD:
+        if (host.root / path).is_dir():
+            (kept / path).parent.mkdir(parents=True, exist_ok=True)
+            (host.root / path).rename(kept / path)
     shutil.rmtree(host.root, ignore_errors=True)
     for directory in ("etc-sv", "etc-service", "var-log", "var-lib", "lib/modules"):
         (host.root / directory).mkdir(parents=True)
+    for path in KEPT_OVER_A_REBUILD:
+        if (kept / path).is_dir():
+            (host.root / path).parent.mkdir(parents=True, exist_ok=True)
+            (kept / path).rename(host.root / path)
+    shutil.rmtree(kept, ignore_errors=True)
     # Debian's and Ubuntu's layout: the host's own name is 127.0.1.1, so a
     # service bound to that name listens on loopback only.
     (host.root / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{host.name}\n"

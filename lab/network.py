@@ -39,7 +39,10 @@ from lab.topology import (
     RX_DRAIN_GBPS,
     TX_STALL_CHAIN,
     WORKSTATIONS,
+    LabError,
     LabHost,
+    init_system,
+    read_pid,
 )
 
 NETNS_DIR = Path("/run/netns")
@@ -51,6 +54,21 @@ def run(*command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check and result.returncode != 0:
         raise RuntimeError(f"{' '.join(command)}: {result.stderr.strip() or result.stdout}")
     return result
+
+
+def in_host(host: LabHost, *command: str) -> subprocess.CompletedProcess[str]:
+    """
+    Run a command inside a host's namespaces, as its own processes see the world:
+    a systemd host's PID namespace too, or systemctl cannot reach its systemd.
+    """
+    pid = read_pid(f"host-{host.name}")
+    if pid is None:
+        raise LabError(f"host {host.name} is not running; run `python -m lab up`")
+    if init_system() == "systemd":
+        # The recorded pid is unshare's; the host's PID 1 is its only child.
+        pid = int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
+    return subprocess.run(["nsenter", "-t", str(pid), "-m", "-u", "-n", "-p", *command],
+                          capture_output=True, text=True)
 
 
 def in_netns(namespace: str, *command: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from lab.topology import HOSTS, STATE, LabHost
-from operations.hosts import ssh_config_word
+from operations.site.hosts import ssh_config_word
 
 SSH_DIR = STATE / "ssh"
 CLIENT_KEY = SSH_DIR / "id_ed25519"

@@ -10,9 +10,18 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+
+class LabError(RuntimeError):
+    """The lab cannot do what was asked; the message says what to do."""
+
+
 REPO = Path(__file__).resolve().parents[1]
 STATE = Path(os.environ.get("TWINBOLT_LAB_STATE", REPO / ".lab"))
 PYTHON = REPO / ".venv" / "bin" / "python"
+# Which checkout's state directory holds the running lab's pid files. The lab's
+# names are the machine's, not a checkout's: a lab brought up from another clone
+# must find the processes this one started, or its kernel ticks on beside theirs.
+OWNER_FILE = Path("/run/twinbolt-lab/owner")
 
 BRIDGE = "tblab0"
 BRIDGE_ADDRESS = "10.66.0.1/24"
@@ -145,17 +154,25 @@ def replace_text(path: Path, text: str) -> None:
     partial.rename(path)
 
 
-def pid_file(name: str) -> Path:
-    return STATE / "pids" / f"{name}.pid"
+def pid_file(name: str, state: Path = STATE) -> Path:
+    return state / "pids" / f"{name}.pid"
 
 
-def read_pid(name: str) -> int | None:
+def read_pid(name: str, state: Path = STATE) -> int | None:
     """The pid recorded for one of the lab's processes, if it is still alive."""
     try:
-        pid = int(pid_file(name).read_text())
+        pid = int(pid_file(name, state).read_text())
     except (FileNotFoundError, ValueError):
         return None
     return pid if alive(pid) else None
+
+
+def owner() -> Path | None:
+    """The state directory of the checkout that brought the running lab up, if recorded."""
+    try:
+        return Path(OWNER_FILE.read_text().strip())
+    except FileNotFoundError:
+        return None
 
 
 def alive(pid: int) -> bool:

@@ -1,19 +1,31 @@
 """
-twinbolt's operations, one module per layer or shared concern.
+twinbolt's operations, in packages by layer and by kind; every import points
+down this list, from the run to the plumbing:
 
-The layers, in the runbook's order: ``gpu``, ``driver``, ``link``, ``serving``
-(with ``serving_router``, its part on the gateway) and ``gateway`` (with
-``gateway_route``, the proofs of the user's route through it), each with
-its facts, its judgements and its operations. What they share: ``states`` (the
-declared states), ``site`` and ``hosts`` (the inventory's data), ``sglang_releases``
-(what the supported SGLang releases accept differently), ``services``
-(long-running services on runit or systemd, and their logs), ``venvs`` (pinned
-Python packages), ``probes`` (real requests and bounded waits), ``transport``
-(where the TP group's bytes go), ``phase`` (executing or only planning, and
-which hosts an operation concerns), ``lock`` (one run at a time), ``attempt``
-(a failure after a change ends in a verified production), ``ledger`` (what each
-run met and how it ended; no candidate on controllers seen to stall), ``facts``
-(what facts share, several read as one command), ``connect`` (pyinfra's SSH
-connection with Nagle's algorithm off, bounded when it drops) and ``bounds``
-(how long a whole run may take, for whoever runs one as a process).
+- ``part`` (a host's part in a run: its settings and what each of its layers
+  is given, for ``deploy.py``), ``run`` (one run as an object: its attempt,
+  its locks, its proofs) and ``bounds`` (how long a whole run may take, for
+  whoever runs one as a process);
+- ``safety/``: ``lock`` (one run at a time), ``scope`` (the pair is one unit),
+  ``ledger`` (what each run met and how it ended; no candidate on controllers
+  seen to stall), ``guard`` (the candidate undone if a host hangs),
+  ``rollback`` (a failure after a change ends in a verified production) and
+  ``interrupt`` (a signal is a failure too);
+- the layers, in the runbook's order, each with its facts, its judgements and
+  its operations: ``serving/`` (``gpu``, ``sglang`` on the workstations,
+  ``router`` its part on the gateway, ``transport`` where the TP group's bytes
+  go) and ``gateway/`` (``proxy``, and ``route``: the proofs of the user's
+  route through it), above ``services`` (long-running services on runit or
+  systemd, and their logs);
+- ``site/``: the inventory's data and the command line as typed values
+  (``model``, ``settings``, ``overrides``, ``options``, ``hosts``, ``syntax``,
+  ``releases``: what the supported SGLang releases accept differently);
+- ``thunderbolt/``: ``driver``, ``link`` and ``module_file``, the layers
+  below serving;
+- ``step`` (the ``@operation(Layer)`` decorator: a step declares its layer,
+  refuses before any change or fails after one) and ``states`` (the declared
+  states);
+- ``plumbing/``: ``phase``, ``facts``, ``probes``, ``connect`` and ``venvs``.
+
+Each package's own docstring says what it owns and what it must not touch.
 """

@@ -1,7 +1,7 @@
 """
 How long a whole ``deploy.py`` run may take, derived from the site's settings,
 for whoever runs one as a process: the failed run's rollback
-(``operations/attempt.py``), the campaign's and the soak's deploys
+(``operations/safety/rollback.py``), the campaign's and the soak's deploys
 (``harness/campaign.py``); and how long its proof, ``pytest tests/verify``, may.
 
 Each step of a run is bounded already, a remote command by the site's ``[ssh]
@@ -13,8 +13,9 @@ still ends its caller's step, which then fails as any other failure does.
 
 from __future__ import annotations
 
-from operations import attempt, gateway
-from operations.settings import WorkstationSettings
+from operations.gateway import proxy
+from operations.safety import rollback
+from operations.site.settings import WorkstationSettings
 
 
 def production_waits(pair: WorkstationSettings) -> tuple[float, ...]:
@@ -24,12 +25,12 @@ def production_waits(pair: WorkstationSettings) -> tuple[float, ...]:
     them, the link retrains, the proxy restarts without the fallback.
     """
     return (pair.serving.start_timeout_seconds, pair.serving.start_timeout_seconds,
-            pair.link.wait_seconds, gateway.START_TIMEOUT_SECONDS)
+            pair.link.wait_seconds, proxy.START_TIMEOUT_SECONDS)
 
 
 def rollback_timeout(pair: WorkstationSettings) -> int:
-    """The bound of a rollback's run, a production converge (:func:`attempt.rollback_timeout`)."""
-    return attempt.rollback_timeout(pair.command_timeout, production_waits(pair))
+    """The bound of a rollback's run, a production converge (:func:`rollback.rollback_timeout`)."""
+    return rollback.rollback_timeout(pair.command_timeout, production_waits(pair))
 
 
 def deploy_timeout(pair: WorkstationSettings) -> int:

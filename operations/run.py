@@ -23,17 +23,12 @@ from typing import Any
 import gevent
 from pyinfra.api import OperationError
 
-from operations import interrupt
-from operations.attempt import (
-    ENDING_ENV,
-    RUN_ATTRIBUTE,
-    Attempt,
-    RecordFailedOperations,
-    report_ending,
-)
-from operations.ledger import Observations
-from operations.lock import Locks, RunOwner, run_owner
-from operations.probes import Proofs
+from operations.plumbing.probes import Proofs
+from operations.safety import interrupt
+from operations.safety.ledger import Observations
+from operations.safety.lock import Locks, RunOwner, run_owner
+from operations.safety.rollback import ENDING_ENV, for_command_line, report_ending
+from operations.step import RUN_ATTRIBUTE, Attempt, RecordFailedOperations
 
 
 @dataclass
@@ -43,7 +38,7 @@ class Run:
     + attempt: its failures, its end and its way back to production
     + observed: what it has seen of each workstation, for the ledger's record
     + proofs: the servers and routes it has already proven
-    + interrupts: where it is, as a signal needs to know it (:mod:`operations.interrupt`)
+    + interrupts: where it is, as a signal needs to know it (:mod:`operations.safety.interrupt`)
     + locks: the host locks it holds, which a refusal releases
     """
 
@@ -97,7 +92,7 @@ def begin(pyinfra_state: Any, target: str, inherited_lock: str | None) -> Run:
     command_line = getattr(pyinfra_state, COMMAND_LINE_ATTRIBUTE, None)
     run = Run(
         owner=run_owner(target, inherited_lock),
-        attempt=Attempt.for_command_line(command_line) if command_line else Attempt(),
+        attempt=for_command_line(command_line) if command_line else Attempt(),
     )
     setattr(pyinfra_state, RUN_ATTRIBUTE, run)
     pyinfra_state.add_callback_handler(RecordFailedOperations())

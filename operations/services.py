@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from pyinfra import host
@@ -32,10 +32,16 @@ from pyinfra.api.util import get_template
 from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.operations import files, runit, server, systemd
 
-from operations import connect
-from operations.facts import EmptyMeansSomething, FileDigest, digest, digest_script
-from operations.settings import GatewaySettings, http_url
-from operations.syntax import (
+from operations.plumbing import connect
+from operations.plumbing.facts import (
+    EmptyMeansSomething,
+    FileDigest,
+    digest,
+    digest_script,
+    shell_script,
+)
+from operations.site.settings import http_url
+from operations.site.syntax import (
     ENVIRONMENT_NAME,
     AbsolutePath,
     AccountName,
@@ -112,7 +118,9 @@ class GatewayService:
     A service of the gateway's own (sglang-router, the LiteLLM proxy): where
     clients reach it (the gateway's ``address``), what it binds (the site's
     ``gateway_roles.listen_address``), how it runs, and where pip finds what its
-    venv holds (``gateway_roles.pip_options``).
+    venv holds (``gateway_roles.pip_options``); its ``port``, ``venv`` and
+    ``user`` are its role's own (``gateway_roles.router_port``, ``litellm_port``
+    ...), each derived by its name (:func:`~operations.site.settings.derived`).
     """
 
     address: str
@@ -122,13 +130,6 @@ class GatewayService:
     user: str
     init_system: InitSystem
     pip_options: tuple[str, ...]
-
-    @staticmethod
-    def shared(gateway: GatewaySettings) -> dict[str, Any]:
-        """The fields every service of the gateway takes from its settings alike."""
-        roles = gateway.roles
-        return {"address": gateway.address, "listen_address": roles.listen_address,
-                "init_system": roles.init_system, "pip_options": tuple(roles.pip_options or ())}
 
     @property
     def url(self) -> str:
@@ -371,11 +372,10 @@ class Runit(Supervisor):
         yield from files.put._inner(src=StringIO(render(service, "runit", RUNIT_TRANSIENT_DIR)),
                                     dest=f"{directory}/run", mode="0755")
         yield from files.file._inner(path=f"{directory}/down")
-        yield StringCommand("sh", "-c", QuoteString(RUNSV_ONCE), "-", QuoteString(directory))
+        yield shell_script(RUNSV_ONCE, directory)
 
     def transient_stop(self, name: str) -> Iterator[PyinfraCommand]:
-        yield StringCommand("sh", "-c", QuoteString(RUNSV_EXIT), "-",
-                            QuoteString(f"{RUNIT_TRANSIENT_DIR}/{name}"))
+        yield shell_script(RUNSV_EXIT, f"{RUNIT_TRANSIENT_DIR}/{name}")
 
 
 SUPERVISORS: dict[InitSystem, Supervisor] = {"systemd": Systemd(), "runit": Runit()}
@@ -471,8 +471,7 @@ class AccountExists(EmptyMeansSomething):
     """
 
     def command(self, user: str) -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString('id -u "$1" >/dev/null 2>&1 && echo yes'),
-                             "-", QuoteString(user))
+        return shell_script('id -u "$1" >/dev/null 2>&1 && echo yes', user)
 
     def process(self, output: list[str]) -> bool:
         return bool(output) and output[0].strip() == "yes"
@@ -493,6 +492,9 @@ class ServiceProcess(EmptyMeansSomething):
         {"running": True, "status": "run: sglang-replica: (pid 4242) 73s", "pid": 4242,
          "seconds": 73.2, "argv": ["/opt/sglang/bin/python", "-m", "sglang.launch_server", ...],
          "environment": {"NCCL_IB_DISABLE": "1", ...}}
+
+    A process that exits while it is read keeps its ``pid`` with ``running``
+    false: it was there, and is gone.
     """
 
     def command(self, service: str, init_system: InitSystem,
@@ -512,10 +514,13 @@ class ServiceProcess(EmptyMeansSomething):
             # entries, so that a value holding a newline cannot fake another's.
             'shift; for name in "$@"; do '
             "grep -z -m 1 -e \"^$name=\" \"/proc/$pid/environ\" | tr '\\0' '\\n' "
-            "| head -n 1 | sed 's/^/env /'; done; true"
+            "| head -n 1 | sed 's/^/env /'; done; "
+            # A process that exits while it is read leaves a zombie whose
+            # cmdline and environ read empty: that is a crash, not a wrong process.
+            "state=$(sed 's/.*) //' \"/proc/$pid/stat\" 2>/dev/null | cut -d' ' -f1); "
+            'case "$state" in ""|Z|X) echo "exited";; esac; true'
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(service),
-                             *(QuoteString(name) for name in variables))
+        return shell_script(script, service, *variables)
 
     def process(self, output: list[str]) -> dict:
         process: dict = {"running": False, "status": "", "pid": None, "seconds": None,
@@ -535,6 +540,9 @@ class ServiceProcess(EmptyMeansSomething):
             elif kind == "env":
                 key, _, val = value.partition("=")
                 process["environment"][key] = val
+            elif kind == "exited":
+                process["running"] = False
+                process["status"] += f"; pid {process['pid']} exited as it was read"
         return process
 
 
@@ -554,8 +562,7 @@ class ServiceSettled(FactBase):
 
     def command(self, service: str, path: str, init_system: InitSystem) -> StringCommand:
         script = digest_script('"$2"') + SUPERVISORS[init_system].settled_script() + "true"
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(service),
-                             QuoteString(path))
+        return shell_script(script, service, path)
 
     def process(self, output: list[str]) -> dict[str, str]:
         return dict(line.strip().partition(" ")[::2] for line in output if line.strip())
@@ -575,8 +582,7 @@ class ServicePids(FactBase):
     def command(self, services: tuple[str, ...], init_system: InitSystem) -> StringCommand:
         script = ("pid_of() { " + SUPERVISORS[init_system].status_script()
                   + 'echo "$1 $pid"; }; for s in "$@"; do pid_of "$s"; done')
-        return StringCommand("sh", "-c", QuoteString(script), "-",
-                             *(QuoteString(service) for service in services))
+        return shell_script(script, *services)
 
     def process(self, output: list[str]) -> dict[str, int]:
         pids = {}
@@ -600,7 +606,7 @@ class RunningServices(FactBase):
 
     def command(self, prefix: str, init_system: InitSystem) -> StringCommand:
         script = SUPERVISORS[init_system].running_script() + "true"
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(prefix))
+        return shell_script(script, prefix)
 
     def process(self, output: list[str]) -> list[str]:
         return sorted(line.strip() for line in output if line.strip())

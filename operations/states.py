@@ -19,10 +19,42 @@ class _Value(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# What ``thunderbolt_net`` runs: the distribution's build, the same build with
-# receive-side E2E off (``e2e=0``), or the pinned candidate with ``tx_e2e=1``.
-Driver = Literal["stock", "stock_e2e_off", "candidate"]
-STOCK_BUILDS: tuple[Driver, ...] = ("stock", "stock_e2e_off")
+class Driver(StrEnum):
+    """
+    What ``thunderbolt_net`` runs: the distribution's build, the same build with
+    receive-side E2E off (``e2e=0``), or the pinned candidate with ``tx_e2e=1``.
+
+    The one place a build is spelled: code compares members and asks their
+    properties, never the strings, which are only what the reports, the ledger
+    and the status show.
+    """
+
+    STOCK = "stock"
+    STOCK_E2E_OFF = "stock_e2e_off"
+    CANDIDATE = "candidate"
+
+    @property
+    def is_candidate(self) -> bool:
+        """The pinned out-of-tree build, never persistent, that a stall is recorded against."""
+        return self is Driver.CANDIDATE
+
+    @property
+    def tx_e2e(self) -> bool:
+        """Whether it is loaded with transmit-side E2E (``tx_e2e=1``): only the candidate."""
+        return self is Driver.CANDIDATE
+
+    @property
+    def rx_e2e(self) -> bool:
+        """Whether it is loaded with receive-side E2E on (``parameters/e2e`` reads ``Y``)."""
+        return self is not Driver.STOCK_E2E_OFF
+
+    @property
+    def modprobe_options(self) -> tuple[str, ...]:
+        """What ``modprobe`` is given for a stock build."""
+        return ("e2e=0",) if self is Driver.STOCK_E2E_OFF else ()
+
+
+STOCK_BUILDS = tuple(driver for driver in Driver if not driver.is_candidate)
 
 
 class Speculative(_Value):
@@ -39,7 +71,7 @@ class Speculative(_Value):
     num_draft_tokens: int
 
 
-class Serving(StrEnum):
+class ServingMode(StrEnum):
     """
     What a state serves: one replica per workstation behind the router, or one
     server split across every workstation (a TP group of one rank each).
@@ -76,13 +108,13 @@ class State(_Value):
 
     name: str
     driver: Driver
-    serving: Serving
+    serving: ServingMode
     speculative: Speculative | None
 
     @property
     def tensor_parallel(self) -> bool:
         """Whether the state serves one TP group rather than the replicas."""
-        return self.serving == Serving.TENSOR_PARALLEL
+        return self.serving == ServingMode.TENSOR_PARALLEL
 
     @property
     def uses_link(self) -> bool:
@@ -91,7 +123,7 @@ class State(_Value):
         group talks across it, and a driver other than the plain stock build is
         itself the experiment, even under the replicas, which never use it.
         """
-        return self.tensor_parallel or self.driver != "stock"
+        return self.tensor_parallel or self.driver != Driver.STOCK
 
     @property
     def gateway_fallback(self) -> bool:
@@ -103,18 +135,19 @@ class State(_Value):
 
 
 # The axes a state is declared by, in DESIGN.md's order, which is also the order
-# a transition changes them in; and its four layers, the gateway's fallback
-# following from the serving layer.
+# a transition changes them in; and what it declares of its four layers (what a
+# status compares), the gateway's fallback following from the serving layer.
+# ("Layer" alone is a step's: operations.step.Layer.)
 AXES = ("driver", "serving", "speculative")
-LAYERS = (*AXES, "gateway_fallback")
+DECLARED = (*AXES, "gateway_fallback")
 
 STATES: dict[str, State] = {
     state.name: state
     for state in (
         State(
             name="production",
-            driver="stock",
-            serving=Serving.REPLICAS,
+            driver=Driver.STOCK,
+            serving=ServingMode.REPLICAS,
             speculative=None,
         ),
         # The transport A/B: production's replicas, which never use the link, under
@@ -123,40 +156,40 @@ STATES: dict[str, State] = {
         # the stock build with receive-side E2E off.
         State(
             name="production_tx_e2e",
-            driver="candidate",
-            serving=Serving.REPLICAS,
+            driver=Driver.CANDIDATE,
+            serving=ServingMode.REPLICAS,
             speculative=None,
         ),
         State(
             name="production_e2e_off",
-            driver="stock_e2e_off",
-            serving=Serving.REPLICAS,
+            driver=Driver.STOCK_E2E_OFF,
+            serving=ServingMode.REPLICAS,
             speculative=None,
         ),
         State(
             name="tp2_stock",
-            driver="stock",
-            serving=Serving.TENSOR_PARALLEL,
+            driver=Driver.STOCK,
+            serving=ServingMode.TENSOR_PARALLEL,
             speculative=NEXTN_3_1_4,
         ),
         State(
             name="tp2_e2e",
-            driver="candidate",
-            serving=Serving.TENSOR_PARALLEL,
+            driver=Driver.CANDIDATE,
+            serving=ServingMode.TENSOR_PARALLEL,
             speculative=NEXTN_3_1_4,
         ),
         # The two _nospec states are the matched controls the field report lacked:
         # they separate the driver's effect from the speculative decoder's.
         State(
             name="tp2_stock_nospec",
-            driver="stock",
-            serving=Serving.TENSOR_PARALLEL,
+            driver=Driver.STOCK,
+            serving=ServingMode.TENSOR_PARALLEL,
             speculative=None,
         ),
         State(
             name="tp2_e2e_nospec",
-            driver="candidate",
-            serving=Serving.TENSOR_PARALLEL,
+            driver=Driver.CANDIDATE,
+            serving=ServingMode.TENSOR_PARALLEL,
             speculative=None,
         ),
     )

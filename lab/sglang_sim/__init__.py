@@ -27,7 +27,7 @@ prompt; a chat message adds one token for its role. Output is exactly
 
 Lab knobs (environment; what real hardware would decide):
 
-- ``LAB_SGLANG_LOAD_SECONDS`` (2.0): weight loading time before ``/health`` is 200.
+- ``LAB_SGLANG_LOAD_SECONDS`` (1.0): weight loading time before ``/health`` is 200.
 - ``LAB_SGLANG_GPU_BANDWIDTH_GB_S`` (1792, one RTX 5090's): the GPU's memory
   bandwidth, which sets a decode pass's compute time.
 - ``LAB_SGLANG_PREFILL_TOKENS_PER_SECOND`` (200000): prefill speed on uncached tokens.

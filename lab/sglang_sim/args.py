@@ -8,7 +8,7 @@ import argparse
 
 from lab.sglang_sim import __version__
 from lab.sglang_sim.gpu import GPU_MEMORY_MIB
-from operations.sglang_releases import QUANTIZATION, accepted
+from operations.site.releases import QUANTIZATION, accepted
 
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 # The release the simulator is (its __version__): its choices, as twinbolt knows them.

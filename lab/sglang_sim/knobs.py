@@ -32,7 +32,7 @@ class KnobError(ValueError):
 class Knobs:
     """The simulator's physics and its files; each field is ``LAB_SGLANG_<NAME>`` unless named."""
 
-    load_seconds: float = 2.0
+    load_seconds: float = 1.0
     # One RTX 5090: NVIDIA's figure for its 512-bit GDDR7 memory at 28 Gb/s per pin.
     gpu_bandwidth_gb_s: float = field(default=1792.0, metadata={"positive": True})
     prefill_tokens_per_second: float = field(default=200_000.0, metadata={"positive": True})

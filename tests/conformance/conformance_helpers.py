@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from lab import modules
-from operations import gateway, services, serving, serving_router
+from operations import services
+from operations.gateway import proxy as gateway
 from operations.services import Service
-from operations.serving import Sglang
+from operations.serving import router as serving_router
+from operations.serving import sglang as serving
+from operations.serving.sglang import Sglang
 from operations.states import STATES, State
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ loader (``litellm_config.py``): production's, and the one with the temporary
 fallback that the experiment states add. The proxy drops a ``router_settings``
 key it does not know with a warning, and ignores an unknown ``general_settings``
 key: here either fails, as does a config the loader refuses or reads otherwise
-than twinbolt compares the live proxy with (:func:`operations.gateway.routing`).
+than twinbolt compares the live proxy with (:func:`operations.gateway.proxy.routing`).
 
 The loader runs with the proxy service's own environment (offline copies of
 LiteLLM's remote data, the secrets as variables) and, as root, in a network
@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 from conformance_helpers import REPO, Rendered
 
-from operations.gateway import proxy_service, render_config, routing
+from operations.gateway.proxy import proxy_service, render_config, routing
 from operations.states import STATES
 
 LOADER = Path(__file__).with_name("litellm_config.py")

@@ -23,11 +23,11 @@ from conformance_helpers import REPO, Rendered, gpu_service
 from packaging.version import Version
 from sglang_parser import STUBBED
 
-from operations.serving import Sglang
-from operations.sglang_releases import CHOICES, QUANTIZATION, QUANTIZATIONS, accepted
-from operations.site import Serving, site_default
+from operations.plumbing.venvs import lock_pins
+from operations.serving.sglang import Sglang
+from operations.site.model import Serving, site_default
+from operations.site.releases import CHOICES, QUANTIZATION, QUANTIZATIONS, accepted
 from operations.states import STATES, State
-from operations.venvs import lock_pins
 
 PARSER = Path(__file__).with_name("sglang_parser.py")
 RELEASES = sorted((lock_pins(lock)["sglang"] for lock in REPO.glob("requirements-sglang-*.lock")),
@@ -185,7 +185,7 @@ def test_every_rendered_command_line_parses_and_means_what_twinbolt_meant(
 def test_the_release_table_is_what_upstreams_parser_offers(upstream: dict, release: str) -> None:
     for flag in CHOICES:
         assert accepted(flag, release) == upstream[release]["choices"][flag], (
-            f"operations/sglang_releases.py disagrees with SGLang {release}'s {flag}")
+            f"operations/site/releases.py disagrees with SGLang {release}'s {flag}")
 
 
 @pytest.mark.parametrize("release", RELEASES)

@@ -20,8 +20,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from operations import gateway, guard, services, serving
-from operations.hosts import InventoryEntry, inventory_entries
+from operations import services
+from operations.gateway import proxy as gateway
+from operations.safety import guard
+from operations.serving import sglang as serving
+from operations.site.hosts import InventoryEntry, inventory_entries
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = REPO / ".venv" / "bin" / "python"

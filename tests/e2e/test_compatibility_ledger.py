@@ -20,7 +20,7 @@ from e2e_helpers import (
     verify,
 )
 
-from operations import ledger
+from operations.safety import ledger
 
 # wsb's ASM4242 and wsa's JHL8540, each on the lab's firmware for it.
 PAIRING = "1b21:2425 (NVM 2.1) + 8086:1137 (NVM 36.0)"

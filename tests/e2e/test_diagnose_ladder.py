@@ -49,7 +49,13 @@ def production_after() -> Iterator[None]:
     assert checks.returncode == 0, checks.stdout[-3000:]
 
 
-def test_each_fault_in_a_running_tp_state_is_named_at_its_rung(production_after) -> None:
+def test_each_fault_in_a_running_tp_state_is_named_at_its_rung_and_a_group_off_the_link_at_sockets(
+        production_after) -> None:
+    """
+    One chain, so that it shares its states: each fault switched on in a running
+    tp2_e2e, then, from there, a tp2_stock whose group misses the link, left as
+    its failed acceptance found it; production restored once, after both.
+    """
     run = deploy("tp2_e2e")
     assert run.returncode == 0, run.output[-3000:]
     code, found = diagnosed()
@@ -62,6 +68,15 @@ def test_each_fault_in_a_running_tp_state_is_named_at_its_rung(production_after)
         assert cause_of("tx_credit_stall") == "thunderbolt0"
     finally:
         restart_large_backend()
+
+    with fault("wrong_interface"):
+        # Left as the failed acceptance found it, for the diagnosis.
+        run = deploy("tp2_stock", "--data", "on_failure=stop")
+    assert run.returncode != 0
+    code, found = diagnosed()
+    assert code != 0 and found["cause"]["name"] == "sockets", found
+    assert any("its connections 10.66.0.11:" in line
+               for line in found["rungs"][3]["evidence"]), found["rungs"][3]
 
 
 def test_a_link_retrained_at_10g_in_production_warns_at_the_xdomain_rung() -> None:
@@ -80,14 +95,3 @@ def test_a_link_retrained_at_10g_in_production_warns_at_the_xdomain_rung() -> No
     time.sleep(2)
     checks = verify("production")
     assert checks.returncode == 0, checks.stdout[-3000:]
-
-
-def test_a_tp_group_off_the_link_is_named_at_the_sockets_rung(production_after) -> None:
-    with fault("wrong_interface"):
-        # Left as the failed acceptance found it, for the diagnosis.
-        run = deploy("tp2_stock", "--data", "on_failure=stop")
-    assert run.returncode != 0
-    code, found = diagnosed()
-    assert code != 0 and found["cause"]["name"] == "sockets", found
-    assert any("its connections 10.66.0.11:" in line
-               for line in found["rungs"][3]["evidence"]), found["rungs"][3]

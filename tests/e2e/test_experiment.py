@@ -22,7 +22,7 @@ from e2e_helpers import (
 
 from harness import linktest_report, matrix
 from harness.topology import Topology
-from operations import ledger
+from operations.safety import ledger
 
 # One short window keeps the whole file within a few minutes.
 SHORT = ("--window", "single", "--single-tokens", "64")

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from e2e_helpers import deploy, inventory, removed, service_process, ssh
 
-from operations.gateway import LITELLM_LOCK
-from operations.serving_router import ROUTER_LOCK
-from operations.venvs import DIST_INFO_SCRIPT, InstalledVersions, lock_pins
+from operations.gateway.proxy import LITELLM_LOCK
+from operations.plumbing.venvs import DIST_INFO_SCRIPT, InstalledVersions, lock_pins
+from operations.serving.router import ROUTER_LOCK
 
 SERVICES = {"litellm": "litellm", "sglang-router": "router"}
 

@@ -12,9 +12,10 @@ import pytest
 from e2e_helpers import deploy, init_system, lab, service_log, snapshot, ssh, verify
 
 from lab.topology import host_named
-from operations import probes, services
-from operations.gateway import DEPLOYMENTS
-from operations.gateway_route import RoleAnswers
+from operations import services
+from operations.gateway.proxy import DEPLOYMENTS
+from operations.gateway.route import RoleAnswers
+from operations.plumbing import probes
 
 # The lab's gateway files live in its private /var/lib (see group_data/lab.py).
 CONFIG = "/var/lib/twinbolt/litellm.yaml"

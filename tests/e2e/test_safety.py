@@ -38,8 +38,9 @@ from e2e_helpers import (
 )
 
 from lab.topology import STATE, host_named
-from operations import ledger, serving
-from operations.lock import RunOwner, boot_here
+from operations.safety import ledger
+from operations.safety.lock import RunOwner, boot_here
+from operations.serving import sglang
 
 LOCK = "/run/twinbolt/lock"
 # The lab's JHL8540s on the firmware tx_credit_stall runs, which never returns TX
@@ -233,7 +234,7 @@ def test_a_host_lost_mid_attempt_is_named_the_rest_rolled_back_and_a_later_run_c
             # The rollback reached what it could: wsa back on the stock driver, its
             # replica serving; the locks it could reach released.
             assert "tx_e2e" not in ssh("wsa", "ls /sys/module/thunderbolt_net/parameters")
-            assert service_process("wsa", serving.REPLICA)["running"], how
+            assert service_process("wsa", sglang.REPLICA)["running"], how
             for host in ("wsa", "gw"):
                 assert ssh(host, f"test -e {LOCK} && echo held").strip() == "", (how, host)
         *_, rollback, attempt = ledger.read(tmp_path / "ledger.jsonl")
@@ -288,7 +289,7 @@ def test_a_workstation_rebooted_mid_experiment_is_drift_that_production_repairs(
     assert status.returncode != 0 and "drifted" in status.stdout, status.stdout
     # wsb came back on the stock driver; its TP rank, start-only, did not start alone.
     assert "tx_e2e" not in ssh("wsb", "ls /sys/module/thunderbolt_net/parameters")
-    assert not any(service_process("wsb", rank)["running"] for rank in serving.TP_RANKS)
+    assert not any(service_process("wsb", rank)["running"] for rank in sglang.TP_RANKS)
     restored = deploy("production")
     assert restored.returncode == 0, restored.output[-3000:]
     assert_production_verified()
@@ -298,12 +299,14 @@ def test_a_workstation_rebooted_mid_experiment_is_drift_that_production_repairs(
 
 
 @contextmanager
-def round_trip_verified(under: str) -> Iterator[None]:
+def round_trip_verified(under: tuple[str, ...]) -> Iterator[None]:
     """
-    production -> tp2_e2e -> production, each leg verified, with the lab fault
-    ``under`` on; the block runs before the fault goes off.
+    production -> tp2_e2e -> production, each leg verified, with the lab faults
+    ``under`` on; the block runs before they go off.
     """
-    with fault(under):
+    with ExitStack() as faults:
+        for name in under:
+            faults.enter_context(fault(name))
         run = deploy("tp2_e2e")
         assert run.returncode == 0, run.output[-3000:]
         checks = verify("tp2_e2e")
@@ -314,9 +317,14 @@ def round_trip_verified(under: str) -> Iterator[None]:
         yield
 
 
-def test_the_link_layer_applies_the_address_a_reload_took_when_nothing_else_does() -> None:
-    """Round trip with no network manager on the workstations: twinbolt owns the address."""
-    with round_trip_verified(under="no_network_manager"):
+def test_with_no_network_manager_and_udev_reloading_stock_the_swaps_end_where_declared() -> None:
+    """
+    Round trip on workstations where two things a distribution may do are both
+    so: no network manager, so twinbolt's link layer owns the address every
+    reload takes; and udev, which loads the stock module again the moment one is
+    removed, so each swap must still end on the build its state declares.
+    """
+    with round_trip_verified(under=("no_network_manager", "udev_autoload")):
         for host, address in (("wsa", "169.254.77.1"), ("wsb", "169.254.77.2")):
             assert f"{address}/16" in ssh(host, "ip -br addr show thunderbolt0")
 
@@ -339,11 +347,6 @@ def test_a_system_owned_address_is_waited_for_and_named_when_no_manager_applies_
         assert "(link.address_owner = system) has not applied it" in failed.output
         assert "production was restored and verified" in failed.output, failed.output[-3000:]
     assert_production_verified()
-
-
-def test_the_swap_ends_on_the_candidate_though_udev_loads_the_stock_module_again() -> None:
-    with round_trip_verified(under="udev_autoload"):
-        pass
 
 
 def test_an_unsigned_candidate_is_refused_before_any_change_where_signatures_are_enforced(

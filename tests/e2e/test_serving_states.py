@@ -67,7 +67,8 @@ def test_a_rank_crashing_while_the_draft_loads_fails_the_deploy_at_once() -> Non
     try:
         assert run.returncode != 0
         assert "wsa: serving layer: TP rank 0" in run.output, run.output[-4000:]
-        assert "exited and was restarted" in run.output or "is not running" in run.output
+        assert "exited and was restarted" in run.output or "is not running" in run.output, \
+            run.output[-4000:]
         # Both ranks' logs, with the crash in them: the evidence, not "it is down".
         assert "wsa sglang-tp2-rank0, last lines" in run.output
         assert "wsb sglang-tp2-rank1, last lines" in run.output

@@ -28,8 +28,8 @@ def test_a_soak_samples_the_candidate_and_a_stall_restores_production(tmp_path) 
     # The candidate sampled for 1.4 min while the cable is pulled and put back, then
     # rank 1 sleeps: each event measured, each recovered, each plug and suspend a
     # ledger record the matrix shows; healthy, the guard stayed armed and never fired.
-    evented = subprocess.run([*SOAK, "--minutes", "1.4", "--out", str(tmp_path), "--events",
-                              "unplug@0.2,plug@0.35,suspend@0.75", "--suspend-seconds", "5"],
+    evented = subprocess.run([*SOAK, "--minutes", "1.2", "--out", str(tmp_path), "--events",
+                              "unplug@0.2,plug@0.3,suspend@0.5", "--suspend-seconds", "5"],
                              cwd=REPO, capture_output=True, text=True, timeout=400)
     print(evented.stdout[-2000:])
     assert evented.returncode == 0, evented.stdout[-3000:] + evented.stderr[-3000:]

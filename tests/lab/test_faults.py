@@ -6,7 +6,7 @@ import pytest
 from lab_helpers import carrier, linked, load, read, ssh, transfer, wait_until
 
 from lab import faults
-from operations.ledger import ThunderboltController
+from operations.safety.ledger import ThunderboltController
 
 pytestmark = pytest.mark.usefixtures("restore_stock")
 

@@ -18,7 +18,17 @@ from lab_helpers import lab, ssh
 
 from lab import cable, cgroups, network
 from lab.control import PROCESSES
-from lab.topology import HOSTS, OPERATOR, PYTHON, REPO, STATE, alive, host_named, read_pid
+from lab.topology import (
+    HOSTS,
+    OPERATOR,
+    OWNER_FILE,
+    PYTHON,
+    REPO,
+    STATE,
+    alive,
+    host_named,
+    read_pid,
+)
 
 # What a clone holds that the copy needs: everything tracked, and the operator's venv.
 NOT_IN_A_CLONE = shutil.ignore_patterns(".git", ".venv*", ".lab", "wheelhouse", "reports",
@@ -168,11 +178,17 @@ def checkout_under_tmp() -> Iterator[Path]:
 
 
 def test_the_lab_boots_from_a_checkout_under_tmp_and_says_why_a_host_did_not() -> None:
-    assert lab("down").returncode == 0
+    assert lab("up").returncode == 0
+    ours = read_pid("kernel")
     with checkout_under_tmp() as checkout:
         state = checkout.resolve() / ".lab"
         up = lab("up", checkout=checkout)
         assert up.returncode == 0, up.stdout + up.stderr
+        # The lab is the machine's: the copy rebuilt it, and stopped the kernel this
+        # checkout had started, by this checkout's pid file.
+        assert "stale" in up.stdout
+        assert not alive(ours), f"this checkout's lab kernel (pid {ours}) ticks on"
+        assert OWNER_FILE.read_text().strip() == str(state)
         assert lab("status", checkout=checkout).returncode == 0
         config = state / "ssh" / "config"
         # The gateway's backend is a unit that runs the copy's interpreter from its path.
@@ -196,3 +212,8 @@ def test_the_lab_boots_from_a_checkout_under_tmp_and_says_why_a_host_did_not() -
         rebuilt = lab("up", checkout=checkout)
         assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
         assert ssh("wsb", "test -d /var/log", config=config).returncode == 0
+        theirs = read_pid("kernel", state)
+        # And back: this checkout's `up` stops the copy's kernel as the copy stopped its.
+        assert lab("up").returncode == 0
+        assert not alive(theirs), f"the copy's lab kernel (pid {theirs}) ticks on"
+        assert OWNER_FILE.read_text().strip() == str(STATE)

@@ -43,7 +43,7 @@ REMOTE_COMMAND = re.compile(r"Running command on \S+:")
 LEGS = (("production", "tp2_e2e"), ("tp2_e2e", "production"))
 # SIGKILL last: the target it converges is the other leg's origin.
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
-# What a run interrupted in preflight says (operations/interrupt.py).
+# What a run interrupted in preflight says (operations/safety/interrupt.py).
 NOTHING_CHANGED = "before any change: the run ends, nothing was changed"
 
 

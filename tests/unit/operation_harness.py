@@ -19,9 +19,10 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
-from operations.attempt import ENDING_ENV, RUN_ATTRIBUTE
-from operations.lock import this_run
 from operations.run import Run
+from operations.safety.lock import this_run
+from operations.safety.rollback import ENDING_ENV
+from operations.step import RUN_ATTRIBUTE
 
 
 def describe(command: Any) -> str:
@@ -61,7 +62,7 @@ def run_operation(operation: Callable, facts: Callable[[type, dict], Any],
     gives, in ``run`` (a new one unless given); commands it runs directly
     (``host.run_shell_command``) succeed and are appended to ``shell``.
     ``conditions``: the operation's ``_if``, which the step asks itself, before
-    its body (``operations.attempt.conditions_hold``). ``host_name``: the host it runs on.
+    its body (``operations.step.conditions_hold``). ``host_name``: the host it runs on.
 
     The run's parts are passed as ``deploy.py`` passes them (:func:`run_arguments`).
     """

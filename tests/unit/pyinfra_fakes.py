@@ -16,8 +16,8 @@ from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringComman
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
-from operations.attempt import RUN_ATTRIBUTE
 from operations.run import Run
+from operations.step import RUN_ATTRIBUTE
 
 
 class FakeHost:
@@ -35,7 +35,7 @@ class FakeHost:
         self.data = SimpleNamespace(**(data or {}))
         self.current_op_global_arguments: dict[str, Any] = {}
         self.current_op_hash: str | None = None
-        # Never connected: never lost (operations.connect.lost).
+        # Never connected: never lost (operations.plumbing.connect.lost).
         self.connector = None
 
     def get_fact(self, fact: type, *args: Any, **kwargs: Any) -> Any:

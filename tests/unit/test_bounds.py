@@ -28,12 +28,15 @@ from pyinfra.facts.server import Command
 from harness import campaign
 from harness.topology import Topology
 from harness.windows import WindowSettings
-from operations import attempt, bounds, hosts
+from operations import bounds
 from operations import run as runs
-from operations.attempt import Layer, operation
-from operations.hosts import InventoryEntry
-from operations.settings import HostSettings, WorkstationSettings
-from operations.site import COMMAND_TIMEOUT, command_timeout_data, load_site
+from operations import step as steps
+from operations.safety import rollback
+from operations.site import hosts
+from operations.site.hosts import InventoryEntry
+from operations.site.model import COMMAND_TIMEOUT, command_timeout_data, load_site
+from operations.site.settings import HostSettings, WorkstationSettings
+from operations.step import Layer, operation
 
 MINIMAL_SITE = (Path(__file__).parent / "minimal_site.toml").read_text()
 
@@ -97,12 +100,12 @@ def test_a_wait_is_bounded_by_itself_and_one_command_more() -> None:
 
 def test_the_rollbacks_bound_holds_every_wait_of_production_in_full() -> None:
     waits = (900, 900, 30, 120.0)
-    assert attempt.rollback_timeout(300, waits) == (
-        sum(waits) + attempt.ROLLBACK_SLACK_COMMANDS * 300)
+    assert rollback.rollback_timeout(300, waits) == (
+        sum(waits) + rollback.ROLLBACK_SLACK_COMMANDS * 300)
 
 
 @pytest.fixture
-def failed_attempt() -> attempt.Attempt:
+def failed_attempt() -> steps.Attempt:
     run = a_run()
     run.attempt.record("wsb", "op1", "wsb: link layer: no carrier")
     return run.attempt
@@ -112,11 +115,11 @@ def test_a_rollback_past_its_bound_is_stopped_and_named(failed_attempt, monkeypa
     logged: list[str] = []
     fake_host = SimpleNamespace(name="wsa", executing_op_hash="rollback", connector=None,
                                 log_styled=lambda message, **_: logged.append(message))
-    pyinfra_state = SimpleNamespace(**{attempt.RUN_ATTRIBUTE: SimpleNamespace(
+    pyinfra_state = SimpleNamespace(**{steps.RUN_ATTRIBUTE: SimpleNamespace(
         attempt=failed_attempt)})
     # A fake rollback: a process that outlives its bound.
     never_ends = [sys.executable, "-c", "import time; time.sleep(30)"]
-    assert attempt.run_rollback(pyinfra_state, fake_host, never_ends, [], timeout=0.5) is False
+    assert rollback.run_rollback(pyinfra_state, fake_host, never_ends, [], timeout=0.5) is False
     assert failed_attempt.rollback_expired == 0.5
     assert failed_attempt.messages()[-1] == (
         f"wsa: rollback layer: the rollback to production ({' '.join(never_ends)}) did not end "
@@ -126,7 +129,7 @@ def test_a_rollback_past_its_bound_is_stopped_and_named(failed_attempt, monkeypa
     with pytest.raises(OperationError,
                        match=r"the rollback to production failed too \(stopped after 0.5s\): "
                              "the hosts need an operator"):
-        run_operation(attempt.concluded, lambda cls, kwargs: None, attempt=failed_attempt,
+        run_operation(rollback.concluded, lambda cls, kwargs: None, attempt=failed_attempt,
                       on_failure="rollback", speakers=("wsa",))
 
 
@@ -135,11 +138,11 @@ def test_the_rollback_step_gives_its_run_the_bound(failed_attempt, monkeypatch) 
     run = a_run()
     run.attempt = failed_attempt
     given: list[tuple] = []
-    real = attempt.FunctionCommand
-    monkeypatch.setattr(attempt, "FunctionCommand",
+    real = steps.FunctionCommand
+    monkeypatch.setattr(rollback, "FunctionCommand",
                         lambda function, args, kwargs: given.append(args) or real(function, args,
                                                                                   kwargs))
-    assert run_operation(attempt.rolled_back, lambda cls, kwargs: None, run=run,
+    assert run_operation(rollback.rolled_back, lambda cls, kwargs: None, run=run,
                          on_failure="rollback", speakers=("wsa",), timeout=2400) == [
         "call run_rollback"]
     [(_, _, timeout)] = given
@@ -186,7 +189,7 @@ def test_the_rollback_and_a_deploy_are_bounded_by_production_waits_of_the_site()
     # The default site: both serving starts (900 s), the link (30 s), the proxy (120 s),
     # four commands of 300 s.
     assert bounds.production_waits(pair) == (900, 900, 30, 120.0)
-    assert bounds.rollback_timeout(pair) == attempt.rollback_timeout(300, (900, 900, 30, 120))
+    assert bounds.rollback_timeout(pair) == rollback.rollback_timeout(300, (900, 900, 30, 120))
     assert bounds.rollback_timeout(pair) == 3150
     # A deploy: its attempt, then its rollback step, as deploy.py bounds it.
     assert bounds.deploy_timeout(pair) == 3150 + pair.bound(3150) == 6600

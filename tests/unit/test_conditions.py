@@ -27,10 +27,11 @@ from pyinfra.api.state import StateStage
 from pyinfra.connectors.util import CommandOutput
 from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
-from operations import attempt
 from operations import run as runs
-from operations.options import RunOptions
-from operations.site import SITE_ENV
+from operations import step as steps
+from operations.safety import rollback as rollbacks
+from operations.site.model import SITE_ENV
+from operations.site.options import RunOptions
 
 # pyinfra's CLI package patches the standard library for gevent when it is first
 # imported (pyinfra_cli/__init__.py): not in the process every other test shares.
@@ -107,7 +108,7 @@ def cases(state: State) -> list[Case]:
         for host in state.inventory:
             for index, condition in enumerate(conditions_of(state, host, op_hash)):
                 found.setdefault((op_hash, index), Case(
-                    op_hash, attempt.step_name(state, op_hash), index, name_of(condition),
+                    op_hash, steps.step_name(state, op_hash), index, name_of(condition),
                     not state.ops[host][op_hash].global_arguments["_ignore_errors"]))
     return list(found.values())
 
@@ -145,7 +146,7 @@ def break_condition(state: State, case: Case, how: str) -> list[Host]:
 def execute(state: State, host: Host, step: str) -> bool:
     """Run the step named ``step`` on ``host`` as pyinfra runs each operation."""
     [op_hash] = [op_hash for op_hash in state.get_op_order()
-                 if attempt.step_name(state, op_hash) == step]
+                 if steps.step_name(state, op_hash) == step]
     with ctx_state.use(state), ctx_host.use(host):
         return run_host_op(state, host, op_hash)
 
@@ -156,7 +157,7 @@ CONCLUSION = "Conclusion: did the attempt succeed, and what was restored"
 
 def ends_in_the_rollback(state: State, case: Case, hosts: list[Host], error: str,
                          monkeypatch) -> None:
-    run = attempt.of(state)
+    run = steps.of(state)
     for host in hosts:
         # Not pyinfra's abort: the step is done, its error ignored, the failure recorded.
         assert execute(state, host, case.step) is True
@@ -165,7 +166,7 @@ def ends_in_the_rollback(state: State, case: Case, hosts: list[Host], error: str
         f"{case.step!r} could not be answered: {error}; the step was skipped"
         for host in hosts]
     rollback = RollbackProcess.ending("accepted")
-    monkeypatch.setattr(attempt.subprocess, "Popen", rollback)
+    monkeypatch.setattr(rollbacks.subprocess, "Popen", rollback)
     speaker = next(iter(state.inventory))
     execute(state, speaker, ROLLBACK)
     assert [command[-4:] for command, _ in rollback.ran] == [
@@ -176,7 +177,7 @@ def ends_in_the_rollback(state: State, case: Case, hosts: list[Host], error: str
 
 
 def is_refused(state: State, case: Case, hosts: list[Host], error: str) -> None:
-    run = attempt.of(state)
+    run = steps.of(state)
     for host in hosts:
         with pytest.raises(OperationError) as refused:
             execute(state, host, case.step)
@@ -191,9 +192,9 @@ def test_each_condition_that_raises_fails_its_step_and_the_run_ends_in_the_rollb
         deploy, target, monkeypatch) -> None:
     every = cases(deploy(target))
     assert {case.condition for case in every} >= (
-        {"attempt.Attempt.healthy", "serving.replica_runs", "driver.swap_planned",
-         "guard.disarm_first"}
-        if target == "tp2_e2e" else {"attempt.Attempt.healthy"})
+        {"step.Attempt.healthy", "serving.sglang.replica_runs", "thunderbolt.driver.swap_planned",
+         "safety.guard.disarm_first"}
+        if target == "tp2_e2e" else {"step.Attempt.healthy"})
     for case in every:
         # Each case a run of its own: pyinfra runs a step once per host and run.
         state = deploy(target)
@@ -211,10 +212,10 @@ def test_each_condition_whose_fact_fails_fails_its_step_and_the_host_stays(
     monkeypatch.setattr(Host, "run_shell_command", lambda self, *_, **__: (
         False, CommandOutput([])))
     reading = [case for case in cases(deploy("tp2_e2e"))
-               if case.condition != "attempt.Attempt.healthy"]
+               if case.condition != "step.Attempt.healthy"]
     assert {(case.condition, case.preflight) for case in reading} == {
-        ("serving.replica_runs", True), ("serving.replica_runs", False),
-        ("driver.swap_planned", False), ("guard.disarm_first", False)}
+        ("serving.sglang.replica_runs", True), ("serving.sglang.replica_runs", False),
+        ("thunderbolt.driver.swap_planned", False), ("safety.guard.disarm_first", False)}
     for case in reading:
         state = deploy("tp2_e2e")
         hosts = break_condition(state, case, "fact fails")

@@ -20,7 +20,7 @@ import paramiko
 import pytest
 from pyinfra.connectors.sshuserclient import SSHClient
 
-from operations.connect import (
+from operations.plumbing.connect import (
     CHANNEL_TIMEOUT_SECONDS,
     DEAD_AFTER_SECONDS,
     KEEPALIVE_IDLE_SECONDS,

@@ -7,11 +7,11 @@ from pathlib import Path
 from harness import diagnose
 from harness.remote import Reading
 from harness.topology import Topology
-from operations.hosts import InventoryEntry
-from operations.probes import Answer
-from operations.serving import TP_RANKS
+from operations.plumbing.probes import Answer
+from operations.serving.sglang import TP_RANKS
+from operations.serving.transport import Connections
+from operations.site.hosts import InventoryEntry
 from operations.states import STATES
-from operations.transport import Connections
 
 TP2_E2E, PRODUCTION = STATES["tp2_e2e"], STATES["production"]
 

@@ -15,8 +15,9 @@ from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import KernelVersion, TmpDir
 
 from lab.modules import build
-from operations import driver, guard
-from operations.driver import (
+from operations.safety import guard
+from operations.thunderbolt import driver
+from operations.thunderbolt.driver import (
     CandidateModule,
     LoadedModule,
     ModprobeTarget,

@@ -27,8 +27,8 @@ from e2e_helpers import (  # noqa: E402
 )
 
 from lab.topology import init_system  # noqa: E402
-from operations.hosts import InventoryEntry, inventory_entries  # noqa: E402
 from operations.services import rendered_path  # noqa: E402
+from operations.site.hosts import InventoryEntry, inventory_entries  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parent / "pyinfra_output"
 

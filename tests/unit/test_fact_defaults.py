@@ -17,8 +17,8 @@ from pyinfra.api import FactBase
 import operations
 
 FACTS = sorted(
-    {cls for module in pkgutil.iter_modules(operations.__path__)
-     for _, cls in inspect.getmembers(importlib.import_module(f"operations.{module.name}"),
+    {cls for module in pkgutil.walk_packages(operations.__path__, "operations.")
+     for _, cls in inspect.getmembers(importlib.import_module(module.name),
                                       inspect.isclass)
      if issubclass(cls, FactBase) and cls.__module__.startswith("operations.")},
     key=lambda cls: cls.__name__)

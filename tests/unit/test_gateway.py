@@ -17,9 +17,10 @@ from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.facts.server import TmpDir
 
-from operations import gateway, gateway_route, probes, services
-from operations.facts import FileDigest
-from operations.gateway import (
+from operations import services
+from operations.gateway import proxy as gateway
+from operations.gateway import route as gateway_route
+from operations.gateway.proxy import (
     LITELLM_LOCK,
     Deployment,
     LiveRouting,
@@ -30,9 +31,11 @@ from operations.gateway import (
     serving_deployments,
     wanted_routing,
 )
-from operations.gateway_route import RoleAnswers, parse_answer
+from operations.gateway.route import RoleAnswers, parse_answer
+from operations.plumbing import probes
+from operations.plumbing.facts import FileDigest
+from operations.plumbing.venvs import InstalledVersions, lock_pins
 from operations.states import STATES
-from operations.venvs import InstalledVersions, lock_pins
 
 REPO = Path(__file__).resolve().parents[2]
 KEY_FILE = "/etc/twinbolt/litellm_master_key"
@@ -571,7 +574,7 @@ def test_an_unreadable_master_key_is_each_roles_error(tmp_path: Path) -> None:
 def test_preflight_waits_for_a_proxy_that_runs_but_does_not_listen_yet(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A run cut just after restarting the proxy: the next run's preflight waits it out."""
-    monkeypatch.setattr(probes, "POLL_SECONDS", 0.0)
+    monkeypatch.setattr(probes, "poll_interval", lambda elapsed: 0.0)
     starting = probes.Answer("http://10.66.0.13:4000/v1/chat/completions",
                              error="curl: (7) Failed to connect to 10.66.0.13 port 4000")
     answers = [starting, starting, completion("large-backend")]

@@ -11,9 +11,9 @@ import pytest
 from pyinfra.api.exceptions import OperationError
 from pyinfra_fakes import FakeHost, commands
 
-from operations import gpu
-from operations.gpu import GpuProcesses, Gpus
 from operations.services import ServicePids
+from operations.serving import gpu
+from operations.serving.gpu import GpuProcesses, Gpus
 
 SERVICES = ("sglang-replica", "sglang-tp2-rank0")
 A_GPU = [{"index": "0", "name": "NVIDIA GeForce RTX 5090", "memory_total_mib": 32607}]

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import time
+from dataclasses import fields, replace
 from pathlib import Path
 from unittest.mock import patch
 
@@ -19,19 +20,27 @@ from pyinfra.facts.server import TmpDir
 from pyinfra.operations import files
 
 from harness.status import guard_fired
-from operations import guard, ledger
-from operations.facts import FileDigest, digest
-from operations.guard import Guard, GuardState
+from operations.plumbing.facts import FileDigest, digest
 from operations.run import Run
+from operations.safety import guard, ledger
+from operations.safety.guard import Guard, GuardState
 from operations.services import RUNSV_EXIT, RUNSV_ONCE
+from operations.thunderbolt.link import ExpectedLink
 
 SHELLS = [shell for shell in ("sh", "dash", "bash") if shutil.which(shell)]
 
 
+LINK = ExpectedLink(interface="thunderbolt0", link_address="169.254.77.1",
+                    peer_link_address="169.254.77.2", expected_rate_gbps=20.0, expected_lanes=1,
+                    address_owner="twinbolt", prefix_length=16, wait_seconds=30)
+LINK_FIELDS = {field.name for field in fields(ExpectedLink)}
+
+
 def a_guard(tmp_path: Path, init_system: str = "systemd", **changes: object) -> Guard:
-    fields = dict(interface="thunderbolt0", address="169.254.77.1", prefix_length=16,
-                  address_owner="twinbolt", peer_address="169.254.77.2", stall_seconds=30,
-                  module="thunderbolt_net", rank_service="sglang-tp2-rank0",
+    """A guard; ``changes`` to its own fields or to its link's."""
+    link = {name: changes.pop(name) for name in list(changes) if name in LINK_FIELDS}
+    fields = dict(link=replace(LINK, **link), guard_stall_seconds=30,
+                  module_name="thunderbolt_net", rank_service="sglang-tp2-rank0",
                   init_system=init_system, run_dir="/run/twinbolt",
                   staged_candidate="/run/twinbolt/thunderbolt_net.ko",
                   events_path=str(tmp_path / "events.jsonl"))
@@ -158,7 +167,7 @@ def test_a_link_that_carries_nothing_has_the_guard_stop_the_rank_and_load_stock(
         tmp_path) -> None:
     bench = Bench(tmp_path)
     (tmp_path / "thunderbolt_net.ko").write_bytes(b"candidate")
-    ran = bench.run(bench.guard(stall_seconds=10), seconds=30)
+    ran = bench.run(bench.guard(guard_stall_seconds=10), seconds=30)
     assert ran is not None and ran.returncode == 0, ran and ran.stdout + ran.stderr
     assert restored(bench.calls()) == ["systemctl stop sglang-tp2-rank0.service",
                                        "rmmod thunderbolt_net", "modprobe thunderbolt_net"]
@@ -174,7 +183,7 @@ def test_a_link_that_carries_nothing_has_the_guard_stop_the_rank_and_load_stock(
 def test_the_evidence_is_written_before_the_restore_and_completed_after(tmp_path) -> None:
     """A restore that hangs, or a reboot during it, still leaves the stall recorded."""
     bench = Bench(tmp_path)
-    ran = bench.run(bench.guard(stall_seconds=10), seconds=30)
+    ran = bench.run(bench.guard(guard_stall_seconds=10), seconds=30)
     assert ran is not None and ran.returncode == 0, ran and ran.stdout + ran.stderr
     [intent] = [json.loads(line) for line in (tmp_path / "seen-by-rmmod").read_text()
                 .splitlines()]
@@ -195,7 +204,7 @@ def test_a_module_command_that_hangs_is_bounded_and_the_restore_recorded(tmp_pat
     bench = Bench(tmp_path, loaded=hangs == "rmmod")
     (tmp_path / f"hang-{hangs}").touch()
     started = time.monotonic()
-    ran = bench.run(bench.guard(stall_seconds=4, module_seconds=1), seconds=20)
+    ran = bench.run(bench.guard(guard_stall_seconds=4, module_seconds=1), seconds=20)
     assert ran is not None, "the guard still waits on a hanging module command"
     assert ran.returncode != 0 and time.monotonic() - started < 10
     assert restored(bench.calls())[-1] == f"{hangs} thunderbolt_net"
@@ -208,21 +217,21 @@ def test_a_wall_clock_step_fires_nothing_a_stall_is_timed_since_boot(tmp_path) -
     # Three lost pings (6 s since boot), the wall clock stepped +1 h after two of them.
     bench = Bench(tmp_path, ping=0, jump=3600)
     (tmp_path / "answers").write_text("1\n1\n1\n")
-    assert bench.run(bench.guard(stall_seconds=30), seconds=3) is None
+    assert bench.run(bench.guard(guard_stall_seconds=30), seconds=3) is None
     assert restored(bench.calls()) == [] and bench.events() == []
 
 
 def test_a_stall_is_timed_since_boot_whatever_the_wall_clock_does(tmp_path) -> None:
     # 80 s since boot without an answer, the wall clock stepped back 1 h meanwhile.
     bench = Bench(tmp_path, jump=-3600)
-    ran = bench.run(bench.guard(stall_seconds=80), seconds=30)
+    ran = bench.run(bench.guard(guard_stall_seconds=80), seconds=30)
     assert ran is not None and ran.returncode == 0, "an 80 s stall did not fire the guard"
     assert bench.events()[-1]["stalled_seconds"] == 80
 
 
 def test_a_peer_that_answers_never_fires_the_guard(tmp_path) -> None:
     bench = Bench(tmp_path, ping=0)
-    assert bench.run(bench.guard(stall_seconds=4), seconds=3) is None
+    assert bench.run(bench.guard(guard_stall_seconds=4), seconds=3) is None
     calls = bench.calls()
     assert sum(call.startswith("ping ") for call in calls) > 10
     assert restored(calls) == [] and bench.events() == []
@@ -232,7 +241,7 @@ def test_a_link_without_carrier_is_no_stall(tmp_path) -> None:
     """The cable out or the peer asleep: the candidate's ring is not what stopped."""
     bench = Bench(tmp_path)
     (bench.net / "carrier").write_text("0\n")
-    assert bench.run(bench.guard(stall_seconds=4), seconds=2) is None
+    assert bench.run(bench.guard(guard_stall_seconds=4), seconds=2) is None
     assert restored(bench.calls()) == [] and bench.events() == []
 
 
@@ -246,7 +255,7 @@ def test_a_carrier_lost_mid_silence_pauses_it_and_the_silence_counts_on_after(
     # Three lost pings (4 s unanswered), three rounds without carrier, then lost pings again.
     (tmp_path / "on-ping-3").write_text(f"echo 0 > {bench.net}/carrier\n")
     (tmp_path / "on-sleep-7").write_text(f"echo 1 > {bench.net}/carrier\n")
-    ran = bench.run(bench.guard(stall_seconds=10), seconds=30)
+    ran = bench.run(bench.guard(guard_stall_seconds=10), seconds=30)
     assert ran is not None and ran.returncode == 0, ran and ran.stdout + ran.stderr
     assert "lost carrier after 4 s unanswered: no stall; paused" in ran.stdout
     assert "still does not answer across lo: 4 s unanswered so far" in ran.stdout
@@ -261,7 +270,7 @@ def test_an_interface_without_its_address_gets_it_from_a_guard_of_twinbolt_s_own
     """A new thunderbolt0 after a plug: ping cannot even send (network unreachable)."""
     bench = Bench(tmp_path, ping=2, addressed=False)
     (tmp_path / "on-ping-1").write_text('echo 0 > "$B/ping"\n')
-    ran = bench.run(bench.guard(stall_seconds=4), seconds=3)
+    ran = bench.run(bench.guard(guard_stall_seconds=4), seconds=3)
     assert ran is None, ran and ran.stdout
     calls = bench.calls()
     assert "ip addr replace 169.254.77.1/16 dev lo" in calls
@@ -273,7 +282,7 @@ def test_an_interface_without_its_address_gets_it_from_a_guard_of_twinbolt_s_own
 def test_an_interface_without_its_address_the_site_owns_is_reported_unaddressed(
         tmp_path) -> None:
     bench = Bench(tmp_path, ping=2, addressed=False)
-    ran = bench.run(bench.guard(stall_seconds=10, address_owner="system"), seconds=3)
+    ran = bench.run(bench.guard(guard_stall_seconds=10, address_owner="system"), seconds=3)
     assert ran is None, ran and ran.stdout
     calls = bench.calls()
     assert restored(calls) == [] and not any(" replace " in call for call in calls)
@@ -290,14 +299,14 @@ def test_byte_counters_restarted_by_a_device_made_anew_never_go_negative(tmp_pat
     (tmp_path / "on-ping-2").write_text(
         f'echo 9 > {bench.net}/ifindex; echo 300 > {bench.net}/statistics/tx_bytes; '
         f'echo 0 > {bench.net}/statistics/rx_bytes\n')
-    ran = bench.run(bench.guard(stall_seconds=10), seconds=30)
+    ran = bench.run(bench.guard(guard_stall_seconds=10), seconds=30)
     assert ran is not None and ran.returncode == 0
     event = bench.events()[-1]
     assert (event["tx_bytes"], event["rx_bytes"]) == (300, 0)
     # On the same device, a counter that went back is not known.
     bench = Bench(tmp_path / "again")
     (tmp_path / "again/on-ping-2").write_text(f"echo 10 > {bench.net}/statistics/tx_bytes\n")
-    ran = bench.run(bench.guard(stall_seconds=10), seconds=30)
+    ran = bench.run(bench.guard(guard_stall_seconds=10), seconds=30)
     assert ran is not None and bench.events()[-1]["tx_bytes"] is None
     assert "(unknown bytes sent, 0 received" in guard.describe_event(bench.events()[-1])
 

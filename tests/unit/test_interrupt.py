@@ -17,9 +17,11 @@ from pyinfra.api.operation import add_op
 from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 
-from operations import attempt, interrupt, ledger
 from operations import run as runs
-from operations.attempt import Ending, Interruption, Layer, operation
+from operations import step as steps
+from operations.safety import interrupt, ledger
+from operations.safety import rollback as rollbacks
+from operations.step import Ending, Interruption, Layer, operation
 
 DRIVER_STEP = "Driver: thunderbolt_net is the candidate build"
 
@@ -151,7 +153,7 @@ def test_an_interrupted_run_concludes_interrupted_and_exits_as_shells_expect(tmp
     interrupt.react(changing(), run.attempt, signal.SIGINT, now=0)
     run.attempt.rollback_exit, run.attempt.rollback_ending = 0, "accepted"
     with pytest.raises(SystemExit) as ended:
-        run_operation(attempt.concluded, no_facts, run=run, on_failure="rollback",
+        run_operation(rollbacks.concluded, no_facts, run=run, on_failure="rollback",
                       speakers=("wsa",))
     assert ended.value.code == 130
     [entry] = ledger.read(path)
@@ -165,7 +167,7 @@ def test_an_interrupted_run_whose_rollback_failed_says_so_and_still_exits_130() 
     interrupt.react(changing(), run.attempt, signal.SIGINT, now=0)
     run.attempt.rollback_exit = 1
     with pytest.raises(SystemExit) as ended:
-        run_operation(attempt.concluded, no_facts, run=run, on_failure="rollback",
+        run_operation(rollbacks.concluded, no_facts, run=run, on_failure="rollback",
                       speakers=("wsa",))
     assert ended.value.code == 130
     assert run.attempt.ending.outcome == "rollback_failed"
@@ -177,15 +179,15 @@ REPORTING = ("import json, os, sys; open(os.environ[sys.argv[1]], 'w').write(jso
              "{'outcome': sys.argv[2] if os.getsid(0) == os.getpid() else 'shared_session'}))")
 
 
-def rollback(command: list[str]) -> tuple[bool, attempt.Attempt]:
+def rollback(command: list[str]) -> tuple[bool, steps.Attempt]:
     run = a_run()
     run.attempt.record("wsb", "op1", "wsb: driver layer: insmod failed")
     logged: list[str] = []
     wsa = SimpleNamespace(name="wsa", executing_op_hash="op2", connector=None,
                           log_styled=lambda message, **_: logged.append(message))
-    pyinfra_state = SimpleNamespace(**{attempt.RUN_ATTRIBUTE: run},
+    pyinfra_state = SimpleNamespace(**{steps.RUN_ATTRIBUTE: run},
                                     get_op_meta=lambda _: SimpleNamespace(names={"Rollback"}))
-    return attempt.run_rollback(pyinfra_state, wsa, command, [], timeout=60), run.attempt
+    return rollbacks.run_rollback(pyinfra_state, wsa, command, [], timeout=60), run.attempt
 
 
 def test_a_rollback_that_exits_0_without_verifying_production_has_failed() -> None:
@@ -193,16 +195,16 @@ def test_a_rollback_that_exits_0_without_verifying_production_has_failed() -> No
     assert not restored and (quiet.rollback_exit, quiet.rollback_ending) == (0, None)
     with pytest.raises(Exception, match=r"failed too \(exit 0, but it reported no verified "
                                         r"production\)"):
-        run_operation(attempt.concluded, no_facts, attempt=quiet, on_failure="rollback",
+        run_operation(rollbacks.concluded, no_facts, attempt=quiet, on_failure="rollback",
                       speakers=("wsa",))
     assert quiet.ending.outcome == "rollback_failed"
-    restored, stopped = rollback([sys.executable, "-c", REPORTING, attempt.ENDING_ENV,
+    restored, stopped = rollback([sys.executable, "-c", REPORTING, rollbacks.ENDING_ENV,
                                   "stopped"])
     assert not restored and stopped.rollback_ending == "stopped"
 
 
 def test_a_rollback_runs_in_its_own_session_and_is_trusted_once_it_reports_accepted() -> None:
-    restored, accepted = rollback([sys.executable, "-c", REPORTING, attempt.ENDING_ENV,
+    restored, accepted = rollback([sys.executable, "-c", REPORTING, rollbacks.ENDING_ENV,
                                    "accepted"])
     assert restored and accepted.rollback_ending == "accepted"
     assert accepted.rollback_pid is None
@@ -211,7 +213,7 @@ def test_a_rollback_runs_in_its_own_session_and_is_trusted_once_it_reports_accep
 def test_a_rollback_reports_its_ending_where_its_environment_says(tmp_path, monkeypatch
                                                                   ) -> None:
     report = tmp_path / "ending.json"
-    monkeypatch.setenv(attempt.ENDING_ENV, str(report))
+    monkeypatch.setenv(rollbacks.ENDING_ENV, str(report))
     state = State(Inventory((["@local"], {})), Config())
     run = runs.begin(state, "production", "machine=x user=y pid=1")
     run.attempt.end(Ending("accepted"))

@@ -6,9 +6,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from pyinfra.api import State
+from pyinfra.context import ctx_state
+from pyinfra_cli.inventory import _get_group_data
 
 from lab.topology import init_system
-from operations.hosts import InventoryEntry, inventory_entries
+from operations.site.hosts import InventoryEntry, inventory_entries
+from operations.site.model import (
+    GATEWAY_DEFAULTS,
+    WORKSTATION_DEFAULTS,
+    Ssh,
+    Workstation,
+    command_timeout_data,
+    site_default,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / ".lab"
@@ -169,6 +180,22 @@ def test_lab_hosts_have_every_key_a_site_gives(inventory, write_site):
     site = inventory(TWINBOLT_SITE=str(write_site()))
     for lab_host, site_host in (("wsa", "ws0"), ("gw", "gw0")):
         assert set(site[site_host]["data"]) <= set(lab[lab_host]["data"])
+
+
+def test_group_data_publishes_the_site_models_defaults_each_by_its_name():
+    # Each default is a line of its own in group_data/, for grep; this keeps the
+    # lines and the model's table of sections from drifting apart.
+    with ctx_state.use(State()):
+        published = _get_group_data(str(REPO / "group_data"))
+    assert published["workstations"] == {
+        **WORKSTATION_DEFAULTS,
+        "serving_listen_address": str(site_default(Workstation, "listen_address")),
+    }
+    assert published["gateway"] == GATEWAY_DEFAULTS
+    assert published["all"] == {
+        "run_dir": "/run/twinbolt",
+        **command_timeout_data(site_default(Ssh, "command_timeout_seconds")),
+    }
 
 
 def test_a_bad_site_stops_the_inventory_with_the_key_path(run_pyinfra, write_site):

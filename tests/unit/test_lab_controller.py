@@ -13,7 +13,7 @@ import pytest
 from lab import faults, kernel, topology
 from lab.kernel import HostLink, ModuleState
 from lab.topology import NHI_SLOT, WORKSTATIONS
-from operations.ledger import ThunderboltController
+from operations.safety.ledger import ThunderboltController
 
 CANDIDATE = ModuleState(loaded_at=1.0, parameters={"e2e": "Y", "tx_e2e": "Y"})
 

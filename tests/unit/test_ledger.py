@@ -14,12 +14,19 @@ from pyinfra.api import OperationError
 from pyinfra.facts.server import KernelVersion
 
 from harness import matrix, remote
-from operations import attempt, driver, ledger
-from operations.driver import CandidateModule, LoadedModule, ModprobeTarget, PeerCapabilities
-from operations.facts import MARKER
-from operations.ledger import Controller
-from operations.link import XDomainLink
+from operations import step as steps
+from operations.plumbing.facts import MARKER
 from operations.run import Run
+from operations.safety import ledger
+from operations.safety.ledger import Controller
+from operations.thunderbolt import driver
+from operations.thunderbolt.driver import (
+    CandidateModule,
+    LoadedModule,
+    ModprobeTarget,
+    PeerCapabilities,
+)
+from operations.thunderbolt.link import XDomainLink
 
 INTEL, ASM4242 = "8086:1137", "1b21:2425"
 # Two firmwares of the same Intel controller: one that stalled, one that did not.
@@ -222,8 +229,8 @@ def test_the_run_is_recorded_once_when_it_ends(run, tmp_path) -> None:
     run.observed.hosts["wsa"] = host("wsa", INTEL)
     ledger.keep(run, str(path), "tp2_e2e", "candidate")
     ledger.keep(run, str(path), "tp2_e2e", "candidate")  # the next host's call
-    run.attempt.end(attempt.Ending("rolled_back", "link", NOTHING_CROSSES))
-    run.attempt.end(attempt.Ending("accepted"))
+    run.attempt.end(steps.Ending("rolled_back", "link", NOTHING_CROSSES))
+    run.attempt.end(steps.Ending("accepted"))
     [entry] = ledger.read(path)
     assert (entry["state"], entry["driver"], entry["outcome"], entry["layer"], entry["stall"],
             entry["hosts"]) == ("tp2_e2e", "candidate", "rolled_back", "link", True,
@@ -371,7 +378,7 @@ def test_a_torn_or_foreign_line_is_skipped_and_the_stall_still_refuses(run, bad:
 APPENDER = """
 import sys
 from pathlib import Path
-from operations import ledger
+from operations.safety import ledger
 for index in range(int(sys.argv[3])):
     ledger.append(Path(sys.argv[1]), {"writer": sys.argv[2], "index": index,
                                       "evidence": "x" * 5000})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,10 +14,19 @@ from operation_harness import run_operation
 from pyinfra.api import Config, Inventory, OperationError, State
 from pyinfra.context import ctx_host, ctx_state
 
-from operations import link
-from operations.link import InterfaceState, PeerAnswers, RouteInterface, XDomainLink
+from operations.thunderbolt import link
+from operations.thunderbolt.link import (
+    ExpectedLink,
+    InterfaceState,
+    PeerAnswers,
+    RouteInterface,
+    XDomainLink,
+)
 
-LINK = dict(interface="thunderbolt0", address="169.254.77.1", peer_address="169.254.77.2")
+LINK = dict(link=ExpectedLink(interface="thunderbolt0", link_address="169.254.77.1",
+                              peer_link_address="169.254.77.2", expected_rate_gbps=20.0,
+                              expected_lanes=1, address_owner="twinbolt", prefix_length=16,
+                              wait_seconds=30.0))
 
 
 def facts(carrier: bool = True, speed: float = 20.0, lanes: int = 1, answers: bool = True,
@@ -72,7 +82,7 @@ def test_two_peers_are_refused_by_name(tmp_path: Path) -> None:
     assert discovered(tmp_path)["others"] == ["1-3"]
     with pytest.raises(OperationError, match=r"wsa: link layer: 2 XDomain peers are connected "
                                              r"\(0-3, 1-3\)"):
-        run_operation(link.trained, facts(others=("1-3",)), wait=False, **LINK)
+        run_operation(link.admissible, facts(others=("1-3",)), **LINK)
 
 
 def test_interface_fact_reads_carrier_and_addresses() -> None:
@@ -93,38 +103,37 @@ def test_a_link_coming_back_is_waited_for() -> None:
 def test_preflight_does_not_wait_for_a_cable() -> None:
     unplugged = facts()
     with pytest.raises(OperationError, match="wsa: link layer: no XDomain peer is connected"):
-        run_operation(link.trained, lambda cls, kwargs: None if cls is XDomainLink
-                      else unplugged(cls, kwargs), wait=False, **LINK)
+        run_operation(link.admissible, lambda cls, kwargs: None if cls is XDomainLink
+                      else unplugged(cls, kwargs), **LINK)
     with pytest.raises(OperationError, match="trained at 10 Gb/s"):
-        run_operation(link.trained, facts(speed=10.0), wait=False, **LINK)
+        run_operation(link.admissible, facts(speed=10.0), **LINK)
 
 
 def test_where_no_replica_serves_a_link_shortfall_fails_the_attempt_instead() -> None:
     """A TP group on a link re-plugged at 10 Gb/s: refusing would keep it there."""
-    [failure] = run_operation(link.trained, facts(speed=10.0), wait=False, refusing=False,
-                              **LINK)
+    [failure] = run_operation(link.cable_holds, facts(speed=10.0), **LINK)
     assert failure.startswith("fail: link layer: the link to wsb trained at 10 Gb/s over 1 ")
     assert failure.endswith("so the attempt fails instead, and its rollback converges production")
-    assert run_operation(link.trained, facts(), wait=False, refusing=False, **LINK) == []
+    assert run_operation(link.cable_holds, facts(), **LINK) == []
 
 
 def test_a_prediction_asks_the_steps_conditions_as_the_run_will() -> None:
     """--dry, or a run without -y: a refusal guarded by a false _if is not predicted."""
-    assert run_operation(link.trained, facts(speed=10.0), executing=False, wait=False,
+    assert run_operation(link.admissible, facts(speed=10.0), executing=False,
                          conditions=[lambda: True, lambda: False], **LINK) == []
     with pytest.raises(OperationError, match="trained at 10 Gb/s"):
-        run_operation(link.trained, facts(speed=10.0), executing=False, wait=False,
+        run_operation(link.admissible, facts(speed=10.0), executing=False,
                       conditions=[lambda: True], **LINK)
 
 
 def test_preflight_leaves_a_reloading_driver_to_the_driver_and_link_steps() -> None:
     """A run cut around a reload leaves the interface missing or without carrier."""
-    assert run_operation(link.trained, facts(carrier=False), wait=False, **LINK) == []
+    assert run_operation(link.admissible, facts(carrier=False), **LINK) == []
     missing = facts()
-    assert run_operation(link.trained, lambda cls, kwargs: {"exists": False, "carrier": False,
-                                                            "addresses": []}
-                         if cls is InterfaceState else missing(cls, kwargs),
-                         wait=False, **LINK) == []
+    assert run_operation(link.admissible, lambda cls, kwargs: {"exists": False,
+                                                               "carrier": False,
+                                                               "addresses": []}
+                         if cls is InterfaceState else missing(cls, kwargs), **LINK) == []
 
 
 def test_a_link_at_the_wrong_rate_names_the_rate_seen_and_expected() -> None:
@@ -202,8 +211,9 @@ class Problems:
     found: list[str] = []
 
     @classmethod
-    def _inner(cls, **kwargs: object) -> Iterator[object]:
-        cls.found, _ = link.link_problems(*LINK.values(), 20.0, 1, **kwargs)
+    def _inner(cls, address_owner: str = "twinbolt", **kwargs: object) -> Iterator[object]:
+        cls.found, _ = link.link_problems(replace(LINK["link"], address_owner=address_owner),
+                                          **kwargs)
         yield from ()
 
 
@@ -218,9 +228,9 @@ def test_an_address_that_a_reload_took_is_waited_for_and_named_by_its_owner() ->
 def test_preflight_leaves_the_addresses_and_the_traffic_to_the_link_step() -> None:
     """A run cut after a reload leaves either host bare: the rerun must not refuse it."""
     for owner in ("twinbolt", "system"):
-        assert run_operation(link.trained, no_address, wait=False, address_owner=owner,
-                             **LINK) == []
-    assert run_operation(link.trained, facts(answers=False), wait=False, **LINK) == []
+        assert run_operation(link.admissible, no_address,
+                             link=replace(LINK["link"], address_owner=owner)) == []
+    assert run_operation(link.admissible, facts(answers=False), **LINK) == []
     run_operation(Problems, no_address, traffic=False)
     assert Problems.found == []
 

@@ -12,8 +12,8 @@ import pytest
 
 from harness import compare, linktest, linktest_report
 from harness.compare import NOT_REPORTED
-from operations.hosts import InventoryEntry
-from operations.settings import WorkstationSettings
+from operations.site.hosts import InventoryEntry
+from operations.site.settings import WorkstationSettings
 
 
 def workstation(name: str, address: str, peer: str, interface: str = "thunderbolt0"

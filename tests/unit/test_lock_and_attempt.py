@@ -14,10 +14,15 @@ import pytest
 from operation_harness import RollbackProcess, a_run, run_operation
 from pyinfra.api import OperationError, StringCommand
 
-from operations import attempt, link, lock, phase
-from operations.link import RouteInterface
-from operations.lock import HostLock, RunOwner
+from operations import step as steps
+from operations.plumbing import phase
 from operations.run import Run
+from operations.safety import lock
+from operations.safety import rollback as rollbacks
+from operations.safety.lock import HostLock, RunOwner
+from operations.site import options
+from operations.thunderbolt import link
+from operations.thunderbolt.link import RouteInterface
 
 OWNER = RunOwner(socket.gethostname(), "root", 4242, "2026-11-29T13:00:00+0000", "tp2_e2e",
                  "0123456789abcdef01234567", lock.boot_here())
@@ -196,9 +201,9 @@ def test_route_fact_command_names_the_interface_on_this_machine() -> None:
 
 
 @pytest.fixture
-def fresh_attempt() -> attempt.Attempt:
+def fresh_attempt() -> steps.Attempt:
     """The attempt of a run of its own, which the operations below are given."""
-    return attempt.Attempt()
+    return steps.Attempt()
 
 
 def no_facts(cls, kwargs):
@@ -209,17 +214,17 @@ def test_a_failing_command_runs_as_pyinfra_runs_it_and_records_the_evidence() ->
     logged: list[str] = []
     wsb = SimpleNamespace(name="wsb", executing_op_hash="op1", connector=None,
                           log_styled=lambda message, **_: logged.append(message))
-    command = attempt.failing(attempt.Layer.LINK, ["thunderbolt0 has no carrier"])
-    pyinfra_state = SimpleNamespace(**{attempt.RUN_ATTRIBUTE: a_run()})
+    command = steps.failing(steps.Layer.LINK, ["thunderbolt0 has no carrier"])
+    pyinfra_state = SimpleNamespace(**{steps.RUN_ATTRIBUTE: a_run()})
     assert command.execute(pyinfra_state, wsb, {}) is False
-    fresh_attempt = attempt.of(pyinfra_state)
+    fresh_attempt = steps.of(pyinfra_state)
     assert logged == ["wsb: link layer: thunderbolt0 has no carrier"]
     assert fresh_attempt.messages() == ["wsb: link layer: thunderbolt0 has no carrier"]
     assert fresh_attempt.layers == ["link"]
 
 
 def test_conclusion_is_silent_after_success(fresh_attempt) -> None:
-    assert run_operation(attempt.concluded, no_facts, attempt=fresh_attempt,
+    assert run_operation(rollbacks.concluded, no_facts, attempt=fresh_attempt,
                          on_failure="rollback", speakers=("wsa",)) == []
 
 
@@ -227,65 +232,65 @@ def test_conclusion_names_the_failure_and_the_restoration(fresh_attempt) -> None
     fresh_attempt.record("wsa", "op1", "wsa: link layer: the link to wsb trained at 10 Gb/s")
     fresh_attempt.rollback_exit, fresh_attempt.rollback_ending = 0, "accepted"
     with pytest.raises(OperationError) as error:
-        run_operation(attempt.concluded, no_facts, attempt=fresh_attempt,
+        run_operation(rollbacks.concluded, no_facts, attempt=fresh_attempt,
                       on_failure="rollback", speakers=("wsa",))
     assert str(error.value) == ("wsa: link layer: the link to wsb trained at 10 Gb/s | "
                                 "production was restored and verified")
     with pytest.raises(OperationError, match="LEFT AS THEY ARE"):
-        run_operation(attempt.concluded, no_facts, attempt=fresh_attempt,
+        run_operation(rollbacks.concluded, no_facts, attempt=fresh_attempt,
                       on_failure="stop", speakers=("wsa",))
     fresh_attempt.rollback_exit = 1
     with pytest.raises(OperationError, match=r"the rollback to production failed too \(exit 1"):
-        run_operation(attempt.concluded, no_facts, attempt=fresh_attempt,
+        run_operation(rollbacks.concluded, no_facts, attempt=fresh_attempt,
                       on_failure="rollback", speakers=("wsa",))
-    assert run_operation(attempt.concluded, no_facts, attempt=fresh_attempt,
+    assert run_operation(rollbacks.concluded, no_facts, attempt=fresh_attempt,
                          on_failure="rollback", speakers=("gw",)) == []
 
 
 def test_the_rollback_runs_once_and_only_after_a_failure(fresh_attempt) -> None:
-    assert run_operation(attempt.rolled_back, no_facts, attempt=fresh_attempt,
+    assert run_operation(rollbacks.rolled_back, no_facts, attempt=fresh_attempt,
                          on_failure="rollback", speakers=("wsa",)) == []
     fresh_attempt.record("wsb", "op1", "wsb: link layer: no carrier")
-    assert run_operation(attempt.rolled_back, no_facts, attempt=fresh_attempt,
+    assert run_operation(rollbacks.rolled_back, no_facts, attempt=fresh_attempt,
                          on_failure="stop", speakers=("wsa",)) == []
-    assert run_operation(attempt.rolled_back, no_facts, attempt=fresh_attempt,
+    assert run_operation(rollbacks.rolled_back, no_facts, attempt=fresh_attempt,
                          on_failure="rollback", speakers=("gw",)) == []
-    assert run_operation(attempt.rolled_back, no_facts, attempt=fresh_attempt,
+    assert run_operation(rollbacks.rolled_back, no_facts, attempt=fresh_attempt,
                          executing=False,
                          on_failure="rollback", speakers=("wsa",)) == []
 
 
 def test_a_data_secret_reaches_the_rollback_in_its_environment_not_its_command_line(
         monkeypatch) -> None:
-    fresh_attempt = attempt.Attempt.for_command_line(parsed([
+    fresh_attempt = rollbacks.for_command_line(parsed([
         "inventory.py", "deploy.py", "--data", "state=tp2_e2e",
         "--data", "_sudo_password=hunter2", "--data", "campaign_retries=3",
     ]))
     assert not any("hunter2" in word for word in fresh_attempt.rollback_command)
     # (The inventory reads it back: test_inventory's rollback test; carried_data
     # imports pyinfra's CLI, which monkey-patches whatever process imports it.)
-    environment = fresh_attempt.rollback_environment([lock.inheriting(OWNER)])
-    assert json.loads(environment[attempt.CARRIED_DATA_ENV]) == [
+    environment = rollbacks.environment(fresh_attempt, [lock.inheriting(OWNER)])
+    assert json.loads(environment[options.CARRIED_DATA_ENV]) == [
         "_sudo_password=hunter2", "campaign_retries=3", lock.inheriting(OWNER)]
     rollback = RollbackProcess.ending("accepted")
-    monkeypatch.setattr(attempt.subprocess, "Popen", rollback)
+    monkeypatch.setattr(rollbacks.subprocess, "Popen", rollback)
     logged: list[str] = []
     fake_host = SimpleNamespace(log_styled=lambda message, **_: logged.append(message))
-    pyinfra_state = SimpleNamespace(**{attempt.RUN_ATTRIBUTE: Run(OWNER, fresh_attempt)})
-    assert attempt.run_rollback(pyinfra_state, fake_host, fresh_attempt.rollback_command,
-                                [lock.inheriting(OWNER)])
+    pyinfra_state = SimpleNamespace(**{steps.RUN_ATTRIBUTE: Run(OWNER, fresh_attempt)})
+    assert rollbacks.run_rollback(pyinfra_state, fake_host, fresh_attempt.rollback_command,
+                                  [lock.inheriting(OWNER)])
     [(command, env)] = rollback.ran
     assert "hunter2" not in " ".join(command) + logged[0]
     assert logged[0].endswith("(carrying --data _sudo_password, campaign_retries, "
                               "lock_inherited)")
-    assert "hunter2" in env[attempt.CARRIED_DATA_ENV]
+    assert "hunter2" in env[options.CARRIED_DATA_ENV]
 
 
 def test_the_rollback_holds_the_failed_runs_lock_and_leaves_it_to_that_run(fresh_attempt
                                                                           ) -> None:
     fresh_attempt.rollback_command = ["pyinfra", "-y", "inventory.py", "deploy.py"]
     fresh_attempt.record("wsb", "op1", "wsb: link layer: no carrier")
-    assert run_operation(attempt.rolled_back, no_facts, attempt=fresh_attempt,
+    assert run_operation(rollbacks.rolled_back, no_facts, attempt=fresh_attempt,
                          on_failure="rollback", speakers=("wsa",),
                          carried=(lock.inheriting(OWNER),)) == ["call run_rollback"]
     # The rollback is the owner it was given: the lock is its own, not another run's.
@@ -332,7 +337,7 @@ def parsed(arguments: list[str]) -> dict:
 
 def test_the_rollback_reaches_the_hosts_as_the_run_did() -> None:
     """The rollback is the same command line aimed at production: --sudo and friends too."""
-    fresh_attempt = attempt.Attempt.for_command_line(parsed([
+    fresh_attempt = rollbacks.for_command_line(parsed([
         "--sudo", "--sudo-user", "root", "--ssh-user", "admin", "--ssh-port", "2222",
         "--ssh-key", "/keys/id", "--limit", "workstations", "--limit", "gateway",
         "--ssh-password", "secret", "inventory.py", "deploy.py",
@@ -350,8 +355,8 @@ def test_the_rollback_reaches_the_hosts_as_the_run_did() -> None:
 
 
 def test_a_dry_run_is_remembered_as_one() -> None:
-    fresh_attempt = attempt.Attempt.for_command_line(parsed(["inventory.py", "deploy.py",
-                                                             "--dry"]))
+    fresh_attempt = rollbacks.for_command_line(parsed(["inventory.py", "deploy.py",
+                                                       "--dry"]))
     assert fresh_attempt.dry
     assert "--sudo" not in fresh_attempt.rollback_command
 
@@ -441,7 +446,7 @@ def test_only_a_refusal_releases_the_locks_at_once() -> None:
     shell: list[str] = []
     run_operation(lock.held, holding(None), shell=shell, run_dir="/run/twinbolt", run=run,
                   holder="wsa")
-    run.attempt.end(attempt.Ending("accepted"))
+    run.attempt.end(steps.Ending("accepted"))
     assert len(shell) == 1 and run.locks.holds("wsa")
 
 

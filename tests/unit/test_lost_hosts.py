@@ -14,15 +14,18 @@ import pytest
 from operation_harness import RollbackProcess, a_run, run_operation
 from pyinfra.api import Inventory, OperationError
 
-from operations import attempt, services
-from operations.scope import PartialRun, lost_hosts, whole_pair
+from operations import services
+from operations import step as steps
+from operations.safety import rollback as rollbacks
+from operations.safety.scope import PartialRun, lost_hosts, whole_pair
+from operations.site import options
 
 
 def no_facts(cls: type, kwargs: dict) -> None:
     raise AssertionError(f"no fact should be read, {cls.__name__} was")
 
 
-@attempt.operation(attempt.Layer.DRIVER)
+@steps.operation(steps.Layer.DRIVER)
 def parses_sysfs(text: str) -> Iterator[str]:
     """A step whose body meets text it cannot parse, as right after a driver swap."""
     yield f"echo {int(text)}"
@@ -34,7 +37,7 @@ def executed(command, run, host_name: str = "wsb", step: str = "Driver: the swap
     host = SimpleNamespace(name=host_name, executing_op_hash="op1", connector=None,
                            log_styled=lambda message, **_: logged.append(message))
     state = SimpleNamespace(get_op_meta=lambda op_hash: SimpleNamespace(names={step}),
-                            **{attempt.RUN_ATTRIBUTE: run})
+                            **{steps.RUN_ATTRIBUTE: run})
     return command.execute(state, host, {})
 
 
@@ -62,12 +65,12 @@ def test_a_failing_step_records_the_exception_under_its_layer(monkeypatch) -> No
 
 def test_a_lost_host_runs_nothing_and_its_loss_is_recorded_once(monkeypatch) -> None:
     run = a_run()
-    monkeypatch.setattr(attempt.connect, "lost", lambda host: True)
+    monkeypatch.setattr(steps.connect, "lost", lambda host: True)
     commands: list = []
     monkeypatch.setattr("operation_harness.describe", lambda command: commands.append(
         command) or "command")
     run_operation(parses_sysfs, no_facts, run=run, text="12")
-    assert [command.function for command in commands] == [attempt.lose]
+    assert [command.function for command in commands] == [steps.lose]
     for step in ("Driver: the swap", "Ledger: what the attempt ran"):
         assert executed(commands[0], run, step=step) is False
     assert run.attempt.lost == {"wsb": "Driver: the swap"}
@@ -75,21 +78,21 @@ def test_a_lost_host_runs_nothing_and_its_loss_is_recorded_once(monkeypatch) -> 
         "wsb: driver layer: the connection to wsb was lost during 'Driver: the swap'; "
         "nothing more was done there"]
     # Evidence a step judged from a dead host's default facts is not recorded either.
-    assert executed(attempt.failing(attempt.Layer.LINK, ["no carrier"]), run) is False
+    assert executed(steps.failing(steps.Layer.LINK, ["no carrier"]), run) is False
     assert len(run.attempt.messages()) == 1
 
 
 def test_the_first_host_still_reachable_speaks_and_says_what_was_restored() -> None:
     run = a_run()
-    run.attempt.lose("wsb", "Serving: the TP ranks run", attempt.Layer.SERVING)
+    run.attempt.lose("wsb", "Serving: the TP ranks run", steps.Layer.SERVING)
     assert run.attempt.speaker(("wsb", "wsa", "gw")) == "wsa"
     assert run.attempt.speaker(("wsb",)) is None
     run.attempt.rollback_exit, run.attempt.rollback_ending = 0, "accepted"
     # The lost host neither rolls back nor concludes: the harness's host, wsa, does.
-    assert run_operation(attempt.rolled_back, no_facts, run=run, on_failure="rollback",
+    assert run_operation(rollbacks.rolled_back, no_facts, run=run, on_failure="rollback",
                          speakers=("gw", "wsb")) == []
     with pytest.raises(OperationError) as error:
-        run_operation(attempt.concluded, no_facts, run=run, on_failure="rollback",
+        run_operation(rollbacks.concluded, no_facts, run=run, on_failure="rollback",
                       speakers=("wsb", "wsa", "gw"))
     assert "production was restored and verified on wsa, gw, without wsb" in str(error.value)
     assert "once wsb answers again" in str(error.value)
@@ -99,15 +102,15 @@ def test_the_first_host_still_reachable_speaks_and_says_what_was_restored() -> N
 def test_the_rollback_leaves_the_lost_hosts_out_and_says_so_in_its_data(monkeypatch) -> None:
     run = a_run()
     run.attempt.rollback_command = ["pyinfra", "-y", "inventory.py", "deploy.py"]
-    run.attempt.lose("wsb", "Serving: the TP ranks run", attempt.Layer.SERVING)
+    run.attempt.lose("wsb", "Serving: the TP ranks run", steps.Layer.SERVING)
     rollback = RollbackProcess.ending("accepted")
-    monkeypatch.setattr(attempt.subprocess, "Popen", rollback)
-    assert executed(attempt.FunctionCommand(
-        attempt.run_rollback, (run.attempt.rollback_command, ["lock_inherited=x"]), {}),
+    monkeypatch.setattr(rollbacks.subprocess, "Popen", rollback)
+    assert executed(steps.FunctionCommand(
+        rollbacks.run_rollback, (run.attempt.rollback_command, ["lock_inherited=x"]), {}),
         run, "wsa")
     [(command, env)] = rollback.ran
     assert command[-2:] == ["--exclude", "wsb"]
-    assert json.loads(env[attempt.CARRIED_DATA_ENV]) == ["lock_inherited=x",
+    assert json.loads(env[options.CARRIED_DATA_ENV]) == ["lock_inherited=x",
                                                          'lost_hosts=["wsb"]']
 
 

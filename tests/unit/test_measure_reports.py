@@ -17,9 +17,9 @@ from harness.counters import LinkCounters, LinkSnapshot
 from harness.server_stats import ServerSnapshot
 from harness.topology import Endpoint, Topology
 from harness.windows import WindowSettings
-from operations.facts import MARKER
-from operations.hosts import InventoryEntry
-from operations.link import XDomainLink
+from operations.plumbing.facts import MARKER
+from operations.site.hosts import InventoryEntry
+from operations.thunderbolt.link import XDomainLink
 
 SNMP = [
     "Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails "

@@ -9,8 +9,8 @@ import pytest
 from harness import remote, status
 from harness.status import Status, Unknown
 from harness.topology import Topology
-from operations.hosts import InventoryEntry
-from operations.serving import speculative_of
+from operations.serving.sglang import speculative_of
+from operations.site.hosts import InventoryEntry
 from operations.states import NEXTN_3_1_4, STATES
 
 STOCK, CANDIDATE = "aa" * 20, "cc" * 20

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lab import modules
-from operations.driver import ModuleFileBuildId
+from operations.thunderbolt.driver import ModuleFileBuildId
 
 COMPRESS = {".ko": None, ".ko.zst": ["zstd", "-q", "-c"], ".ko.xz": ["xz", "-c"],
             ".ko.gz": ["gzip", "-c"]}

@@ -3,14 +3,15 @@
 a run option's, and no other key.
 """
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from operations import ledger, options, overrides
-from operations.overrides import BadOverride
-from operations.site import COMMAND_TIMEOUT, load_site
-from operations.site import tp_group_data as tp_group
+from operations.site import options, overrides
+from operations.site.model import COMMAND_TIMEOUT, load_site
+from operations.site.model import tp_group_data as tp_group
+from operations.site.overrides import BadOverride
 
 # Hostile values, one per kind, and what the refusal says of each.
 HOSTILE = {
@@ -135,7 +136,16 @@ def test_the_run_options_are_one_object_read_from_the_data() -> None:
     assert (read.state, read.on_failure, read.forced) == ("tp2_e2e", "rollback", True)
     assert not options.RunOptions.read({"on_failure": "stop"}).forced
     # The ledger's refusal names the option that overrides it.
-    assert ledger.FORCE_KEY in options.RUN_OPTIONS
+    assert options.FORCING.partition("=")[0] in options.RUN_OPTIONS
+
+
+def test_the_rollbacks_own_keys_are_one_object_apart_from_the_run_options() -> None:
+    given = {"state": "production", "lock_inherited": "machine=m user=u pid=1",
+             "lost_hosts": ["wsb"]}
+    carried = options.RollbackKeys.of(given)
+    assert (carried.lock_inherited, carried.lost_hosts) == ("machine=m user=u pid=1", ["wsb"])
+    assert options.RollbackKeys.of({"state": "production"}) == options.RollbackKeys(None, None)
+    assert {field.name for field in fields(options.RollbackKeys)} == set(options.ROLLBACK_KEYS)
 
 
 # config.py: the same check, and the password options, before pyinfra connects.

@@ -12,8 +12,8 @@ import pytest
 from pyinfra.api import FactBase
 
 from harness import remote
-from operations.hosts import InventoryEntry, ssh_config
-from operations.link import RouteInterface
+from operations.site.hosts import InventoryEntry, ssh_config
+from operations.thunderbolt.link import RouteInterface
 
 
 class Tricky(FactBase):

@@ -9,9 +9,9 @@ from pyinfra.api.connect import connect_all
 from pyinfra.api.operation import add_op
 from pyinfra.api.operations import run_ops
 
-from operations import ledger
 from operations import run as runs
-from operations.attempt import Layer, operation
+from operations.safety import ledger
+from operations.step import Layer, operation
 
 
 @operation(Layer.LINK)

@@ -3,7 +3,7 @@
 import pytest
 from pyinfra.api import Inventory
 
-from operations.scope import PartialRun, left_out, whole_pair
+from operations.safety.scope import PartialRun, left_out, whole_pair
 
 INVENTORY = Inventory((["wsa", "wsb", "gw", "bastion"], {}),
                       workstations=(["wsa", "wsb"], {}), gateway=(["gw"], {}))

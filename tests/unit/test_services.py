@@ -8,6 +8,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from pyinfra.operations import server
 from pyinfra_fakes import FakeHost, commands, describe, on
 
 from operations import services
-from operations.facts import FileDigest, digest
+from operations.plumbing.facts import FileDigest, digest, shell_script
 from operations.services import (
     RunningServices,
     Service,
@@ -29,6 +30,7 @@ from operations.services import (
     render,
     unit_quote,
 )
+from operations.serving.sglang import process_problems
 from tests.conformance.conformance_helpers import systemd_complaints
 
 TRICKY = Service(
@@ -161,6 +163,32 @@ def test_service_process_reads_only_the_variables_it_is_asked_for(
     process = ServiceProcess().process(result.stdout.splitlines())
     assert process["pid"] == server.pid and process["argv"] == ["sleep", "60"]
     assert process["environment"] == ({"WANTED": "=thunderbolt0"} if variables else {})
+
+
+def test_a_process_that_exits_as_it_is_read_is_not_running_and_not_a_wrong_process(
+        tmp_path: Path) -> None:
+    # A crashed rank the supervisor has not reaped yet: a zombie, whose cmdline
+    # and environ read empty. Read as running, its empty environment looked like
+    # a wrongly rendered service, and the crash went unnamed.
+    crashed = subprocess.Popen(["sh", "-c", "exit 1"])
+    try:
+        while Path(f"/proc/{crashed.pid}/stat").read_text().split(") ")[1][0] != "Z":
+            time.sleep(0.01)
+        (tmp_path / "sv").write_text(f'#!/bin/sh\necho "run: $2: (pid {crashed.pid}) 5s"\n')
+        (tmp_path / "sv").chmod(0o755)
+        command = ServiceProcess().command("sglang-tp2-rank0", "runit",
+                                           ("NCCL_NET",)).get_raw_value()
+        result = subprocess.run(["sh", "-c", command], capture_output=True, text=True,
+                                env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+    finally:
+        crashed.wait()
+    process = ServiceProcess().process(result.stdout.splitlines())
+    assert process["running"] is False and process["pid"] == crashed.pid
+    assert process["status"].endswith(f"pid {crashed.pid} exited as it was read")
+    rank = Service(name="sglang-tp2-rank0", description="TP rank 0", command=["python"],
+                   environment={"NCCL_NET": "Socket"})
+    assert process_problems(process, rank) == [
+        f"sglang-tp2-rank0 is not running ({process['status']})"]
 
 
 def test_service_process_refuses_a_variable_name_that_is_not_one() -> None:
@@ -385,6 +413,14 @@ def test_a_file_digest_is_its_mode_and_sha1_read_in_one_command(tmp_path: Path) 
         return fact.process(output.splitlines()) if output else fact.default()
     assert read(path) == digest("#!/bin/sh\nexec true\n", "750")
     assert read(tmp_path / "absent") is None
+
+
+def test_a_shell_scripts_arguments_are_its_parameters_never_its_syntax() -> None:
+    hostile = ["a b", "$(id)", "'; touch /x #", ""]
+    command = shell_script('for word in "$@"; do printf "%s|" "$word"; done', *hostile)
+    output = subprocess.run(["/bin/sh", "-c", command.get_raw_value()],
+                            capture_output=True, text=True, check=True).stdout
+    assert output == "".join(f"{word}|" for word in hostile)
 
 
 # Hostile values: what a unit or a run script cannot carry is refused, the rest is quoted

@@ -25,10 +25,15 @@ from pyinfra_fakes import FakeHost, commands, on
 from sglang_router.launch_router import parse_router_args
 
 from lab.sglang_sim.args import parse_server_args
-from operations import probes, services, serving, serving_router
-from operations.facts import FileDigest, digest
-from operations.probes import Proofs, Proven
-from operations.serving import (
+from operations import services
+from operations.plumbing import probes
+from operations.plumbing.facts import FileDigest, digest
+from operations.plumbing.probes import Proofs, Proven
+from operations.plumbing.venvs import lock_pins
+from operations.serving import router as serving_router
+from operations.serving import sglang as serving
+from operations.serving.router import ROUTER_LOCK, Router, router_service
+from operations.serving.sglang import (
     ACCEPTANCE_TOKENS,
     Sglang,
     SglangVersion,
@@ -38,20 +43,18 @@ from operations.serving import (
     tp_rank_service,
     version_problems,
 )
-from operations.serving_router import ROUTER_LOCK, Router, router_service
-from operations.states import NEXTN_3_1_4, STATES, Serving
-from operations.venvs import lock_pins
+from operations.states import NEXTN_3_1_4, STATES, ServingMode
 
 REPO = Path(__file__).resolve().parents[2]
 
 RANK0 = Sglang(
     address="10.66.0.11", rank=0, tp_size=2, link_address="169.254.77.1",
     peer_link_address="169.254.77.2", rank0_link_address="169.254.77.1", interface="thunderbolt0",
-    python="/opt/sglang/bin/python", module="sglang.launch_server",
+    python="/opt/sglang/bin/python", sglang_module="sglang.launch_server",
     model_path="/srv/models/qwen", served_model_name="qwen", quantization="modelopt_fp4",
     context_length=32768, mem_fraction_static=0.85, draft_model_path=None, port=30000,
-    dist_init_port=5757, min_version="0.5.9", user="sglang", init_system="systemd",
-    working_directory="/", start_timeout=900,
+    dist_init_port=5757, min_sglang_version="0.5.9", user="sglang", init_system="systemd",
+    working_directory="/", start_timeout_seconds=900,
 )
 RANK1 = replace(RANK0, address="10.66.0.12", rank=1, link_address="169.254.77.2",
                 peer_link_address="169.254.77.1")
@@ -145,7 +148,7 @@ def test_the_router_fronts_only_the_replicas_with_cache_aware_policy() -> None:
                     venv="/opt/twinbolt/sglang-router",
                     user="nobody", init_system="systemd", pip_options=(),
                     workers=("http://10.66.0.11:30000", "http://10.66.0.12:30000"),
-                    served_model_name="qwen", start_timeout=900)
+                    served_model_name="qwen", start_timeout_seconds=900)
     service = router_service(router)
     assert service.command[:3] == ["/opt/twinbolt/sglang-router/bin/python", "-m",
                                    "sglang_router.launch_router"]
@@ -570,7 +573,7 @@ def test_verify_expects_rank_0_to_report_the_groups_size_not_two(monkeypatch) ->
         raise AssertionError(cls)
 
     [failure] = run_operation(serving.verified, facts, sglang=wider,
-                              serving=Serving.TENSOR_PARALLEL, speculative=None)
+                              serving=ServingMode.TENSOR_PARALLEL, speculative=None)
     assert "/server_info reports tp_size=2, expected 3" in failure
 
 

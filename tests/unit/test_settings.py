@@ -1,15 +1,27 @@
 """A host's settings: one typed object, built from its final host data, --data included."""
 
 import json
+import re
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 
 from harness.counters import from_reading
 from harness.remote import Reading
-from operations.driver import CandidateModule
-from operations.hosts import InventoryEntry
-from operations.settings import GatewaySettings, HostSettings, WorkstationSettings
-from operations.site import GatewayRoles, Serving, load_site, section_defaults
+from operations import part
+from operations.gateway import proxy
+from operations.safety import guard
+from operations.serving import router, sglang
+from operations.site.hosts import InventoryEntry
+from operations.site.model import GatewayRoles, Link, Serving, load_site, section_defaults
+from operations.site.settings import (
+    GatewaySettings,
+    HostSettings,
+    WorkstationSettings,
+    derived,
+)
+from operations.thunderbolt.driver import CandidateModule
 
 
 @pytest.fixture
@@ -118,3 +130,91 @@ def test_the_measured_link_rate_is_the_link_layers_slower_direction():
     reading = Reading("wsa", {"xdomain": xdomain, "module": None, "counters": {},
                               "sockets": {}}, 0.0)
     assert from_reading(reading).rx_rate_gbps == 20.0
+
+
+# Settings reach a layer one way: by their names (derived).
+
+
+@dataclass(frozen=True)
+class Listener:
+    address: str
+    port: int
+    pip_options: tuple[str, ...]
+    workers: tuple[str, ...]
+
+
+def test_a_layer_takes_each_setting_by_its_name_or_by_its_roles_prefix():
+    gateway = GatewaySettings.of(InventoryEntry("gw", (), {
+        "ssh_hostname": "10.0.0.9", "gateway_roles_router_port": 30081,
+        "gateway_roles_pip_options": ["--no-index"]}))
+    listener = derived(Listener, gateway, gateway.roles, prefix="router_", workers=("w",))
+    assert listener == Listener("10.0.0.9", 30081, ("--no-index",), ("w",))
+
+
+GATEWAY = GatewaySettings.of(InventoryEntry("gw", (), {}))
+
+
+@pytest.mark.parametrize(("sources", "prefix", "computed", "problem"), [
+    ((GATEWAY, GATEWAY.roles), "", {"workers": ()},
+     "Listener.port: no setting is named so; a field no setting holds is computed"),
+    ((GATEWAY, GATEWAY.roles), "router_", {}, "Listener.workers: no setting is named so"),
+    ((GATEWAY, Listener("10.0.0.8", 1, (), ())), "", {"workers": ()},
+     "Listener.address: more than one setting holds it "
+     "(GatewaySettings.address, Listener.address)"),
+])
+def test_a_layer_field_that_no_setting_names_or_two_do_is_refused(sources, prefix, computed,
+                                                                  problem):
+    with pytest.raises(TypeError, match=re.escape(problem)):
+        derived(Listener, *sources, prefix=prefix, **computed)
+
+
+# What each layer computes; every other field of it is a setting of its name.
+COMPUTED = {
+    "Sglang": set(),
+    "ExpectedLink": set(),
+    "Router": {"workers", "served_model_name", "start_timeout_seconds"},
+    "Proxy": {"small", "large", "secret_files"},
+    "Guard": {"link", "rank_service", "staged_candidate",
+              "events_path", "sysfs", "uptime_path", "module_seconds"},
+}
+
+
+def test_every_field_of_a_layer_is_a_setting_of_its_name_or_listed_as_computed(
+        write_site, monkeypatch):
+    # derived refuses a field that no setting names and is not given as computed,
+    # and this test holds what each layer computes to COMPUTED: a field added to
+    # a layer is a setting's name, or a computed value listed here.
+    computed: dict[str, set[str]] = {}
+
+    def recording(layer, *sources, prefix="", **values):
+        computed[layer.__name__] = set(values)
+        return derived(layer, *sources, prefix=prefix, **values)
+
+    for module in (sglang, router, proxy, part, guard):
+        monkeypatch.setattr(module, "derived", recording)
+    site = load_site(write_site())
+    workstations = [InventoryEntry(name, ("workstations",), data)
+                    for name, data in site.workstation_hosts()]
+    ((name, data),) = site.gateway_hosts()
+    gateway = InventoryEntry(name, ("gateway",), data)
+    inventory = SimpleNamespace(get_group={"workstations": workstations,
+                                           "gateway": [gateway]}.get)
+    the_sglang = sglang.Sglang.from_host(workstations[0])
+    the_part = part.WorkstationPart.of(WorkstationSettings.of(workstations[0]), inventory,
+                                       the_sglang)
+    the_router = router.Router.from_hosts(gateway, workstations)
+    the_proxy = proxy.Proxy.from_host(gateway, the_router.served_model_name, the_router.url)
+    assert computed == COMPUTED
+    # Each setting under its own name, a role's without its prefix.
+    assert (the_sglang.sglang_module, the_sglang.interface) == (
+        site.serving.sglang_module, site.link.interface)
+    assert the_part.link.peer_link_address == str(site.workstations[1].thunderbolt_address)
+    assert the_part.link.wait_seconds == Link().wait_seconds
+    assert (the_part.guard.guard_stall_seconds, the_part.guard.module_name,
+            the_part.guard.init_system) == (site.candidate.guard_stall_seconds,
+                                            site.candidate.module_name, site.serving.init_system)
+    roles = site.gateway_roles
+    assert (the_router.port, the_router.venv, the_router.user) == (
+        roles.router_port, roles.router_venv, roles.router_user)
+    assert (the_proxy.port, the_proxy.venv, the_proxy.user, the_proxy.config_file) == (
+        roles.litellm_port, roles.litellm_venv, roles.litellm_user, roles.litellm_config_file)

@@ -18,7 +18,7 @@ from simulator import SHAPE, WEIGHT_BYTES, model_dir
 from lab.sglang_sim.engine import Speculation
 from lab.sglang_sim.link import socket_ifname
 from lab.sglang_sim.model import ModelShape
-from operations.transport import Connections, connections_of, endpoint
+from operations.serving.transport import Connections, connections_of, endpoint
 
 REPO = Path(__file__).resolve().parents[2]
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",

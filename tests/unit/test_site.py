@@ -13,9 +13,9 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.server import Command
 from pyinfra.operations import server
 
-from operations import overrides
-from operations.overrides import BadOverride
-from operations.site import SiteError, load_site
+from operations.site import overrides
+from operations.site.model import SiteError, load_site
+from operations.site.overrides import BadOverride
 
 REPO = Path(__file__).resolve().parents[2]
 MINIMAL_SITE = (Path(__file__).parent / "minimal_site.toml").read_text()
@@ -245,7 +245,7 @@ def test_nvfp4_is_refused_and_modelopt_fp4_offered(write_site):
 @pytest.mark.parametrize("quantization", ["marlin", "humming"])
 def test_a_quantization_some_supported_release_accepts_is_a_valid_site(write_site, quantization):
     # marlin only before SGLang 0.5.20, humming only from 0.5.16: the preflight
-    # judges it against the release installed (operations/sglang_releases.py).
+    # judges it against the release installed (operations/site/releases.py).
     site = load_site(write_site(edited('user = "sglang"',
                                        f'user = "sglang"\nquantization = "{quantization}"')))
     assert site.serving.quantization == quantization
@@ -446,8 +446,10 @@ def test_every_accepted_hostile_value_renders_into_the_real_units_and_scripts(wr
     # Blanks, %, $, quotes and backslashes are not refused: each format quotes them.
     # Every service a run builds is built here from the site's own host data, so a
     # value the site accepts cannot fail a later step's pattern with the replicas down.
-    from operations import gateway, serving, serving_router
+    from operations.gateway import proxy as gateway
     from operations.services import render
+    from operations.serving import router as serving_router
+    from operations.serving import sglang as serving
     from operations.states import STATES
 
     site = load_site(write_site(MINIMAL_SITE.replace(

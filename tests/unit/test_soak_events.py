@@ -11,7 +11,7 @@ import pytest
 from harness import counters, events, soak
 from harness.counters import LinkSnapshot
 from harness.events import Event, EventFailed
-from operations.hosts import InventoryEntry
+from operations.site.hosts import InventoryEntry
 from operations.states import STATES
 
 

@@ -6,10 +6,10 @@ import pytest
 from pydantic import ValidationError
 
 from operations.states import (
-    LAYERS,
+    DECLARED,
     NEXTN_3_1_4,
     STATES,
-    Serving,
+    ServingMode,
     State,
     UnknownState,
     layers_changed,
@@ -39,7 +39,7 @@ def test_registry_holds_the_seven_states_in_the_tables_order():
 @pytest.mark.parametrize("name", NAMES)
 def test_each_state_has_the_layers_design_gives_it(name):
     state = resolve_state(name)
-    assert tuple(getattr(state, layer) for layer in LAYERS) == TABLE[name]
+    assert tuple(getattr(state, layer) for layer in DECLARED) == TABLE[name]
 
 
 def test_nextn_is_3_1_4():
@@ -72,7 +72,7 @@ def test_the_fallback_follows_the_serving_layer_and_cannot_be_declared_beside_it
 def test_the_serving_mode_is_compared_by_member_and_still_shown_as_tp2():
     # Reports and the status show the field report's name; code compares the member.
     assert [state.name for state in STATES.values() if state.tensor_parallel] == NAMES[3:]
-    assert STATES["tp2_e2e"].serving is Serving.TENSOR_PARALLEL
+    assert STATES["tp2_e2e"].serving is ServingMode.TENSOR_PARALLEL
     assert STATES["tp2_e2e"].model_dump(mode="json")["serving"] == "tp2"
     assert f"{STATES['production'].serving}" == "replicas"
     assert State(name="x", driver="stock", serving="tp2", speculative=None).uses_link

@@ -4,8 +4,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from operations.facts import raw_command
-from operations.transport import (
+from operations.plumbing.facts import raw_command
+from operations.serving.transport import (
     WEIGHTS_MARKER,
     Connections,
     ModelShape,

@@ -9,8 +9,8 @@ import pytest
 from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import TmpDir
 
-from operations import venvs
-from operations.venvs import DIST_INFO_SCRIPT, InstalledVersions, VenvModule
+from operations.plumbing import venvs
+from operations.plumbing.venvs import DIST_INFO_SCRIPT, InstalledVersions, VenvModule
 from tests.unit.operation_harness import run_operation
 
 VENV = "/opt/twinbolt/litellm"

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import testinfra
 
-from operations.hosts import InventoryEntry, in_group, inventory_entries, ssh_config
+from operations.site.hosts import InventoryEntry, in_group, inventory_entries, ssh_config
 from operations.states import STATES, resolve_state
 from operations.states import State as DeclaredState
 

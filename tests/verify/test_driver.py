@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 from verify_helpers import fact
 
-from operations.driver import (
+from operations.safety.guard import NAME as GUARD
+from operations.safety.guard import GuardState
+from operations.site.settings import WorkstationSettings
+from operations.states import STOCK_BUILDS, State
+from operations.thunderbolt.driver import (
     RX_E2E,
     TBNET_E2E,
     CandidateModule,
@@ -14,10 +18,6 @@ from operations.driver import (
     PeerCapabilities,
     build_id_from_note,
 )
-from operations.guard import NAME as GUARD
-from operations.guard import GuardState
-from operations.settings import WorkstationSettings
-from operations.states import STOCK_BUILDS, State
 
 MODULE = "/sys/module/thunderbolt_net"
 XDOMAIN_DEVICES = "/sys/bus/thunderbolt/devices"

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from verify_helpers import fact
 
-from operations.gateway import (
+from operations.gateway.proxy import (
     DEPLOYMENTS,
     ROLES,
     LiveRouting,
@@ -25,8 +25,8 @@ from operations.gateway import (
     serving_deployments,
     wanted_routing,
 )
-from operations.gateway_route import RoleAnswers, answer_problems
-from operations.serving_router import Router
+from operations.gateway.route import RoleAnswers, answer_problems
+from operations.serving.router import Router
 from operations.states import State
 
 TOKENS = 16

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import warnings
 
-from operations.link import XDOMAIN_PEERS
-from operations.settings import WorkstationSettings
+from operations.site.settings import WorkstationSettings
 from operations.states import State
+from operations.thunderbolt.link import XDOMAIN_PEERS
 
 
 class UnusedLinkWarning(UserWarning):

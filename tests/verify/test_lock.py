@@ -3,8 +3,8 @@ included (its next run takes the stale lock over and releases it)."""
 
 from __future__ import annotations
 
-from operations.lock import lock_path
-from operations.settings import HostSettings
+from operations.safety.lock import lock_path
+from operations.site.settings import HostSettings
 
 
 def test_no_run_holds_the_hosts(workstations, gateway) -> None:

@@ -16,7 +16,7 @@ import pytest
 from verify_helpers import fact
 
 from operations.services import Service
-from operations.serving import (
+from operations.serving.sglang import (
     GPU_SERVICES,
     ROUTER,
     Sglang,
@@ -25,9 +25,9 @@ from operations.serving import (
     tp_environment,
     tp_rank_service,
 )
-from operations.settings import GatewaySettings, WorkstationSettings
+from operations.serving.transport import Connections, connection_problems, connections_of
+from operations.site.settings import GatewaySettings, WorkstationSettings
 from operations.states import STATES, State
-from operations.transport import Connections, connection_problems, connections_of
 
 TOKENS = 24
 # NEXTN runs on SGLang's EAGLE worker, and /server_info says so.
@@ -231,7 +231,7 @@ def test_the_server_runs_exactly_the_service_the_deploy_renders(workstation, ser
                                                                 declared: Service) -> None:
     """
     The whole argv, the environment, the user and the working directory, compared
-    with the service the deploy builds (operations/serving.py) for this host and
+    with the service the deploy builds (operations/serving/sglang.py) for this host and
     state: a flag this module does not name is caught too.
     """
     server = servers[declared.name]

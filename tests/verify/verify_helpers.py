@@ -1,5 +1,5 @@
 """What the verify checks share: the layers' own facts, read over testinfra's SSH as
-pyinfra reads them. (A host's settings come from ``operations/settings.py``, built
+pyinfra reads them. (A host's settings come from ``operations/site/settings.py``, built
 from its inventory data as the deploy builds them.)"""
 
 from __future__ import annotations

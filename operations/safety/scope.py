@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from pyinfra.api import Host
+from pyinfra.api import Host, Inventory
 from pyinfra.api.exceptions import PyinfraError
 
 PAIR_GROUPS = ("workstations", "gateway")
@@ -28,6 +28,12 @@ def left_out(hosts: Iterable[Host], in_limit: Callable[[Host], bool]) -> list[st
     """The pair's hosts (workstations and gateway) this run would not touch, in inventory order."""
     return [host.name for host in hosts
             if any(group in host.groups for group in PAIR_GROUPS) and not in_limit(host)]
+
+
+def reached(inventory: Inventory, in_limit: Callable[[Host], bool]) -> list[Host]:
+    """The pair's hosts this run reaches, workstations first (the first not lost speaks for it)."""
+    return [host for group in PAIR_GROUPS for host in inventory.get_group(group)
+            if in_limit(host)]
 
 
 def refusal(missing: list[str], state_name: str) -> str:

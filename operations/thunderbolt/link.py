@@ -19,19 +19,41 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 
-from operations import probes
-from operations.attempt import Layer, failing, failure, operation, refuse
-from operations.facts import EmptyMeansSomething
-from operations.phase import executing, run_now
+from operations.plumbing import probes
+from operations.plumbing.facts import EmptyMeansSomething, shell_script
+from operations.plumbing.phase import executing, run_now
+from operations.step import Layer, failing, failure, operation, refuse
 
 LAYER = Layer.LINK
 SPEED = re.compile(r"([0-9.]+)\s*Gb/s")
+
+
+@dataclass(frozen=True)
+class ExpectedLink:
+    """
+    The link as one workstation expects it: the interface, this host's address on
+    it and the peer's, the rate (speed × lanes) and the lanes it must train at,
+    who applies the address (``twinbolt``, with ``prefix_length``, or ``system``,
+    the host's network manager) and how long a retraining may take. Each is the
+    host's setting of its name (:func:`~operations.site.settings.derived`): the
+    addresses the host's, the rest the site's ``[link]``.
+    """
+
+    interface: str
+    link_address: str
+    peer_link_address: str
+    expected_rate_gbps: float
+    expected_lanes: int
+    address_owner: str
+    prefix_length: int
+    wait_seconds: float
 
 
 # Facts
@@ -98,7 +120,7 @@ class InterfaceState(EmptyMeansSomething):
             'echo "carrier $(cat "/sys/class/net/$1/carrier" 2>/dev/null || echo 0)"; '
             'ip -o -4 addr show dev "$1" | awk \'{print "address " $4}\''
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(interface))
+        return shell_script(script, interface)
 
     def process(self, output: list[str]) -> dict:
         state: dict = {"exists": bool(output), "carrier": False, "addresses": []}
@@ -148,7 +170,7 @@ class RouteInterface(FactBase):
             f'a="$1"; [ "$a" = {SSH_CLIENT} ] && set -- $SSH_CONNECTION && a="$1"; '
             '[ -n "$a" ] && ip route get "$a" | sed -n "s/.* dev \\([^ ]*\\).*/\\1/p"; true'
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(address))
+        return shell_script(script, address)
 
     def process(self, output: list[str]) -> str | None:
         return output[0].strip() if output else None
@@ -218,10 +240,7 @@ def silent_peer(interface: str, peer_address: str) -> str:
             f"carrier: {NO_TRAFFIC} (a TX credit stall under tx_e2e=1?)")
 
 
-def link_problems(interface: str, address: str, peer_address: str,
-                  expected_rate_gbps: float, expected_lanes: int,
-                  address_owner: str = "twinbolt",
-                  traffic: bool = True) -> tuple[list[str], bool]:
+def link_problems(link: ExpectedLink, traffic: bool = True) -> tuple[list[str], bool]:
     """
     Read the link and judge it: what keeps it from being trained and usable, and
     whether waiting can help.
@@ -233,14 +252,15 @@ def link_problems(interface: str, address: str, peer_address: str,
     in, and those are the driver and link steps' own work, which a run cut
     around a reload leaves undone on either host.
     """
-    found, worth_waiting = cable_problems(host.get_fact(XDomainLink), expected_rate_gbps,
-                                          expected_lanes)
+    found, worth_waiting = cable_problems(host.get_fact(XDomainLink), link.expected_rate_gbps,
+                                          link.expected_lanes)
     if found or not traffic:
         return found, worth_waiting
-    found = interface_problems(host.get_fact(InterfaceState, interface=interface), interface,
-                               address, address_owner)
-    if not found and not host.get_fact(PeerAnswers, address=peer_address, interface=interface):
-        found = [silent_peer(interface, peer_address)]
+    found = interface_problems(host.get_fact(InterfaceState, interface=link.interface),
+                               link.interface, link.link_address, link.address_owner)
+    if not found and not host.get_fact(PeerAnswers, address=link.peer_link_address,
+                                       interface=link.interface):
+        found = [silent_peer(link.interface, link.peer_link_address)]
     return found, True
 
 
@@ -314,40 +334,91 @@ def management_path(interface: str, addresses: dict[str, str]) -> Iterator[Pyinf
     yield from ()
 
 
+def _cable_problems(link: ExpectedLink) -> list[str]:
+    """
+    What keeps the cable from being trained at the expected rate to one peer,
+    judged at once, without waiting; the interface, its address and the
+    traffic are the driver and link steps' to make (a run cut around a reload
+    leaves them undone), and :func:`trained`'s to prove.
+    """
+    found, _ = link_problems(link, traffic=False)
+    if not found:
+        host.noop(f"the link is trained at {link.expected_rate_gbps:g} Gb/s to one peer; "
+                  f"{link.interface}, its address and the peer's answer are the driver and "
+                  "link steps' to make and prove")
+    return found
+
+
 @operation(LAYER, is_idempotent=True)
-def trained(interface: str, address: str, peer_address: str, expected_rate_gbps: float = 20.0,
-            expected_lanes: int = 1, timeout: float = 30.0,
-            wait: bool = True, needed: bool = True, refusing: bool = True,
-            address_owner: str = "twinbolt",
-            prefix_length: int = 16) -> Iterator[PyinfraCommand]:
+def admissible(link: ExpectedLink) -> Iterator[PyinfraCommand]:
+    """
+    Refuse the run, before any change, unless the cable is trained at the
+    expected rate to one peer: nothing has changed yet, and what serves is kept.
+
+    Only the cable and the peer are judged, at once, without waiting: the
+    interface, its address and the traffic are the driver and link steps' to
+    make (a run cut around a reload leaves them undone), :func:`trained` proves
+    them.
+
+    + link: the link as this host expects it (:class:`ExpectedLink`)
+
+    **Example:**
+
+    .. code:: python
+
+        link.admissible(
+            name="Preflight: the link is up at the expected rate",
+            link=ExpectedLink("thunderbolt0", "169.254.77.1", "169.254.77.2",
+                              20.0, 1, "twinbolt", 16, 30),
+        )
+    """
+    if found := _cable_problems(link):
+        refuse(LAYER, found)
+    yield from ()
+
+
+@operation(LAYER, is_idempotent=True)
+def cable_holds(link: ExpectedLink) -> Iterator[PyinfraCommand]:
+    """
+    Fail the attempt, before anything moves, unless the cable is trained at the
+    expected rate to one peer: for hosts where no replica of production serves,
+    which a refusal would not keep (a TP group on this very link, or what the
+    guard left), so that the attempt's rollback ends in a verified production.
+
+    Judged as :func:`admissible` judges, at once, without waiting.
+
+    + link: the link as this host expects it (:class:`ExpectedLink`)
+
+    **Example:**
+
+    .. code:: python
+
+        link.cable_holds(
+            name="Link: the cable holds, or the run ends in production",
+            link=expected,  # an ExpectedLink, as link.admissible takes
+        )
+    """
+    if found := _cable_problems(link):
+        yield failing(LAYER, [*found, "no replica of production serves here for a refusal "
+                              "to keep, so the attempt fails instead, and its rollback "
+                              "converges production"])
+
+
+@operation(LAYER, is_idempotent=True)
+def trained(link: ExpectedLink, needed: bool = True) -> Iterator[PyinfraCommand]:
     """
     Ensure the link is trained at the expected rate, with its address, the peer
-    answering across it.
+    answering across it (after a driver change).
 
-    With ``wait`` (after a driver change) a link that is still coming up is waited
-    for, with progress, up to ``timeout`` seconds; without it (preflight) a cable
-    or peer shortfall is an error at once, and the address and the traffic are
-    left to the step that waits. While waiting, the link
-    layer owns the interface's address: a load creates the interface without
-    one, and the declared address is applied as soon as it appears, unless the
-    host's own network manager owns it (then a missing address is waited for,
-    and named when the wait ends).
+    A link that is still coming up is waited for, with progress, up to the
+    link's ``wait_seconds``. While waiting, the link layer owns the interface's
+    address: a load creates the interface without one, and the declared address
+    is applied as soon as it appears, unless the host's own network manager
+    owns it (then a missing address is waited for, and named when the wait ends).
 
-    + interface: the ThunderboltIP interface, ``thunderbolt0``
-    + address: this host's address on it
-    + peer_address: the peer's address on it
-    + expected_rate_gbps: speed × lanes the link must train at
-    + expected_lanes: lanes the link must use
-    + timeout: seconds to wait for the link to come back
-    + wait: whether a link still coming up may be waited for
+    + link: the link as this host expects it (:class:`ExpectedLink`)
     + needed: whether the target state uses the link; if not, a link that does
       not come back is a warning
-    + refusing: without ``wait``, whether a shortfall refuses the run (nothing
-      has changed, and what serves is kept) or fails the attempt, which then
-      ends in a verified production
-    + address_owner: ``twinbolt`` (applies ``address``) or ``system`` (waits for
-      the host's network manager to)
-    + prefix_length: the prefix of ``address`` when twinbolt applies it
 
     **Example:**
 
@@ -355,29 +426,14 @@ def trained(interface: str, address: str, peer_address: str, expected_rate_gbps:
 
         link.trained(
             name="Link: retrained at 20 Gb/s, peer answers",
-            interface="thunderbolt0",
-            address="169.254.77.1",
-            peer_address="169.254.77.2",
+            link=ExpectedLink("thunderbolt0", "169.254.77.1", "169.254.77.2",
+                              20.0, 1, "twinbolt", 16, 30),
         )
     """
-    arguments = (interface, address, peer_address, expected_rate_gbps, expected_lanes,
-                 address_owner)
-    if not wait:
-        found, _ = link_problems(*arguments, traffic=False)
-        if found and refusing:
-            refuse(LAYER, found)
-        if found:
-            yield failing(LAYER, [*found, "no replica of production serves here for a refusal "
-                                  "to keep, so the attempt fails instead, and its rollback "
-                                  "converges production"])
-            return
-        host.noop(f"the link is trained at {expected_rate_gbps:g} Gb/s to one peer; {interface}, "
-                  "its address and the peer's answer are the driver and link steps' to make "
-                  "and prove")
-        return
-    found, worth_waiting = link_problems(*arguments)
+    found, worth_waiting = link_problems(link)
     if not found:
-        host.noop(f"{interface} is up at {expected_rate_gbps:g} Gb/s and the peer answers")
+        host.noop(f"{link.interface} is up at {link.expected_rate_gbps:g} Gb/s and the peer "
+                  "answers")
         return
     # While pyinfra only predicts, an earlier driver change has not happened yet:
     # predict the wait rather than judge a link that is about to retrain.
@@ -385,15 +441,15 @@ def trained(interface: str, address: str, peer_address: str, expected_rate_gbps:
         yield shortfall(found, needed)
         return
     def check(seconds_left: float) -> tuple[list[str], bool]:
-        if address_owner == "twinbolt":
-            apply_address(interface, address, prefix_length)
-        return link_problems(*arguments)
+        if link.address_owner == "twinbolt":
+            apply_address(link.interface, link.link_address, link.prefix_length)
+        return link_problems(link)
 
     outcome: dict = {}
     yield FunctionCommand(
         probes.wait_until,
-        (f"{interface} trained at {expected_rate_gbps:g} Gb/s with its address, the peer "
-         "answering", check, timeout, outcome),
+        (f"{link.interface} trained at {link.expected_rate_gbps:g} Gb/s with its address, the "
+         "peer answering", check, link.wait_seconds, outcome),
         {},
     )
     if outcome.get("found"):

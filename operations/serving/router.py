@@ -18,12 +18,12 @@ from pyinfra import host
 from pyinfra.api import Host
 from pyinfra.api.command import PyinfraCommand
 
-from operations import probes, services, venvs
-from operations.attempt import failing, operation
-from operations.phase import elsewhere, executing
-from operations.probes import Proofs, Proven
+from operations import services
+from operations.plumbing import probes, venvs
+from operations.plumbing.phase import elsewhere, executing
+from operations.plumbing.probes import Proofs, Proven
 from operations.services import GatewayService, Service, ServiceProcess, log_tails
-from operations.serving import (
+from operations.serving.sglang import (
     ACCEPTANCE_TOKENS,
     LAYER,
     ROUTER,
@@ -32,35 +32,36 @@ from operations.serving import (
     accept,
     process_problems,
 )
-from operations.settings import GatewaySettings
+from operations.site.settings import GatewaySettings, derived
+from operations.step import failing, operation
 
 # The router twinbolt installs on the gateway; requirements-lab.txt pins the same release.
 # sglang-router, hash-pinned; installed into the router's venv as it is.
-ROUTER_LOCK = Path(__file__).resolve().parents[1] / "requirements-router.lock"
+ROUTER_LOCK = Path(__file__).resolve().parents[2] / "requirements-router.lock"
 
 
 @dataclass(frozen=True)
 class Router(GatewayService):
-    """sglang-router on the gateway (the site's ``gateway_roles.router_*``) and its workers."""
+    """
+    sglang-router on the gateway and its workers: the site's ``gateway_roles``,
+    its own as ``router_*`` (:func:`~operations.site.settings.derived`), and
+    every replica's URL, model and start's bound.
+    """
 
     workers: tuple[str, ...]
     served_model_name: str
-    start_timeout: float
+    start_timeout_seconds: float
 
     @classmethod
     def from_hosts(cls, gateway: Host, workstations: list[Host]) -> Router:
         """The gateway's settings, with every workstation's replica as a worker."""
         replicas = [Sglang.from_host(workstation) for workstation in workstations]
         settings = GatewaySettings.of(gateway)
-        roles = settings.roles
-        return cls(
-            **GatewayService.shared(settings),
-            port=roles.router_port,
-            venv=roles.router_venv,
-            user=roles.router_user,
+        return derived(
+            cls, settings, settings.roles, prefix="router_",
             workers=tuple(replica.url for replica in replicas),
             served_model_name=replicas[0].served_model_name,
-            start_timeout=max(replica.start_timeout for replica in replicas),
+            start_timeout_seconds=max(replica.start_timeout_seconds for replica in replicas),
         )
 
 
@@ -116,7 +117,7 @@ def router(router: Router | None, present: bool = True) -> Iterator[PyinfraComma
 
     .. code:: python
 
-        serving_router.router(
+        router.router(
             name="Serving: the router fronts the replicas",
             router=Router.from_hosts(host, inventory.get_group("workstations")),
         )
@@ -141,14 +142,14 @@ def router_accepted(router: Router | None, proofs: Proofs,
     real completion of ``tokens`` tokens through it.
 
     + router: the gateway's :class:`Router` settings; ``None`` elsewhere (a no-op)
-    + proofs: the run's :class:`~operations.probes.Proofs`
+    + proofs: the run's :class:`~operations.plumbing.probes.Proofs`
     + tokens: the completion's length
 
     **Example:**
 
     .. code:: python
 
-        serving_router.router_accepted(name="Serving: the router serves", router=router,
+        router.router_accepted(name="Serving: the router serves", router=router,
                                        proofs=run.proofs)
     """
     if elsewhere(router, "gateway"):
@@ -156,7 +157,7 @@ def router_accepted(router: Router | None, proofs: Proofs,
     yield from accept(
         f"the router at {router.url} serves a real completion",
         router_check(router, tokens, proofs),
-        router.start_timeout,
+        router.start_timeout_seconds,
         lambda: log_tails([(host, ROUTER, router.init_system)]),
     )
 
@@ -168,7 +169,7 @@ def router_verified(router: Router | None, proofs: Proofs, present: bool = True,
     Prove the router runs and serves (production), or is stopped (TP states).
 
     + router: the gateway's :class:`Router` settings; ``None`` elsewhere (a no-op)
-    + proofs: the run's :class:`~operations.probes.Proofs`, proofs its acceptance made
+    + proofs: the run's :class:`~operations.plumbing.probes.Proofs`, proofs its acceptance made
     + present: whether the router should run
     + tokens: the completion's length
 
@@ -176,7 +177,7 @@ def router_verified(router: Router | None, proofs: Proofs, present: bool = True,
 
     .. code:: python
 
-        serving_router.router_verified(name="Verify: the router", router=router,
+        router.router_verified(name="Verify: the router", router=router,
                                        proofs=run.proofs, present=True)
     """
     if elsewhere(router, "gateway"):

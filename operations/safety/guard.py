@@ -40,29 +40,32 @@ import json
 import shlex
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from io import StringIO
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pyinfra import host, logger
-from pyinfra.api import QuoteString, StringCommand
+from pyinfra.api import StringCommand
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.util import get_template
 from pyinfra.operations import files
 
-from operations import ledger
-from operations.attempt import Layer, operation, refuse
-from operations.driver import CandidateModule, staged_path, swap_planned
-from operations.facts import EmptyMeansSomething, FileDigest, digest
-from operations.phase import executing, run_now
+from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest, shell_script
+from operations.plumbing.phase import executing, run_now
+from operations.safety import ledger
+from operations.safety.ledger import Observations
+from operations.safety.lock import Locks, RunOwner
 from operations.services import SUPERVISORS, TEMPLATES, InitSystem, Service
-from operations.serving import TP_RANKS
+from operations.serving.sglang import TP_RANKS
+from operations.site.settings import derived
 from operations.states import Driver
+from operations.step import Layer, operation, refuse
+from operations.thunderbolt.driver import CandidateModule, staged_path, swap_planned
+from operations.thunderbolt.link import ExpectedLink
 
 if TYPE_CHECKING:
-    from operations.run import Run
-    from operations.settings import WorkstationSettings
+    from operations.site.settings import WorkstationSettings
 
 LAYER = Layer.DRIVER
 NAME = "twinbolt-guard"
@@ -86,24 +89,23 @@ FINISH_MOVED = ('events=$1 reported=$2; for file in "$events".*; do [ -e "$file"
 INTERVAL_SECONDS = 2
 # How long rmmod, then modprobe, may take before the guard gives up on the restore.
 MODULE_SECONDS = 20
+# The guard's fields that are where it reads the host and how long it waits there,
+# no setting of the site's: their defaults, which only a test changes.
+_READS_THE_HOST = ("events_path", "sysfs", "uptime_path", "module_seconds")
 
 
 @dataclass(frozen=True)
 class Guard:
     """
-    What one workstation's guard watches and what it restores: the link towards
-    the peer and its declared address, the stall bound, the module, and the TP
-    rank it stops. ``sysfs`` and ``uptime_path`` are where it reads the host;
-    only a test points them elsewhere.
+    What one workstation's guard watches and what it restores: the link as this
+    host expects it (its interface, its declared address and who applies it, the
+    peer), the stall bound, the module, and the TP rank it stops. ``sysfs`` and
+    ``uptime_path`` are where it reads the host; only a test points them elsewhere.
     """
 
-    interface: str
-    address: str
-    prefix_length: int
-    address_owner: str
-    peer_address: str
-    stall_seconds: int
-    module: str
+    link: ExpectedLink
+    guard_stall_seconds: int
+    module_name: str
     rank_service: str
     init_system: InitSystem
     run_dir: str
@@ -114,15 +116,17 @@ class Guard:
     module_seconds: int = MODULE_SECONDS
 
     @classmethod
-    def of(cls, settings: WorkstationSettings) -> Guard:
-        candidate = settings.candidate_module
-        return cls(
-            interface=settings.link.interface, address=settings.link_address,
-            prefix_length=settings.link.prefix_length,
-            address_owner=settings.link.address_owner, peer_address=settings.peer_link_address,
-            stall_seconds=settings.candidate.guard_stall_seconds, module=candidate.name,
-            rank_service=TP_RANKS[settings.rank], init_system=settings.serving.init_system,
-            run_dir=settings.run_dir, staged_candidate=staged_path(settings.run_dir, candidate),
+    def of(cls, settings: WorkstationSettings, link: ExpectedLink) -> Guard:
+        """
+        The guard's settings by the site's names (``[candidate]``, ``[serving]``);
+        where it reads and how long a module command may take are constants here.
+        """
+        return derived(
+            cls, settings, settings.candidate, settings.serving, link=link,
+            rank_service=TP_RANKS[settings.rank],
+            staged_candidate=staged_path(settings.run_dir, settings.candidate_module),
+            **{field.name: field.default for field in fields(cls)
+               if field.name in _READS_THE_HOST},
         )
 
     @property
@@ -132,19 +136,20 @@ class Guard:
     def script(self) -> str:
         """The guard's script, rendered locally, each value quoted for the shell."""
         return get_template(str(TEMPLATE)).render(
-            sh=shlex.quote, script_path=self.script_path, interface=self.interface,
-            address=self.address, prefix_length=int(self.prefix_length),
-            address_owner=self.address_owner, peer_address=self.peer_address,
-            stall_seconds=int(self.stall_seconds), interval_seconds=INTERVAL_SECONDS,
-            module_seconds=int(self.module_seconds), module=self.module,
+            sh=shlex.quote, script_path=self.script_path, interface=self.link.interface,
+            address=self.link.link_address, prefix_length=int(self.link.prefix_length),
+            address_owner=self.link.address_owner, peer_address=self.link.peer_link_address,
+            stall_seconds=int(self.guard_stall_seconds), interval_seconds=INTERVAL_SECONDS,
+            module_seconds=int(self.module_seconds), module=self.module_name,
             rank_service=self.rank_service, staged_path=self.staged_candidate,
             events_path=self.events_path, sysfs=self.sysfs, uptime_path=self.uptime_path,
             stop_service=SUPERVISORS[self.init_system].stop_script(),
         )
 
     def service(self) -> Service:
+        stall = self.guard_stall_seconds
         return Service(name=NAME, description="twinbolt guard: the candidate thunderbolt_net "
-                       f"is replaced by the stock driver after a {self.stall_seconds} s stall",
+                       f"is replaced by the stock driver after a {stall} s stall",
                        command=["/bin/sh", self.script_path])
 
 
@@ -167,7 +172,7 @@ class GuardState(EmptyMeansSomething):
         # The events, and any a run moved aside and did not finish with.
         script = (supervisor.transient_active_script() + supervisor.transient_left_script()
                   + f"sed 's/^/event /' {EVENTS} {EVENTS}.* 2>/dev/null; true")
-        return StringCommand("sh", "-c", QuoteString(script), "-", NAME)
+        return shell_script(script, NAME)
 
     def process(self, output: list[str]) -> dict[str, Any]:
         return {"armed": any(line.strip() == "active" for line in output),
@@ -260,8 +265,9 @@ def ledger_entry(event: dict[str, Any], observed: dict[str, Any]) -> dict[str, A
     is recorded as what it is, never a stall. It keeps the event itself, by
     which a record is known (:func:`recorded`).
     """
-    return ledger.record("guard", "candidate", "unaddressed" if unaddressed(event) else "guarded",
-                         [observed], layer=Layer.LINK,
+    return ledger.record("guard", Driver.CANDIDATE,
+                         "unaddressed" if unaddressed(event) else "guarded", [observed],
+                         layer=Layer.LINK,
                          evidence=f"the guard on {observed['host']}: {describe_event(event)}",
                          event=event)
 
@@ -286,7 +292,7 @@ def disarm_first(loaded: Driver, candidate: CandidateModule) -> bool:
     the module, candidate to candidate too, as the driver layer answers it when
     the step runs; and always before a stock driver, which no guard watches.
     """
-    return loaded != "candidate" or swap_planned(loaded, candidate)
+    return not Driver(loaded).is_candidate or swap_planned(loaded, candidate)
 
 
 # Operations
@@ -311,7 +317,7 @@ def armed(guard: Guard, present: bool = True) -> Iterator[PyinfraCommand]:
     .. code:: python
 
         guard.armed(name="Guard: armed while the candidate is loaded",
-                    guard=Guard.of(settings))
+                    guard=Guard.of(settings, expected_link))
     """
     supervisor = SUPERVISORS[guard.init_system]
     state = host.get_fact(GuardState, init_system=guard.init_system)
@@ -337,8 +343,19 @@ def armed(guard: Guard, present: bool = True) -> Iterator[PyinfraCommand]:
     yield from supervisor.transient_start(guard.service())
 
 
+class Guarded(Protocol):
+    """
+    What the guard's report needs of the run (an :class:`operations.run.Run`): who
+    it is, the locks it holds, and what it observed.
+    """
+
+    owner: RunOwner
+    locks: Locks
+    observed: Observations
+
+
 @operation(Layer.LEDGER, is_idempotent=True)
-def reported(run: Run, init_system: InitSystem, ledger_path: str) -> Iterator[PyinfraCommand]:
+def reported(run: Guarded, init_system: InitSystem, ledger_path: str) -> Iterator[PyinfraCommand]:
     """
     Read what the guard did since the last run: name each event, and have the
     ledger record it as a stall of the candidate on this host's controller.
@@ -379,8 +396,7 @@ def reported(run: Run, init_system: InitSystem, ledger_path: str) -> Iterator[Py
     if executing():
         for entry in run.observed.guarded[host.name]:
             ledger.append(Path(ledger_path), entry)
-        finished, output = run_now(StringCommand("sh", "-c", QuoteString(FINISH_MOVED), "-",
-                                                 EVENTS, REPORTED))
+        finished, output = run_now(shell_script(FINISH_MOVED, EVENTS, REPORTED))
         if not finished:
             host.log_styled(f"the guard's events are recorded, but could not move to {REPORTED} "
                             f"({output.stderr}): the next run reads them again, and records "
@@ -389,7 +405,7 @@ def reported(run: Run, init_system: InitSystem, ledger_path: str) -> Iterator[Py
     yield from ()
 
 
-def moved_aside(run: Run) -> list[dict[str, Any]]:
+def moved_aside(run: Guarded) -> list[dict[str, Any]]:
     """
     The guard's events, renamed aside under this run's lock and read; refuse, with
     nothing recorded, where the run does not hold the lock or the rename fails.
@@ -397,8 +413,7 @@ def moved_aside(run: Run) -> list[dict[str, Any]]:
     if not run.locks.holds(host.name):
         refuse(Layer.LOCK, [f"the guard's events are read only under this run's lock, which it "
                             f"does not hold on {host.name}"])
-    moved, output = run_now(StringCommand("sh", "-c", QuoteString(MOVE_ASIDE), "-", EVENTS,
-                                          f"{EVENTS}.{run.owner.token}"))
+    moved, output = run_now(shell_script(MOVE_ASIDE, EVENTS, f"{EVENTS}.{run.owner.token}"))
     if not moved:
         refuse(Layer.LEDGER, [f"the guard's events could not be moved aside to be read "
                               f"({output.stderr}); nothing was recorded"])

@@ -28,18 +28,16 @@ from pyinfra.facts.files import File
 from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import files
 
-from operations import module_file
-from operations.attempt import Layer, failing, operation, refuse
-from operations.facts import EmptyMeansSomething
-from operations.phase import executing
+from operations.plumbing.facts import EmptyMeansSomething, shell_script
+from operations.plumbing.phase import executing
 from operations.states import STOCK_BUILDS, Driver
+from operations.step import Layer, failing, operation, refuse
+from operations.thunderbolt import module_file
 
 LAYER = Layer.DRIVER
 TBNET_E2E = 0x1
 # The RX E2E parameter each build is loaded with, as /sys/module shows it.
-RX_E2E = {"stock": "Y", "stock_e2e_off": "N", "candidate": "Y"}
-# What modprobe is given for a stock build.
-MODPROBE_OPTIONS = {"stock": (), "stock_e2e_off": ("e2e=0",)}
+RX_E2E = {driver: "Y" if driver.rx_e2e else "N" for driver in Driver}
 
 
 def build_id_from_note(note: bytes) -> str:
@@ -72,7 +70,7 @@ class LoadedModule(FactBase):
             "done; "
             'echo "note $(od -An -tx1 -v "$d/notes/.note.gnu.build-id" | tr -d " \\n")"'
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(module))
+        return shell_script(script, module)
 
     def process(self, output: list[str]) -> dict | None:
         if not output:
@@ -114,8 +112,7 @@ class ModuleFileBuildId(FactBase):
         return "readelf"
 
     def command(self, path: str = "", module: str = "") -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString(BUILD_ID_SCRIPT), "-", QuoteString(path),
-                             QuoteString(module))
+        return shell_script(BUILD_ID_SCRIPT, path, module)
 
     def process(self, output: list[str]) -> str | None:
         for line in output:
@@ -175,7 +172,7 @@ class PersistentModuleCopies(EmptyMeansSomething):
             "grep -rsH -e \"$1\" /etc/modprobe.d /etc/modules-load.d /etc/modules "
             "/etc/initramfs-tools/modules | sed 's/^/config /'; true"
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(module))
+        return shell_script(script, module)
 
     def process(self, output: list[str]) -> dict:
         copies: dict = {"files": {}, "config": []}
@@ -371,8 +368,8 @@ def build_problems(module: dict | None, wanted: Driver, stock_build: str | None,
     """
     if module is None or module["initstate"] != "live":
         return ["thunderbolt_net is not loaded"]
-    build, parameters = module["build_id"], module["parameters"]
-    if wanted == "candidate":
+    build, parameters, wanted = module["build_id"], module["parameters"], Driver(wanted)
+    if wanted.is_candidate:
         found = [] if build == candidate_build else [
             f"the loaded build-id {build} is not the candidate's {candidate_build}"]
         if parameters.get("tx_e2e") != "Y":
@@ -387,14 +384,14 @@ def build_problems(module: dict | None, wanted: Driver, stock_build: str | None,
     rx_e2e = parameters.get("e2e")
     if rx_e2e != RX_E2E[wanted]:
         found.append(f"RX E2E is {'on' if rx_e2e == 'Y' else 'off'} (parameters/e2e is {rx_e2e})"
-                     + ("" if RX_E2E[wanted] == "Y" else f", but {wanted} loads it with e2e=0"))
+                     + ("" if wanted.rx_e2e else f", but {wanted} loads it with e2e=0"))
     return found
 
 
 def loaded_driver(module: dict | None, stock_build: str | None,
                   candidate_build: str | None) -> Driver | None:
     """Which build :func:`build_problems` finds loaded: ``None`` for neither."""
-    return next((driver for driver in RX_E2E
+    return next((driver for driver in Driver
                  if not build_problems(module, driver, stock_build, candidate_build)), None)
 
 
@@ -416,7 +413,7 @@ def candidate_build(loaded: Driver, candidate: CandidateModule) -> str | None:
     a candidate by its ``tx_e2e``), so that production converges, a rollback
     above all, whatever the candidate's path holds.
     """
-    return candidate.build_id if loaded == "candidate" else None
+    return candidate.build_id if Driver(loaded).is_candidate else None
 
 
 def driver_problems(loaded: Driver, candidate: CandidateModule, run_dir: str) -> list[str]:
@@ -464,11 +461,11 @@ def admissible(loaded: Driver, candidate: CandidateModule) -> Iterator[PyinfraCo
 
         driver.admissible(
             name="Preflight: the candidate driver can be loaded",
-            loaded="candidate",
+            loaded=Driver.CANDIDATE,
             candidate=CandidateModule("/srv/tb/thunderbolt_net.ko", "9f2c…"),
         )
     """
-    if loaded == "candidate":
+    if Driver(loaded).is_candidate:
         found = candidate_refusals(candidate)
     elif host.get_fact(ModprobeTarget, module=candidate.name) is None:
         found = [f"modprobe finds no {candidate.name} module for this kernel"]
@@ -503,12 +500,12 @@ def module(
 
         driver.module(
             name="Driver: thunderbolt_net is the candidate build",
-            loaded="candidate",
+            loaded=Driver.CANDIDATE,
             candidate=CandidateModule("/srv/tb/thunderbolt_net.ko", "9f2c…"),
         )
     """
     staged = staged_path(run_dir, candidate)
-    if loaded == "candidate":
+    if Driver(loaded).is_candidate:
         # Only the file is checked again here: the peer's capabilities vanish while the
         # other workstation reloads in this same step, and preflight proved them.
         found = candidate.problems(host.get_fact(KernelVersion))
@@ -522,8 +519,7 @@ def module(
             src=candidate.path, dest=staged, mode="0600", create_remote_dir=False
         )
         if swap:
-            yield StringCommand("sh", "-c", QuoteString(SWAP_TO_CANDIDATE), "-",
-                                QuoteString(candidate.name), QuoteString(staged))
+            yield shell_script(SWAP_TO_CANDIDATE, candidate.name, staged)
         else:
             host.noop("the candidate is loaded with tx_e2e=Y")
         return
@@ -533,7 +529,7 @@ def module(
         # Should udev load the stock module first, modprobe finds it loaded; the
         # verification then names a wrong e2e.
         yield StringCommand(*unload, "modprobe", QuoteString(candidate.name),
-                            *MODPROBE_OPTIONS[loaded])
+                            *Driver(loaded).modprobe_options)
     else:
         host.noop(f"the {loaded} driver is loaded")
     yield from files.file._inner(path=staged, present=False)
@@ -555,7 +551,7 @@ def verified(
 
     .. code:: python
 
-        driver.verified(name="Verify: the stock driver is loaded", loaded="stock",
+        driver.verified(name="Verify: the stock driver is loaded", loaded=Driver.STOCK,
                         candidate=candidate)
     """
     found = driver_problems(loaded, candidate, run_dir)

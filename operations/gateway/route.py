@@ -9,7 +9,7 @@ production proves ``small`` is back on its own deployment. Which deployment
 served a request is read from its ``x-litellm-model-id`` header, each
 deployment having a stable ``model_info.id``. Every request is made on the
 gateway by curl, with the master key on curl's stdin (see
-:mod:`operations.gateway`).
+:mod:`operations.gateway.proxy`).
 """
 
 from __future__ import annotations
@@ -19,13 +19,10 @@ import shlex
 from collections.abc import Iterator
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand
+from pyinfra.api import StringCommand
 from pyinfra.api.command import PyinfraCommand
 
-from operations import probes
-from operations.attempt import failing, operation, refuse
-from operations.facts import EmptyMeansSomething
-from operations.gateway import (
+from operations.gateway.proxy import (
     DEPLOYMENTS,
     LAYER,
     ROLES,
@@ -40,8 +37,11 @@ from operations.gateway import (
     serving_deployments,
     wanted_routing,
 )
-from operations.phase import elsewhere, executing
-from operations.probes import Proofs, Proven
+from operations.plumbing import probes
+from operations.plumbing.facts import EmptyMeansSomething, shell_script
+from operations.plumbing.phase import elsewhere, executing
+from operations.plumbing.probes import Proofs, Proven
+from operations.step import failing, operation, refuse
 
 PROOF_TOKENS = 8
 # One proof request may take this long. During an outage LiteLLM first retries
@@ -89,10 +89,7 @@ class RoleAnswers(EmptyMeansSomething):
             '"$url/v1/chat/completions" > "$out/$1" 2>&1 & shift 2; done; wait; '
             'for f in "$out"/*; do echo "@@answer ${f##*/}"; cat "$f"; done'
         )
-        return StringCommand(
-            "sh", "-c", QuoteString(script), "-", QuoteString(master_key_file),
-            str(float(timeout)), QuoteString(url), *(QuoteString(word) for word in asked),
-        )
+        return shell_script(script, master_key_file, str(float(timeout)), url, *asked)
 
     def process(self, output: list[str]) -> dict[str, probes.Answer]:
         roles: list[str] = []
@@ -222,7 +219,7 @@ def admissible(proxy: Proxy | None, fallback: bool,
 
     .. code:: python
 
-        gateway_route.admissible(name="Preflight: the large role answers", proxy=proxy,
+        route.admissible(name="Preflight: the large role answers", proxy=proxy,
                            fallback=True)
     """
     if elsewhere(proxy, "gateway"):
@@ -252,7 +249,7 @@ def fallback_proven(proxy: Proxy | None, tokens: int = PROOF_TOKENS) -> Iterator
 
     .. code:: python
 
-        gateway_route.fallback_proven(name="Gateway: a forced fallback through small reaches large",
+        route.fallback_proven(name="Gateway: a forced fallback through small reaches large",
                                 proxy=proxy)
     """
     if elsewhere(proxy, "gateway"):
@@ -278,14 +275,14 @@ def roles_proven(proxy: Proxy | None, fallback: bool, proofs: Proofs,
 
     + proxy: the gateway's :class:`Proxy`; ``None`` elsewhere (a no-op)
     + fallback: whether ``small`` falls back to ``large`` (the replicas are down)
-    + proofs: the run's :class:`~operations.probes.Proofs`
+    + proofs: the run's :class:`~operations.plumbing.probes.Proofs`
     + tokens: the length of each real completion
 
     **Example:**
 
     .. code:: python
 
-        gateway_route.roles_proven(name="Gateway: small answers through the fallback",
+        route.roles_proven(name="Gateway: small answers through the fallback",
                                    proxy=proxy, fallback=True, proofs=run.proofs)
     """
     if elsewhere(proxy, "gateway"):
@@ -312,14 +309,14 @@ def verified(proxy: Proxy | None, fallback: bool, proofs: Proofs,
 
     + proxy: the gateway's :class:`Proxy`; ``None`` elsewhere (a no-op)
     + fallback: whether the state carries the temporary fallback ``small -> large``
-    + proofs: the run's :class:`~operations.probes.Proofs`, proofs made earlier in the run
+    + proofs: the run's :class:`~operations.plumbing.probes.Proofs`, proofs made earlier in the run
     + tokens: the length of each real completion
 
     **Example:**
 
     .. code:: python
 
-        gateway_route.verified(name="Verify: the gateway", proxy=proxy, fallback=False,
+        route.verified(name="Verify: the gateway", proxy=proxy, fallback=False,
                                proofs=run.proofs)
     """
     if elsewhere(proxy, "gateway"):

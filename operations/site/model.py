@@ -12,9 +12,9 @@ site as flat pyinfra host data: TOML ``[section] key`` becomes ``section_key``
 ``[ssh]`` become pyinfra's own SSH connector keys, ``[ssh]
 command_timeout_seconds`` pyinfra's ``_timeout`` (:func:`command_timeout_data`),
 and a host's ``sudo`` the data of :func:`sudo_data`. ``group_data/`` publishes
-the same names with these defaults (via :func:`section_defaults`) for the
-embedded lab, which has no site file, and
-``operations/settings.py`` reads them back as one typed object per host.
+the same names with these defaults (:data:`WORKSTATION_DEFAULTS`,
+:data:`GATEWAY_DEFAULTS`) for the embedded lab, which has no site file, and
+``operations/site/settings.py`` reads them back as one typed object per host.
 """
 
 import os
@@ -43,10 +43,9 @@ from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 from pyinfra.api.exceptions import InventoryError
 
-from operations import module_file
-from operations.connect import connection_data
-from operations.sglang_releases import QUANTIZATIONS
-from operations.syntax import (
+from operations.plumbing.connect import connection_data
+from operations.site.releases import QUANTIZATIONS
+from operations.site.syntax import (
     AbsolutePath,
     AccountName,
     Argument,
@@ -58,11 +57,12 @@ from operations.syntax import (
     ServiceAccount,
     no_control_characters,
 )
+from operations.thunderbolt import module_file
 
 SITE_ENV = "TWINBOLT_SITE"
 # The module twinbolt swaps, and the name its candidate's .modinfo must give.
 MODULE_NAME = "thunderbolt_net"
-# LiteLLM's own master key variable (operations/gateway.py sets it for the proxy).
+# LiteLLM's own master key variable (operations/gateway/proxy.py sets it for the proxy).
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 
 # The host data key twinbolt's own SSH readers (the harness, testinfra) consult;
@@ -140,7 +140,7 @@ def _link_local(address: IPv4Address) -> IPv4Address:
     return address
 
 
-# Free text: one line (operations/syntax.py says why); narrower types where a
+# Free text: one line (operations/site/syntax.py says why); narrower types where a
 # value lands in a unit, an ssh_config or a command line as syntax.
 Text = FreeText
 # Numbers are strict: pydantic would read a TOML or --data true as 1 (and
@@ -161,7 +161,8 @@ LocalPath = Annotated[Path, AfterValidator(_one_line), AfterValidator(_from_site
 # A file on the machine running twinbolt that a run reads: it must be there at load.
 LocalFile = Annotated[Path, AfterValidator(_one_line), AfterValidator(_from_site_dir),
                      AfterValidator(_existing_file)]
-# The candidate: a thunderbolt_net module, plain or compressed (operations/module_file.py).
+# The candidate: a thunderbolt_net module, plain or compressed
+# (operations/thunderbolt/module_file.py).
 CandidateFile = Annotated[LocalFile, AfterValidator(_thunderbolt_net_module)]
 Sha256 = Annotated[str, AfterValidator(_lowercase_sha256)]
 LinkLocalAddress = Annotated[IPv4Address, AfterValidator(_link_local)]
@@ -169,7 +170,7 @@ Version = Annotated[str, StringConstraints(pattern=r"^\d+(\.\d+)*$")]
 
 # Any --quantization choice of some supported SGLang release (argparse exits 2 on
 # anything else); whether the release installed on a workstation accepts it is the
-# serving layer's preflight (operations/sglang_releases.py). NVFP4 checkpoints are
+# serving layer's preflight (operations/site/releases.py). NVFP4 checkpoints are
 # "modelopt_fp4"; there is no plain "nvfp4".
 Quantization = Literal[QUANTIZATIONS]
 
@@ -179,7 +180,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Host(_Section):
+class SiteHost(_Section):
     """
     A host twinbolt reaches over SSH; the ``ssh_*`` keys are pyinfra's own, and
     ``sudo`` runs every command of a non-root ``ssh_user`` through passwordless sudo.
@@ -193,7 +194,7 @@ class Host(_Section):
     sudo: bool = False
 
     @model_validator(mode="after")
-    def _root_or_sudo(self) -> "Host":
+    def _root_or_sudo(self) -> "SiteHost":
         # Without root the first insmod or service start would fail halfway
         # through a transition, with production already stopped. sudo as root is
         # pointless, yet harmless wherever sudo is installed: it is allowed.
@@ -206,7 +207,7 @@ class Host(_Section):
         return self
 
 
-class Workstation(Host):
+class Workstation(SiteHost):
     """A GPU workstation: one end of the Thunderbolt link."""
 
     thunderbolt_address: LinkLocalAddress
@@ -258,7 +259,7 @@ class Candidate(_Section):
     sha256: Sha256
     module_name: ModuleName = MODULE_NAME
     # While the candidate is loaded, a link that carries nothing this long makes
-    # the guard on the workstation restore the stock driver (operations/guard.py).
+    # the guard on the workstation restore the stock driver (operations/safety/guard.py).
     guard_stall_seconds: Annotated[int, Strict(), Field(ge=6, le=3600)] = 30
 
 
@@ -281,7 +282,7 @@ class Serving(_Section):
     sglang_module: ModuleName = "sglang.launch_server"
     # The release the SGLang facts in REFERENCE.md (NEXTN flags, /server_info) hold for.
     min_sglang_version: Version = "0.5.9"
-    # Never root (operations/syntax.py says why).
+    # Never root (operations/site/syntax.py says why).
     user: ServiceAccount
     init_system: Literal["systemd", "runit"] = "systemd"
     # On each workstation; SGLang's caches follow the user's home, not this.
@@ -372,6 +373,17 @@ class Ledger(_Section):
     path: LocalPath = Path("~/.local/state/twinbolt/ledger.jsonl")
 
 
+# The sections a site gives its hosts as flat host data (``prefix_field``), by
+# prefix, the name each has in the site file and on Site: the one table the site's
+# inventory data, the hosts' settings, the overrides and group_data/ derive from.
+# [ssh] reaches every host, as pyinfra's own keys; the others, one kind of host.
+WORKSTATION_SECTIONS: dict[str, type[_Section]] = {
+    "link": Link, "candidate": Candidate, "serving": Serving, "ledger": Ledger,
+}
+GATEWAY_SECTIONS: dict[str, type[_Section]] = {"gateway_roles": GatewayRoles}
+SECTIONS: dict[str, type[_Section]] = {"ssh": Ssh, **WORKSTATION_SECTIONS, **GATEWAY_SECTIONS}
+
+
 # The Thunderbolt link is one cable, and a cable joins two hosts: the only
 # place the workstations are counted. The TP group's size and each host's
 # peers are read from the site (tp_group_data).
@@ -390,7 +402,7 @@ class Site(_Section):
     """A whole site: the workstations (rank 0 first), a gateway and their settings."""
 
     workstations: Annotated[list[Workstation], AfterValidator(_one_cable)]
-    gateway: Host
+    gateway: SiteHost
     ssh: Ssh = Field(default_factory=Ssh)
     link: Link = Field(default_factory=Link)
     candidate: Candidate
@@ -422,12 +434,7 @@ class Site(_Section):
     def workstation_hosts(self) -> list[tuple[str, dict[str, Any]]]:
         """The ``workstations`` inventory group, rank 0 first, each with its TP group's data."""
 
-        shared = {
-            **_flat("link", self.link.model_dump(mode="json")),
-            **_flat("candidate", self.candidate.model_dump(mode="json")),
-            **_flat("serving", self.serving.model_dump(mode="json")),
-            **_flat("ledger", self.ledger.model_dump(mode="json")),
-        }
+        shared = self._sections_data(WORKSTATION_SECTIONS)
         links = [str(workstation.thunderbolt_address) for workstation in self.workstations]
         return [
             (
@@ -450,14 +457,19 @@ class Site(_Section):
                 self.gateway.name,
                 {
                     **self._ssh_data(self.gateway),
-                    **_flat("gateway_roles", self.gateway_roles.model_dump(mode="json")),
+                    **self._sections_data(GATEWAY_SECTIONS),
                 },
             )
         ]
 
-    def _ssh_data(self, host: Host) -> dict[str, Any]:
+    def _sections_data(self, sections: dict[str, type[_Section]]) -> dict[str, Any]:
+        """The site's ``sections``, each as the flat host data its prefix names."""
+        return {key: value for prefix in sections for key, value
+                in _flat(prefix, getattr(self, prefix).model_dump(mode="json")).items()}
+
+    def _ssh_data(self, host: SiteHost) -> dict[str, Any]:
         data = {
-            **host.model_dump(mode="json", include=set(Host.model_fields) - {"name", "sudo"}),
+            **host.model_dump(mode="json", include=set(SiteHost.model_fields) - {"name", "sudo"}),
             **_flat("ssh", self.ssh.model_dump(mode="json",
                                                exclude={"command_timeout_seconds"})),
         }
@@ -528,7 +540,7 @@ def command_timeout_data(seconds: int) -> dict[str, int]:
     rollback's new run included. An operation given its own ``_timeout`` (a
     step that waits longer) keeps it. ``--data _timeout=N`` overrides it for a
     run, for pyinfra and for twinbolt's derived bounds alike
-    (``operations/settings.py``).
+    (``operations/site/settings.py``).
     """
     return {COMMAND_TIMEOUT: seconds}
 
@@ -566,7 +578,8 @@ def section_defaults(model: type[BaseModel], prefix: str) -> dict[str, Any]:
     """
     A section's defaults as the flat host data a site gives (``prefix_field``, as
     JSON), for ``group_data/`` to publish: every field that has one, nested
-    sections' too, so a field added to a model is published with no other edit.
+    sections' too, so a field added to a model is here with no other edit (and
+    ``group_data/``'s test asks for its line there).
     """
     defaults: dict[str, Any] = {}
     for name, field in model.model_fields.items():
@@ -575,6 +588,19 @@ def section_defaults(model: type[BaseModel], prefix: str) -> dict[str, Any]:
         elif not field.is_required():
             defaults[flat_key(prefix, name)] = to_jsonable_python(site_default(model, name))
     return defaults
+
+
+def _sections_defaults(sections: dict[str, type[_Section]]) -> dict[str, Any]:
+    return {key: value for prefix, model in sections.items()
+            for key, value in section_defaults(model, prefix).items()}
+
+
+# Every default of a kind of host's sections (:func:`section_defaults`), by its
+# host data name: group_data/ publishes each by name, one line a key, so that
+# grep finds where a lab host's value comes from; a unit test holds the names
+# there to these keys.
+WORKSTATION_DEFAULTS: dict[str, Any] = _sections_defaults(WORKSTATION_SECTIONS)
+GATEWAY_DEFAULTS: dict[str, Any] = _sections_defaults(GATEWAY_SECTIONS)
 
 
 def load_site(path: str | os.PathLike[str]) -> Site:

@@ -31,6 +31,16 @@ class EmptyMeansSomething(FactBase):
         return self.process([])
 
 
+def shell_script(script: str, *arguments: object) -> StringCommand:
+    """
+    ``sh -c script - arguments...``: the script one quoted word, each argument
+    one of its positional parameters (``$1``, ``$2`` ...), quoted, so that no
+    value (a path, a service's name, an account) is ever read as shell syntax.
+    """
+    return StringCommand("sh", "-c", QuoteString(script), "-",
+                         *(QuoteString(argument) for argument in arguments))
+
+
 def digest_script(path: str) -> str:
     """Shell that prints ``file MODE SHA1`` for the regular file ``path`` (a shell word)."""
     return (f'[ -f {path} ] && echo "file $(stat -c %a {path}) '
@@ -54,8 +64,7 @@ class FileDigest(FactBase):
     """
 
     def command(self, path: str) -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString(digest_script('"$1"') + "true"), "-",
-                             QuoteString(path))
+        return shell_script(digest_script('"$1"') + "true", path)
 
     def process(self, output: list[str]) -> str | None:
         return output[0].strip().removeprefix("file ") if output else None

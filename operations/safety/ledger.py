@@ -17,7 +17,7 @@ machine (site key ``ledger.path``):
   failure, ``rolled_back``, ``interrupted`` (rolled back after a signal, which
   ``interrupted`` names with its step), ``rollback_failed`` or ``stopped``, with
   the layer, or ``guarded`` when the guard restored the stock driver with no run watching
-  (:mod:`operations.guard`: always a stall);
+  (:mod:`operations.safety.guard`: always a stall);
 - tok/s, in the records ``experiment.py measure`` appends.
 
 A candidate run that failed at the link layer with nothing crossing it is a
@@ -46,31 +46,29 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import permutations
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.facts.server import KernelVersion
 
-from operations import attempt
-from operations.driver import LoadedModule, PeerCapabilities
-from operations.facts import FactGroup
-from operations.link import NO_TRAFFIC, XDOMAIN_PEERS, XDomainLink, trained_rate
+from operations import step
+from operations.plumbing.facts import FactGroup
+from operations.site.options import FORCING
+from operations.states import Driver
+from operations.thunderbolt.driver import LoadedModule, PeerCapabilities
+from operations.thunderbolt.link import NO_TRAFFIC, XDOMAIN_PEERS, XDomainLink, trained_rate
 
-if TYPE_CHECKING:
-    from operations.run import Run
-
-LAYER = attempt.Layer.LEDGER
+LAYER = step.Layer.LEDGER
 
 FAILED = ("rolled_back", "interrupted", "rollback_failed", "stopped")
 # "guarded": the guard on a workstation found the candidate's link stalled and
-# restored the stock driver, with no run watching (operations/guard.py);
+# restored the stock driver, with no run watching (operations/safety/guard.py);
 # "unaddressed": it found the link up without its address, which is no stall.
 # "hotplug", "suspend": a soak's event and what it did (harness/events.py).
 OUTCOMES = ("accepted", "refused", *FAILED, "measured", "guarded", "unaddressed", "hotplug",
             "suspend")
-FORCE_KEY = "force_candidate"
 
 
 class ThunderboltController(FactBase):
@@ -162,7 +160,7 @@ def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
            layer: str | None = None, evidence: str = "", forced: bool = False,
            tok_s: float | None = None, lost: tuple[str, ...] = (),
            event: dict[str, Any] | None = None,
-           interrupted: attempt.Interruption | None = None) -> dict[str, Any]:
+           interrupted: step.Interruption | None = None) -> dict[str, Any]:
     """
     One ledger line. ``stall`` is the judgement :func:`stall_reports` acts on: the
     candidate's run failed at the link layer because nothing crossed a link that
@@ -179,7 +177,7 @@ def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
         "driver": driver,
         "outcome": outcome,
         "layer": layer,
-        "stall": (driver == "candidate" and layer == attempt.Layer.LINK
+        "stall": (driver == Driver.CANDIDATE and layer == step.Layer.LINK
                   and (outcome == "guarded" or outcome in FAILED and NO_TRAFFIC in evidence)),
         "forced": forced,
         "tok_s": tok_s,
@@ -196,9 +194,9 @@ def record(state: str, driver: str, outcome: str, hosts: list[dict[str, Any]],
 # neither the one at the other end nor a firmware, so the pairing is any that
 # includes it, on any firmware.
 SEEDED = [{
-    **record("tx_e2e (upstream)", "candidate", "rolled_back",
+    **record("tx_e2e (upstream)", Driver.CANDIDATE, "rolled_back",
              [{"host": "upstream report", "nhi": "1b21:2425", "router": "ASMedia ASM4242"}],
-             layer=attempt.Layer.LINK,
+             layer=step.Layer.LINK,
              evidence="upstream revert 1881f2efbf7f of TX E2E (a8065af3346e): the ASMedia "
                       "ASM4242 (1b21:2425) never returns TX credits; the TX ring freezes and "
                       f"{NO_TRAFFIC} (100% loss) though the XDomain handshake completes"),
@@ -373,7 +371,17 @@ class Observations:
         return sorted((Controller.of(self.hosts[name]) for name in names), key=str)
 
 
-def keep(run: Run, path: str, state: str, driver: str) -> None:
+class Observing(Protocol):
+    """
+    What the ledger needs of the run (an :class:`operations.run.Run`): what it
+    observed, and its attempt, whose ending it records.
+    """
+
+    observed: Observations
+    attempt: step.Attempt
+
+
+def keep(run: Observing, path: str, state: str, driver: str) -> None:
     """
     Have the run's ending appended to the ledger at ``path``, with what the run
     observed; ``deploy.py`` calls this on every host, the first call counts.
@@ -383,7 +391,7 @@ def keep(run: Run, path: str, state: str, driver: str) -> None:
         return
     observed.kept = True
 
-    def write(ending: attempt.Ending) -> None:
+    def write(ending: step.Ending) -> None:
         append(Path(path), record(state, driver, ending.outcome, list(observed.hosts.values()),
                                   layer=ending.layer, evidence=ending.evidence,
                                   forced=observed.forced, lost=ending.lost,
@@ -395,8 +403,8 @@ def keep(run: Run, path: str, state: str, driver: str) -> None:
 # Operations
 
 
-@attempt.operation(LAYER, is_idempotent=True)
-def observed(run: Run, module: str) -> Iterator[PyinfraCommand]:
+@step.operation(LAYER, is_idempotent=True)
+def observed(run: Observing, module: str) -> Iterator[PyinfraCommand]:
     """
     Note this workstation's controller, kernel, driver and link for the run's record.
 
@@ -419,8 +427,8 @@ def observed(run: Run, module: str) -> Iterator[PyinfraCommand]:
     yield from ()
 
 
-@attempt.operation(attempt.Layer.DRIVER, is_idempotent=True)
-def no_recorded_stall(run: Run, path: str, workstations: list[str], force: bool = False
+@step.operation(step.Layer.DRIVER, is_idempotent=True)
+def no_recorded_stall(run: Observing, path: str, workstations: list[str], force: bool = False
                       ) -> Iterator[PyinfraCommand]:
     """
     Refuse the candidate on a controller pairing with a recorded stall, before any change.
@@ -461,14 +469,14 @@ def no_recorded_stall(run: Run, path: str, workstations: list[str], force: bool 
     stalls = stall_reports([*records, *guarded], controllers_now)
     pair = describe_pairing(controllers_now)
     if stalls and not force:
-        attempt.refuse(attempt.Layer.DRIVER, [
+        step.refuse(step.Layer.DRIVER, [
             f"the candidate's TX E2E has stalled on the controller pairing {pair}",
             *(describe_stall(entry) for entry in stalls),
-            f"override at your own risk with --data {FORCE_KEY}=yes",
+            f"override at your own risk with --data {FORCING}",
         ])
     elif stalls:
         warning = (f"FORCED: THE CANDIDATE RUNS ON THE CONTROLLER PAIRING {pair} DESPITE "
-                   f"{len(stalls)} RECORDED STALL(S) ({FORCE_KEY}=yes)")
+                   f"{len(stalls)} RECORDED STALL(S) ({FORCING})")
         if not run.observed.forced:
             run.observed.forced = True
             run.attempt.caveats.append(warning)

@@ -20,7 +20,7 @@ any other, and so, from :func:`install`:
   it says how to force the exit anyway (the same signal again within
   :data:`FORCE_SECONDS`), and what the hosts are left in then.
 
-The rollback runs in a session of its own (:func:`operations.attempt.run_rollback`),
+The rollback runs in a session of its own (:func:`operations.safety.rollback.run_rollback`),
 so the terminal's Ctrl-C reaches only this run, which decides.
 
 Python runs a signal handler in the main thread between two bytecodes of
@@ -47,9 +47,10 @@ from pyinfra import host, logger
 from pyinfra.api import operation
 from pyinfra.api.state import BaseStateCallback
 
-from operations.attempt import RESTORE, RUN_ATTRIBUTE, Attempt, Interruption, kill_rollback
-from operations.attempt import step_name as title_of
-from operations.phase import executing
+from operations.plumbing.phase import executing
+from operations.safety.rollback import RESTORE, kill_rollback
+from operations.step import RUN_ATTRIBUTE, Attempt, Interruption
+from operations.step import step_name as title_of
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # A signal repeated within this many seconds of the one the run answered by going

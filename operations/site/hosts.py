@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from operations.attempt import stopped_at_bound
-from operations.site import SITE_ENV, SUDO, Ssh, site_default
-from operations.syntax import ssh_config_word  # the lab's ssh configs import it from here
+from operations.plumbing.probes import stopped_at_bound
+from operations.site.model import SITE_ENV, SUDO, Ssh, site_default
+from operations.site.syntax import ssh_config_word  # the lab's ssh configs import it from here
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # One command's bound, as the site model defaults it (the module's docstring says why).
 LISTING_TIMEOUT: int = site_default(Ssh, "command_timeout_seconds")
 

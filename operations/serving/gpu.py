@@ -23,8 +23,8 @@ from pyinfra import host
 from pyinfra.api import FactBase
 from pyinfra.api.command import PyinfraCommand
 
-from operations.attempt import Layer, operation, refuse
 from operations.services import InitSystem, ServicePids
+from operations.step import Layer, operation, refuse
 
 LAYER = Layer.GPU
 

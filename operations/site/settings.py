@@ -1,35 +1,35 @@
 """
 A host's settings as one typed object, built from its final host data.
 
-A site reaches its hosts as flat pyinfra host data (``operations/site.py``:
+A site reaches its hosts as flat pyinfra host data (``operations/site/model.py``:
 ``[serving] port`` is ``serving_port``), and ``--data key=value`` overrides it
 after the inventory and ``group_data/`` have run; a rollback's carried data is
 host data too. So the settings are built here, from the data pyinfra merged,
 and this is the only code that reads the flat keys: the runbook, the layers,
 the harness and the verify checks all ask :meth:`WorkstationSettings.of` or
 :meth:`GatewaySettings.of`, given a pyinfra ``Host`` or an
-``operations.hosts.InventoryEntry`` alike.
+``operations.site.hosts.InventoryEntry`` alike.
 
 The key names are the site model's own fields (:func:`section`), so a setting
-added to a model reaches every consumer with no other edit. Values are not
+added to a model reaches every consumer with no other edit; a layer's own
+settings object is derived from these by its fields' names (:func:`derived`). Values are not
 validated again: the site file was when it loaded, ``--data`` overrides of its
-keys are when a run starts (``operations/overrides.py``), the lab's are its own,
+keys are when a run starts (``operations/site/overrides.py``), the lab's are its own,
 and the lab's service accounts are root, which a site's may never be.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, fields
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from operations.driver import CandidateModule
-from operations.module_file import NotAModule
-from operations.site import (
+from operations.site.model import (
     COMMAND_TIMEOUT,
+    WORKSTATION_SECTIONS,
     Candidate,
     GatewayRoles,
     Ledger,
@@ -40,8 +40,11 @@ from operations.site import (
     nested_section,
     site_default,
 )
+from operations.thunderbolt.driver import CandidateModule
+from operations.thunderbolt.module_file import NotAModule
 
 Section = TypeVar("Section", bound=BaseModel)
+LayerSettings = TypeVar("LayerSettings")
 
 
 class Data(Protocol):
@@ -76,6 +79,46 @@ def section(model: type[Section], data: Data | Mapping[str, Any], prefix: str) -
         elif (value := data.get(key, _ABSENT)) is not _ABSENT:
             values[name] = value
     return model.model_construct(**values)
+
+
+def derived(layer: type[LayerSettings], *sources: object, prefix: str = "",
+            **computed: Any) -> LayerSettings:
+    """
+    A layer's own settings (the dataclass ``layer``), derived from the host's:
+    each field is the one setting among ``sources`` (a host's settings, their
+    sections) that bears its name, or its name after ``prefix``, where a section
+    holds the settings of several roles (``gateway_roles.router_port`` is the
+    router's ``port``). Only the ``computed`` fields (a router's workers, a
+    proxy's deployments) are given, because no setting holds them.
+
+    A field that no setting names, or that two do, is an error, not a guess: a
+    setting reaches a layer under its own name, never copied by hand, so a field
+    added to a layer is a setting's name or a computed value. A list becomes a
+    tuple, as a frozen dataclass holds it.
+    """
+    values = dict(computed)
+    for field in fields(layer):
+        if field.name in computed:
+            continue
+        found = [(source, key) for source in sources
+                 for key in dict.fromkeys((prefix + field.name, field.name))
+                 if key in _setting_names(source)]
+        if len(found) != 1:
+            held = ", ".join(f"{type(source).__name__}.{key}" for source, key in found)
+            raise TypeError(f"{layer.__name__}.{field.name}: " + (
+                f"more than one setting holds it ({held})" if found
+                else "no setting is named so; a field no setting holds is computed"))
+        ((source, key),) = found
+        value = getattr(source, key)
+        values[field.name] = tuple(value) if isinstance(value, list) else value
+    return layer(**values)
+
+
+def _setting_names(source: object) -> Collection[str]:
+    """The settings ``source`` holds: a site section's fields, or a settings dataclass's."""
+    if isinstance(source, BaseModel):
+        return type(source).model_fields
+    return {field.name for field in fields(source)}
 
 
 def http_url(address: str, port: int) -> str:
@@ -155,10 +198,8 @@ class WorkstationSettings(HostSettings):
             peer_link_address=data.get("peer_thunderbolt_address"),
             rank0_link_address=data.get("rank0_thunderbolt_address"),
             listen_address=data.get("serving_listen_address"),
-            link=section(Link, data, "link"),
-            candidate=section(Candidate, data, "candidate"),
-            serving=section(Serving, data, "serving"),
-            ledger=section(Ledger, data, "ledger"),
+            **{prefix: section(model, data, prefix)
+               for prefix, model in WORKSTATION_SECTIONS.items()},
         )
 
     @property

@@ -1,6 +1,6 @@
 """
 The serving layer on the workstations: SGLang (its part on the gateway,
-sglang-router, is ``operations/serving_router.py``).
+sglang-router, is ``operations/serving/router.py``).
 
 ``production`` runs one single-GPU replica per workstation (``sglang-replica``)
 behind sglang-router on the gateway (``sglang-router``). The TP states run one
@@ -10,7 +10,7 @@ interface. A GPU holds a replica or a rank, never both: replicas stop before
 ranks start and ranks stop before replicas start.
 
 A server is accepted only by a real chat completion of the requested length,
-asked from the machine running pyinfra (see ``operations/probes.py``), and for
+asked from the machine running pyinfra (see ``operations/plumbing/probes.py``), and for
 TP only from rank 0, whose ``/server_info`` must also report the group's
 ``tp_size`` (one rank a workstation of the site) and the declared speculative
 settings (NEXTN is reported as EAGLE). The other ranks are never probed: their
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 from pyinfra import host, inventory, logger
@@ -42,14 +42,17 @@ from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Which
 from pyinfra.operations import apt
 
-from operations import probes, services, sglang_releases, site, transport
-from operations.attempt import Layer, failing, operation, refuse
-from operations.facts import EmptyMeansSomething
-from operations.phase import elsewhere, executing
-from operations.probes import Proofs, Proven
+from operations import services
+from operations.plumbing import probes
+from operations.plumbing.facts import EmptyMeansSomething, shell_script
+from operations.plumbing.phase import elsewhere, executing
+from operations.plumbing.probes import Proofs, Proven
 from operations.services import InitSystem, Service, ServiceProcess, log_tails
-from operations.settings import WorkstationSettings, http_url
-from operations.states import Serving, Speculative
+from operations.serving import transport
+from operations.site import releases
+from operations.site.settings import WorkstationSettings, derived, http_url
+from operations.states import ServingMode, Speculative
+from operations.step import Layer, failing, operation, refuse
 
 LAYER = Layer.SERVING
 REPLICA = "sglang-replica"
@@ -77,14 +80,16 @@ Check = Callable[..., tuple[list[str], bool]]
 @dataclass(frozen=True)
 class Sglang:
     """
-    SGLang on one workstation, as its settings describe it (``operations/settings.py``).
+    SGLang on one workstation, as its settings describe it (``operations/site/settings.py``).
 
     ``address`` is where the router, the acceptance probes and clients reach the
     server: the host's settings' ``address`` (its ``ssh_hostname``).
     ``link_address``, ``peer_link_address`` and ``rank0_link_address`` are this
     host's, its peer's and rank 0's addresses on the Thunderbolt link, where the
     TP group meets and talks; ``tp_size`` is the group's size, one rank a
-    workstation of the site.
+    workstation of the site. Each field is the host's setting of its name
+    (:func:`~operations.site.settings.derived`): the host's own, ``[link]
+    interface`` and ``[serving]``'s.
     """
 
     address: str
@@ -95,7 +100,7 @@ class Sglang:
     rank0_link_address: str
     interface: str
     python: str
-    module: str
+    sglang_module: str
     model_path: str
     served_model_name: str
     quantization: str | None
@@ -104,11 +109,12 @@ class Sglang:
     draft_model_path: str | None
     port: int
     dist_init_port: int
-    min_version: str
+    # A number where pyinfra read ``--data serving_min_sglang_version=9.9`` as one.
+    min_sglang_version: str | float
     user: str
     init_system: InitSystem
     working_directory: str
-    start_timeout: float
+    start_timeout_seconds: float
     # Where the server listens (site key workstations.listen_address).
     listen_address: str = "0.0.0.0"
 
@@ -116,22 +122,7 @@ class Sglang:
     def from_host(cls, workstation: Host) -> Sglang:
         """A workstation's settings (any inventory host, not only the current one)."""
         settings = WorkstationSettings.of(workstation)
-        serving = settings.serving
-        return cls(
-            address=settings.address,
-            rank=settings.rank,
-            tp_size=settings.tp_size,
-            link_address=settings.link_address,
-            peer_link_address=settings.peer_link_address,
-            rank0_link_address=settings.rank0_link_address,
-            interface=settings.link.interface,
-            listen_address=settings.listen_address,
-            module=serving.sglang_module,
-            min_version=str(serving.min_sglang_version),
-            start_timeout=serving.start_timeout_seconds,
-            # The rest are the site's own [serving] keys, under their own names.
-            **{name: getattr(serving, name) for name in _SERVING_KEYS},
-        )
+        return derived(cls, settings, settings.link, settings.serving)
 
     @property
     def url(self) -> str:
@@ -142,15 +133,10 @@ class Sglang:
         return TP_RANKS[self.rank]
 
 
-# Sglang's fields that are [serving] keys of the site by the same name.
-_SERVING_KEYS = tuple(name for name in site.Serving.model_fields
-                      if name in {field.name for field in fields(Sglang)})
-
-
 def server_command(sglang: Sglang) -> list[str]:
     """The argv every SGLang server here starts with: the model and how it is served."""
     argv = [
-        sglang.python, "-m", sglang.module,
+        sglang.python, "-m", sglang.sglang_module,
         "--model-path", sglang.model_path,
         "--served-model-name", sglang.served_model_name,
         # Every address unless the site names one: the router, the acceptance
@@ -271,9 +257,8 @@ class SglangVersion(EmptyMeansSomething):
         script = 'cd "$1" && exec "$2" -c "$3" "$4"'
         as_user = [] if user == "root" else ["runuser", "-u", QuoteString(user), "--"]
         return StringCommand(
-            *as_user, "sh", "-c", QuoteString(script), "-", QuoteString(working_directory),
-            QuoteString(python), QuoteString(self.SCRIPT), QuoteString(module), "2>&1", "||",
-            "true",
+            *as_user, shell_script(script, working_directory, python, self.SCRIPT, module),
+            "2>&1", "||", "true",
         )
 
     def process(self, output: list[str]) -> dict:
@@ -286,12 +271,12 @@ class SglangVersion(EmptyMeansSomething):
 # Evidence
 
 
-def version_problems(found: dict, minimum: str) -> list[str]:
+def version_problems(found: dict, minimum: str | float) -> list[str]:
     """Why the SGLang found is not at least ``minimum``; empty when it is."""
     if "version" not in found:
         return [f"cannot read the SGLang version: {found.get('error')}"]
     try:
-        too_old = Version(found["version"]) < Version(minimum)
+        too_old = Version(found["version"]) < Version(str(minimum))
     except InvalidVersion:
         return [f"SGLang reports an unreadable version {found['version']!r}"]
     if too_old:
@@ -312,19 +297,19 @@ def quantization_problems(found: dict, quantization: str | None, python: str) ->
     if not quantization or "version" not in found:
         return []
     installed = found["version"]
-    releases = sglang_releases.CHOICES[sglang_releases.QUANTIZATION][quantization]
+    accepting = releases.CHOICES[releases.QUANTIZATION][quantization]
     try:
-        if releases.accept(installed):
+        if accepting.accept(installed):
             return []
-        too_new = releases.until is not None and Version(installed) >= Version(releases.until)
+        too_new = accepting.until is not None and Version(installed) >= Version(accepting.until)
     except InvalidVersion:
         return []
-    instead = ", ".join(sglang_releases.accepted(sglang_releases.QUANTIZATION, installed))
-    other_release = (f"install an SGLang before {releases.until}" if too_new
-                     else f"upgrade SGLang to {releases.since} or later")
+    instead = ", ".join(releases.accepted(releases.QUANTIZATION, installed))
+    other_release = (f"install an SGLang before {accepting.until}" if too_new
+                     else f"upgrade SGLang to {accepting.since} or later")
     return [
         f"SGLang {installed} refuses --quantization {quantization} (serving.quantization): "
-        f"only {releases} accepts it. Set serving.quantization to a value {installed} "
+        f"only {accepting} accepts it. Set serving.quantization to a value {installed} "
         f"accepts ({instead}), or {other_release} for {python}"
     ]
 
@@ -353,17 +338,17 @@ def process_problems(process: dict, service: Service, argv: bool = True) -> list
     return found
 
 
-def service_for(serving: Serving, rank: int) -> str:
+def service_for(serving: ServingMode, rank: int) -> str:
     """The SGLang service a workstation of rank ``rank`` runs for ``serving``."""
-    return REPLICA if serving == Serving.REPLICAS else TP_RANKS[rank]
+    return REPLICA if serving == ServingMode.REPLICAS else TP_RANKS[rank]
 
 
-def serving_of(running: list[str], rank: int) -> Serving | None:
+def serving_of(running: list[str], rank: int) -> ServingMode | None:
     """
     The serving layer's judge on one workstation, from its running SGLang
-    services: the :class:`Serving` whose service alone runs; ``None`` else.
+    services: the :class:`ServingMode` whose service alone runs; ``None`` else.
     """
-    return next((serving for serving in Serving
+    return next((serving for serving in ServingMode
                  if running == [service_for(serving, rank)]), None)
 
 
@@ -454,7 +439,7 @@ def stuck(sglang: Sglang, service: Service, proofs: Proofs,
     process = host.get_fact(ServiceProcess, service=service.name,
                             init_system=sglang.init_system,
                             variables=tuple(service.environment))
-    if (not process.get("running") or (process.get("seconds") or 0) < sglang.start_timeout
+    if (not process.get("running") or (process.get("seconds") or 0) < sglang.start_timeout_seconds
             or process_problems(process, service)):
         return []
     return serves(sglang, service, process["pid"], 1, None, tokens,
@@ -494,7 +479,7 @@ def server_check(sglang: Sglang, service: Service, tp_size: int,
                                 init_system=sglang.init_system,
                                 variables=tuple(service.environment))
         found = process_problems(process, service)
-        if process.get("running") and not first_pid:
+        if process.get("pid") and not first_pid:
             first_pid.append(process["pid"])
         if found:
             # Seen running and now gone or replaced: it crashed; waiting will
@@ -517,7 +502,7 @@ def server_check(sglang: Sglang, service: Service, tp_size: int,
 
 def transport_check(sglang: Sglang, service: Service, tokens: int) -> Check:
     """
-    The TP group's transport (:mod:`operations.transport`), as a check for
+    The TP group's transport (:mod:`operations.serving.transport`), as a check for
     :func:`probes.wait_until`: a completion of ``tokens`` tokens bracketed by the
     link's byte counters, and the rank's connections. Waiting cannot mend a
     wrong interface, so a failure is final.
@@ -541,7 +526,7 @@ def transport_check(sglang: Sglang, service: Service, tokens: int) -> Check:
         deadline = time.monotonic() + COUNTER_LAG_SECONDS
         while ((moved := carried() - before) < transport.one_way_bytes(shape, tokens)
                and time.monotonic() < deadline):
-            time.sleep(probes.POLL_SECONDS / 5)
+            time.sleep(probes.POLL_SECONDS_MIN)
         process = host.get_fact(ServiceProcess, service=service.name,
                                 init_system=sglang.init_system)
         reading = host.get_fact(transport.Connections)
@@ -578,14 +563,14 @@ def accept(what: str, check: Check, timeout: float,
 
 
 @operation(LAYER, is_idempotent=True)
-def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative | None,
+def admissible(sglang: Sglang | None, serving: ServingMode, speculative: Speculative | None,
                tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Refuse, before anything changes, a serving target this workstation cannot reach.
 
     The weights must be on the host. A NEXTN TP state needs SGLang at least
-    ``sglang.min_version``. The installed SGLang must accept the site's
-    ``--quantization`` (:mod:`operations.sglang_releases`), in every state, or the
+    ``sglang.min_sglang_version``. The installed SGLang must accept the site's
+    ``--quantization`` (:mod:`operations.site.releases`), in every state, or the
     server would exit 2 at its start. Leaving production needs production working:
     a running replica must serve a real completion before its GPU is borrowed.
 
@@ -598,10 +583,10 @@ def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative
 
     .. code:: python
 
-        serving.admissible(
+        sglang.admissible(
             name="Preflight: SGLang can serve tp2_e2e here",
             sglang=Sglang.from_host(host),
-            serving=Serving.TENSOR_PARALLEL,
+            serving=ServingMode.TENSOR_PARALLEL,
             speculative=NEXTN_3_1_4,
         )
     """
@@ -613,13 +598,13 @@ def admissible(sglang: Sglang | None, serving: Serving, speculative: Speculative
     if speculative and sglang.draft_model_path:
         if not host.get_fact(Directory, path=sglang.draft_model_path):
             found.append(f"the draft weights {sglang.draft_model_path} are not on this host")
-    tensor_parallel = serving == Serving.TENSOR_PARALLEL
+    tensor_parallel = serving == ServingMode.TENSOR_PARALLEL
     needs_minimum = tensor_parallel and speculative is not None
     if needs_minimum or sglang.quantization:
-        version = host.get_fact(SglangVersion, python=sglang.python, module=sglang.module,
+        version = host.get_fact(SglangVersion, python=sglang.python, module=sglang.sglang_module,
                                 working_directory=sglang.working_directory, user=sglang.user)
         if needs_minimum:
-            found += version_problems(version, sglang.min_version)
+            found += version_problems(version, sglang.min_sglang_version)
         found += quantization_problems(version, sglang.quantization, sglang.python)
     if tensor_parallel and replica_runs(sglang):
         answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
@@ -651,7 +636,7 @@ def linktest_tool(sglang: Sglang | None) -> Iterator[PyinfraCommand]:
 
     .. code:: python
 
-        serving.linktest_tool(name="Serving: iperf3 is installed", sglang=Sglang.from_host(host))
+        sglang.linktest_tool(name="Serving: iperf3 is installed", sglang=Sglang.from_host(host))
     """
     if elsewhere(sglang, "workstation"):
         return
@@ -671,7 +656,7 @@ def replica(sglang: Sglang | None, proofs: Proofs,
     completion (hung) is restarted: converging production must be able to repair it.
 
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
-    + proofs: the run's :class:`~operations.probes.Proofs`, where a replica that
+    + proofs: the run's :class:`~operations.plumbing.probes.Proofs`, where a replica that
       serves is remembered as proven
     + present: whether the replica should run
 
@@ -679,7 +664,7 @@ def replica(sglang: Sglang | None, proofs: Proofs,
 
     .. code:: python
 
-        serving.replica(name="Serving: the replica is stopped",
+        sglang.replica(name="Serving: the replica is stopped",
                         sglang=Sglang.from_host(host), proofs=run.proofs, present=False)
     """
     if elsewhere(sglang, "workstation"):
@@ -710,7 +695,7 @@ def tp_rank(sglang: Sglang | None, speculative: Speculative | None = None, prese
 
     .. code:: python
 
-        serving.tp_rank(
+        sglang.tp_rank(
             name="Serving: the TP ranks run",
             sglang=Sglang.from_host(host),
             speculative=NEXTN_3_1_4,
@@ -745,7 +730,7 @@ def tp_rank_stopped_for_change(sglang: Sglang | None,
 
     .. code:: python
 
-        serving.tp_rank_stopped_for_change(
+        sglang.tp_rank_stopped_for_change(
             name="Serving: the TP ranks stop if they are to change",
             sglang=Sglang.from_host(host),
             speculative=None,
@@ -771,17 +756,17 @@ def replica_accepted(sglang: Sglang | None, proofs: Proofs,
                      tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Accept this workstation's replica only by a real completion of ``tokens`` tokens
-    from its port, waiting up to ``sglang.start_timeout`` seconds with progress.
+    from its port, waiting up to ``sglang.start_timeout_seconds`` seconds with progress.
 
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
-    + proofs: the run's :class:`~operations.probes.Proofs`
+    + proofs: the run's :class:`~operations.plumbing.probes.Proofs`
     + tokens: the completion's length
 
     **Example:**
 
     .. code:: python
 
-        serving.replica_accepted(name="Serving: the replica answers",
+        sglang.replica_accepted(name="Serving: the replica answers",
                                  sglang=Sglang.from_host(host), proofs=run.proofs)
     """
     if elsewhere(sglang, "workstation"):
@@ -791,7 +776,7 @@ def replica_accepted(sglang: Sglang | None, proofs: Proofs,
         f"the replica at {sglang.url} serves a real completion",
         server_check(sglang, service, tp_size=1, speculative=None, tokens=tokens,
                      proofs=proofs),
-        sglang.start_timeout,
+        sglang.start_timeout_seconds,
         lambda: log_tails([(host, REPLICA, sglang.init_system)]),
     )
 
@@ -805,7 +790,7 @@ def tp_accepted(sglang: Sglang | None, proofs: Proofs, speculative: Speculative 
     The other ranks are never probed; their ``/health`` always answers 200.
 
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
-    + proofs: the run's :class:`~operations.probes.Proofs`
+    + proofs: the run's :class:`~operations.plumbing.probes.Proofs`
     + speculative: the state's speculative decoder, or ``None``
     + tokens: the completion's length
 
@@ -813,7 +798,7 @@ def tp_accepted(sglang: Sglang | None, proofs: Proofs, speculative: Speculative 
 
     .. code:: python
 
-        serving.tp_accepted(name="Serving: rank 0 serves", sglang=Sglang.from_host(host),
+        sglang.tp_accepted(name="Serving: rank 0 serves", sglang=Sglang.from_host(host),
                             proofs=run.proofs, speculative=NEXTN_3_1_4)
     """
     if elsewhere(sglang, "workstation"):
@@ -834,13 +819,13 @@ def tp_accepted(sglang: Sglang | None, proofs: Proofs, speculative: Speculative 
         f"TP rank 0 at {sglang.url} serves a real completion as tp_size {sglang.tp_size} over "
         f"{sglang.interface}",
         check,
-        sglang.start_timeout,
+        sglang.start_timeout_seconds,
         tp_log_tails,
     )
 
 
 @operation(LAYER, is_idempotent=True)
-def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative | None,
+def verified(sglang: Sglang | None, serving: ServingMode, speculative: Speculative | None,
              proofs: Proofs, tokens: int = ACCEPTANCE_TOKENS) -> Iterator[PyinfraCommand]:
     """
     Prove this workstation serves as the state says, with the evidence if not.
@@ -853,15 +838,15 @@ def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative |
     + sglang: this workstation's :class:`Sglang` settings; ``None`` elsewhere (a no-op)
     + serving: what the state serves: ``replicas`` or ``tp2``
     + speculative: the state's speculative decoder, or ``None``
-    + proofs: the run's :class:`~operations.probes.Proofs`, proofs its acceptance made
+    + proofs: the run's :class:`~operations.plumbing.probes.Proofs`, proofs its acceptance made
     + tokens: the completion's length
 
     **Example:**
 
     .. code:: python
 
-        serving.verified(name="Verify: serving", sglang=Sglang.from_host(host),
-                         serving=Serving.REPLICAS, speculative=None, proofs=run.proofs)
+        sglang.verified(name="Verify: serving", sglang=Sglang.from_host(host),
+                         serving=ServingMode.REPLICAS, speculative=None, proofs=run.proofs)
     """
     if elsewhere(sglang, "workstation"):
         return
@@ -870,7 +855,7 @@ def verified(sglang: Sglang | None, serving: Serving, speculative: Speculative |
         return
     running = host.get_fact(services.RunningServices, prefix=SGLANG_SERVICES,
                             init_system=sglang.init_system)
-    tensor_parallel = serving == Serving.TENSOR_PARALLEL
+    tensor_parallel = serving == ServingMode.TENSOR_PARALLEL
     if tensor_parallel:
         wanted = tp_rank_service(sglang, speculative)
         check = server_check(sglang, wanted, sglang.tp_size, speculative, tokens, proofs)

@@ -6,7 +6,7 @@ through sglang-router in front of the replicas) and ``large`` (the alternate
 backend) on a LiteLLM proxy on the gateway. Production carries only a
 context-window fallback ``small -> large``, which never fires on an outage. An
 experiment adds a general fallback ``small -> large``; the proofs that the
-route works through it are :mod:`operations.gateway_route`'s. The fallback goes
+route works through it are :mod:`operations.gateway.route`'s. The fallback goes
 only after production is proven again.
 
 This module runs the proxy. The master key is a mode-0600 file on the gateway:
@@ -38,14 +38,15 @@ from pyinfra.api.util import get_template
 from pyinfra.facts.files import File
 from pyinfra.operations import files
 
-from operations import probes, services, venvs
-from operations.attempt import Layer, failing, operation
-from operations.facts import EmptyMeansSomething, FileDigest, digest
-from operations.phase import elsewhere
-from operations.probes import Proofs, Proven
+from operations import services
+from operations.plumbing import probes, venvs
+from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest, shell_script
+from operations.plumbing.phase import elsewhere
+from operations.plumbing.probes import Proofs, Proven
 from operations.services import GatewayService, Service, log_tails
-from operations.settings import GatewaySettings
-from operations.site import MASTER_KEY_ENV
+from operations.site.model import MASTER_KEY_ENV
+from operations.site.settings import GatewaySettings, derived
+from operations.step import Layer, failing, operation
 
 LAYER = Layer.GATEWAY
 SERVICE = "litellm"
@@ -56,7 +57,7 @@ DEPLOYMENTS = {"small": "small-router", "large": "large-backend"}
 FALLBACK_KINDS = {"fallbacks": "general", "context_window_fallbacks": "context_window"}
 # The proxy twinbolt installs on the gateway; requirements-lab.txt pins the same release.
 # litellm[proxy], hash-pinned; installed into the proxy's venv as it is.
-LITELLM_LOCK = Path(__file__).resolve().parents[1] / "requirements-litellm.lock"
+LITELLM_LOCK = Path(__file__).resolve().parents[2] / "requirements-litellm.lock"
 TEMPLATE = services.TEMPLATES / "litellm_config.yaml.j2"
 # LiteLLM fetches these from GitHub or its documentation site unless told to use
 # the copies bundled with it; a gateway may have no route to the internet.
@@ -96,7 +97,9 @@ class Deployment:
 @dataclass(frozen=True)
 class Proxy(GatewayService):
     """
-    The LiteLLM proxy on the gateway (the site's ``gateway_roles``) and its two roles.
+    The LiteLLM proxy on the gateway and its two roles: the site's
+    ``gateway_roles``, its own as ``litellm_*``
+    (:func:`~operations.site.settings.derived`).
 
     ``secret_files`` are the environment variables the service reads from files
     on the gateway when it starts, the master key first.
@@ -124,13 +127,8 @@ class Proxy(GatewayService):
         elif roles.large.api_key_env:
             # A variable the site puts in the proxy's environment itself.
             large_key = f"os.environ/{roles.large.api_key_env}"
-        return cls(
-            **GatewayService.shared(settings),
-            port=roles.litellm_port,
-            venv=roles.litellm_venv,
-            user=roles.litellm_user,
-            config_file=roles.litellm_config_file,
-            master_key_file=roles.master_key_file,
+        return derived(
+            cls, settings, roles, prefix="litellm_",
             small=Deployment(DEPLOYMENTS["small"], small_model, f"{small_url}/v1", NO_KEY),
             large=Deployment(DEPLOYMENTS["large"], roles.large.served_model_name,
                              str(roles.large.api_base).rstrip("/"), large_key),
@@ -161,7 +159,7 @@ def master_key_command(path: str) -> StringCommand:
         'printf "sk-%s\\n" "$(od -An -tx1 -N24 /dev/urandom | tr -d " \\n")" > "$1.new") && '
         'mv "$1.new" "$1"'
     )
-    return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(path))
+    return shell_script(script, path)
 
 
 def template_context(proxy: Proxy, fallback: bool) -> dict[str, object]:
@@ -259,9 +257,7 @@ class HoldsKey(EmptyMeansSomething):
     """
 
     def command(self, path: str) -> StringCommand:
-        return StringCommand("sh", "-c",
-                             QuoteString('grep -q "[^[:space:]]" "$1" 2>/dev/null && echo yes'),
-                             "-", QuoteString(path))
+        return shell_script('grep -q "[^[:space:]]" "$1" 2>/dev/null && echo yes', path)
 
     def process(self, output: list[str]) -> bool:
         return bool(output) and output[0].strip() == "yes"
@@ -291,8 +287,7 @@ class LiveRouting(FactBase):
             f'for role in "$@"; do for kind in {kinds}; do '
             'echo "$kind $role $(tr -d "\\n" < "$out/$kind.$role")"; done; done'
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(master_key_file),
-                             QuoteString(url), *ROLES)
+        return shell_script(script, master_key_file, url, *ROLES)
 
     def process(self, output: list[str]) -> dict | None:
         answers = {}
@@ -393,7 +388,7 @@ def proxy(proxy: Proxy | None, fallback: bool, proofs: Proofs,
 
     + proxy: the gateway's :class:`Proxy`; ``None`` elsewhere (a no-op)
     + fallback: whether the general fallback ``small -> large`` is present
-    + proofs: the run's :class:`~operations.probes.Proofs`, where a proxy that
+    + proofs: the run's :class:`~operations.plumbing.probes.Proofs`, where a proxy that
       routes as declared is remembered as proven
     + timeout: seconds to wait for the proxy to be ready with the new routing
 
@@ -401,7 +396,7 @@ def proxy(proxy: Proxy | None, fallback: bool, proofs: Proofs,
 
     .. code:: python
 
-        gateway.proxy(
+        proxy.proxy(
             name="Gateway: the temporary fallback small -> large is present",
             proxy=Proxy.from_host(host, router.served_model_name, router.url),
             fallback=True,

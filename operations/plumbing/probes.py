@@ -26,7 +26,12 @@ from pyinfra import host, logger
 ACCEPTANCE_PROMPT = "twinbolt acceptance: describe the cable between the two workstations."
 # Each wait prints where it stands this often, so a long start is never silent.
 PROGRESS_SECONDS = 5.0
-POLL_SECONDS = 1.0
+# A wait asks again after an eighth of the time it has waited so far, within
+# these bounds: what comes up in a second is seen a quarter of a second later,
+# and a model that loads for fifteen minutes is asked every 2 s, not every second.
+POLL_FRACTION = 1 / 8
+POLL_SECONDS_MIN = 0.25
+POLL_SECONDS_MAX = 2.0
 # How long one proof's request may take.
 REQUEST_TIMEOUT_SECONDS = 30.0
 
@@ -190,6 +195,11 @@ class Proofs:
         return found
 
 
+def poll_interval(elapsed: float) -> float:
+    """How long a wait that has waited ``elapsed`` seconds sleeps before it asks again."""
+    return min(POLL_SECONDS_MAX, max(POLL_SECONDS_MIN, elapsed * POLL_FRACTION))
+
+
 def wait_until(what: str, check: Callable[[float], tuple[list[str], bool]], timeout: float,
                outcome: dict) -> bool:
     """
@@ -221,4 +231,14 @@ def wait_until(what: str, check: Callable[[float], tuple[list[str], bool]], time
             logger.info(f"    [{host.name}] waiting for {what} ({elapsed:.0f}s of {timeout:g}s): "
                         + "; ".join(found))
             next_report += PROGRESS_SECONDS
-        time.sleep(POLL_SECONDS)
+        time.sleep(poll_interval(elapsed))
+
+
+def stopped_at_bound(what: str, seconds: float, check: str) -> str:
+    """
+    How a process stopped at its bound reads, wherever one is run (the rollback,
+    the campaign's deploys, the inventory's listing): what was stopped, after
+    how long, and what to check.
+    """
+    return f"{what} did not end within its bound of {seconds:g}s and was stopped; check {check}"
+

@@ -13,7 +13,7 @@ before any quoting applies:
   token) and a leading ``-`` where a command line or a directive would read an
   option (``ssh -oProxyCommand=...``, ``--model-path -x``, ``WorkingDirectory=-``).
 
-The site model (:mod:`operations.site`) and the service model
+The site model (:mod:`operations.site.model`) and the service model
 (:class:`operations.services.Service`) share them, so that a value the site
 accepts is one every later step can render: it is refused at load, before the
 first change, not halfway through a transition with the replicas stopped.

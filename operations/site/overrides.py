@@ -1,8 +1,8 @@
 """
 ``--data key=value``: a site key, checked as the site file's value would be, or
-a run option (``operations/options.py``); any other key is refused.
+a run option (``operations/site/options.py``); any other key is refused.
 
-The site file is validated when it loads (``operations/site.py``), and pyinfra
+The site file is validated when it loads (``operations/site/model.py``), and pyinfra
 merges ``--data`` over the inventory's data afterwards; the settings are built
 from the merged data and not validated again (``operations/settings.py``). So an
 override would reach a unit, a command line or an ssh_config unchecked:
@@ -20,27 +20,16 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from pyinfra.api.exceptions import PyinfraError
 
-from operations import options
-from operations.site import (
+from operations.site import options
+from operations.site.model import (
     COMMAND_TIMEOUT,
-    Candidate,
-    GatewayRoles,
-    Host,
-    Ledger,
-    Link,
-    Serving,
-    Ssh,
+    SECTIONS,
+    SiteHost,
     Workstation,
     flat_key,
     nested_section,
     problem_message,
 )
-
-# The sections a site gives its hosts as flat data, by prefix (Site.*_hosts).
-SECTIONS: dict[str, type[BaseModel]] = {
-    "ssh": Ssh, "link": Link, "candidate": Candidate, "serving": Serving,
-    "gateway_roles": GatewayRoles, "ledger": Ledger,
-}
 
 
 class BadOverride(PyinfraError):
@@ -63,7 +52,7 @@ def site_fields() -> dict[str, FieldInfo]:
               for key, field in flat_fields(model, prefix).items()}
     # pyinfra's own _timeout carries [ssh] command_timeout_seconds (command_timeout_data).
     fields[COMMAND_TIMEOUT] = fields.pop(flat_key("ssh", "command_timeout_seconds"))
-    fields.update({name: field for name, field in Host.model_fields.items()
+    fields.update({name: field for name, field in SiteHost.model_fields.items()
                    if name.startswith("ssh_")})
     fields[flat_key("serving", "listen_address")] = Workstation.model_fields["listen_address"]
     return fields

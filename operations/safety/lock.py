@@ -40,18 +40,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, Host, QuoteString, StringCommand
+from pyinfra.api import FactBase, Host, StringCommand
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.context import ctx_host
 
-from operations.attempt import Ending, Layer, operation, refuse
-from operations.phase import connector_arguments, executing, run_now
-
-if TYPE_CHECKING:
-    from operations.run import Run
+from operations.plumbing.facts import shell_script
+from operations.plumbing.phase import connector_arguments, executing, run_now
+from operations.site.options import INHERITED_KEY
+from operations.step import Ending, Layer, operation, refuse
 
 LAYER = Layer.LOCK
 LOCK_NAME = "lock"
@@ -146,10 +145,6 @@ class UnreadableLock:
         return f"a lock file that names no run ({self.why})"
 
 
-# The host data naming the run whose lock a rollback holds (attempt.rolled_back).
-INHERITED_KEY = "lock_inherited"
-
-
 def run_owner(state: str, inherited: str | None) -> RunOwner:
     """
     Who this run is: itself, or, for the rollback a failed run starts, that run
@@ -185,8 +180,7 @@ class HostLock(FactBase):
                   '[ -r "$1" ] || { echo "unreadable"; exit 0; }; '
                   'line=$(head -n 1 "$1"); '
                   '[ -n "$line" ] && echo "owner $line" || echo "empty"')
-        return StringCommand("sh", "-c", QuoteString(script), "-",
-                             QuoteString(lock_path(run_dir)))
+        return shell_script(script, lock_path(run_dir))
 
     def process(self, output: list[str]) -> RunOwner | UnreadableLock | None:
         if not output:
@@ -221,9 +215,7 @@ def swapped(run_dir: str, seen: str, new: str | None) -> StringCommand:
         f'if [ "$4" = remove ]; then rm -f {LOCK_NAME}; exit; fi; '
         f'tmp={LOCK_NAME}.new.$$; printf "%s\\n" "$new" > "$tmp" && mv -f "$tmp" {LOCK_NAME}'
     )
-    return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(run_dir),
-                         QuoteString(seen), QuoteString(new or ""),
-                         "remove" if new is None else "write")
+    return shell_script(script, run_dir, seen, new or "", "remove" if new is None else "write")
 
 
 def seen_as(owner: RunOwner | None) -> str:
@@ -294,8 +286,15 @@ class Locks:
                                f"`{clearing(path, taken_host.name)}`")
 
 
+class Locking(Protocol):
+    """What the lock needs of the run (an :class:`operations.run.Run`): who it is, and its locks."""
+
+    owner: RunOwner
+    locks: Locks
+
+
 @operation(LAYER, is_idempotent=True)
-def held(run_dir: str, run: Run, holder: str) -> Iterator[PyinfraCommand]:
+def held(run_dir: str, run: Locking, holder: str) -> Iterator[PyinfraCommand]:
     """
     Hold ``holder``'s lock for the rest of the run: refuse if another live run
     holds it, take it over (with a warning) if its owner is gone.

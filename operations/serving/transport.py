@@ -36,9 +36,9 @@ from collections.abc import Collection
 from ipaddress import ip_address
 from typing import Any
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 
-from operations.facts import EmptyMeansSomething
+from operations.plumbing.facts import EmptyMeansSomething, shell_script
 
 INTERFACE_COUNTERS = (
     "rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_crc_errors", "rx_missed_errors",
@@ -69,7 +69,7 @@ class LinkCounters(FactBase):
             f'for c in {" ".join(INTERFACE_COUNTERS)}; do echo "$c $(cat "$c")"; done; '
             "grep '^Tcp:' /proc/net/snmp"
         )
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(interface))
+        return shell_script(script, interface)
 
     def process(self, output: list[str]) -> dict[str, int]:
         counters: dict[str, int] = {}
@@ -106,8 +106,7 @@ class ModelShape(FactBase):
         script = ('cd "$1" && cat config.json && echo && echo "$2" && '
                   "{ cat model.safetensors.index.json || stat -c %s -- *.safetensors || true; } "
                   "2>/dev/null")
-        return StringCommand("sh", "-c", QuoteString(script), "-", QuoteString(model_path),
-                             WEIGHTS_MARKER)
+        return shell_script(script, model_path, WEIGHTS_MARKER)
 
     def process(self, output: list[str]) -> dict[str, Any] | None:
         config_lines, weights = output, []

@@ -27,7 +27,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.operations import apt, files, pip
 
-from operations.facts import EmptyMeansSomething
+from operations.plumbing.facts import EmptyMeansSomething, shell_script
 
 # Every installed distribution's "Version:" line, as "<path>/<name>-<version>.dist-info/METADATA:
 # Version: <version>", by one grep (a shell loop over some hundred dist-infos took 0.3 s).
@@ -50,7 +50,7 @@ class InstalledVersions(FactBase):
     default = dict
 
     def command(self, venv: str) -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString(DIST_INFO_SCRIPT), "-", QuoteString(venv))
+        return shell_script(DIST_INFO_SCRIPT, venv)
 
     def process(self, output: list[str]) -> dict[str, str]:
         installed = {}

@@ -1,0 +1,129 @@
+"""
+A host's part in a run: its settings and what each of its layers is given,
+built once from the host's final data, so that ``deploy.py`` holds the steps
+and nothing else.
+
+A host's part is chosen here, once, by its inventory group: a workstation gets
+a :class:`WorkstationPart` (the driver, the link, the guard, its replica or TP
+rank), the gateway none, and each serving layer's value is None on the host
+where it has no part. ``deploy.py`` calls a workstation's own steps only where
+there is a :class:`WorkstationPart`; it calls every serving step on every host,
+where a None value is a no-op, because pyinfra orders operations across hosts
+only through the ones they share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from pyinfra.api import Host, Inventory
+
+from operations import bounds
+from operations.gateway import route
+from operations.gateway.proxy import START_TIMEOUT_SECONDS as PROXY_START_TIMEOUT_SECONDS
+from operations.gateway.proxy import Proxy
+from operations.safety.guard import Guard
+from operations.serving.router import Router
+from operations.serving.sglang import Sglang, replica_runs
+from operations.site.settings import (
+    GatewaySettings,
+    HostSettings,
+    WorkstationSettings,
+    derived,
+)
+from operations.thunderbolt.driver import CandidateModule
+from operations.thunderbolt.link import ExpectedLink
+
+
+@dataclass(frozen=True)
+class WorkstationPart:
+    """
+    What a workstation's own steps are given: the candidate, the link as this
+    host expects it and its wait's bound, the guard, the pair's names (the
+    ledger's key for these controllers) and the gateway's address (which must
+    not be reached across the link).
+    """
+
+    settings: WorkstationSettings
+    candidate: CandidateModule
+    link: ExpectedLink
+    link_bound: int
+    guard: Guard
+    pair: list[str]
+    gateway_address: str
+    # What a refusal before any change keeps: production's replica, serving here.
+    # Asked when a step runs (its _if), as facts are.
+    replica_serves: Callable[[], bool]
+    no_replica_serves: Callable[[], bool]
+
+    @classmethod
+    def of(cls, settings: WorkstationSettings, inventory: Inventory,
+           the_sglang: Sglang) -> WorkstationPart:
+        link = derived(ExpectedLink, settings, settings.link)
+        return cls(
+            settings=settings,
+            candidate=settings.candidate_module,
+            link=link,
+            link_bound=settings.bound(link.wait_seconds),
+            guard=Guard.of(settings, link),
+            pair=[member.name for member in inventory.get_group("workstations")],
+            gateway_address=GatewaySettings.of(inventory.get_group("gateway")[0]).address,
+            replica_serves=partial(replica_runs, the_sglang),
+            no_replica_serves=partial(replica_runs, the_sglang, running=False),
+        )
+
+
+@dataclass(frozen=True)
+class Part:
+    """
+    A host's part in a run: its settings, its :class:`WorkstationPart` (None on
+    the gateway), its serving layers' values (None where it has no part in
+    them), and the bounds of the steps that wait longer than one command, each
+    by its own wait (a serving start waits as long on the gateway, for the
+    router, as on a workstation); the rollback converges production, and is
+    bounded by every wait of one.
+    """
+
+    settings: HostSettings
+    workstation: WorkstationPart | None
+    sglang: Sglang | None
+    router: Router | None
+    proxy: Proxy | None
+    start_bound: int
+    proxy_bound: int
+    request_bound: int
+    rollback_timeout: int
+    rollback_bound: int
+
+    @classmethod
+    def of(cls, host: Host, inventory: Inventory, in_run: Sequence[Host]) -> Part:
+        """``host``'s part in a run that reaches ``in_run``, from its final data (--data too)."""
+        settings: HostSettings
+        if "workstations" in host.groups:
+            settings = WorkstationSettings.of(host)
+            the_sglang = Sglang.from_host(host)
+            workstation = WorkstationPart.of(settings, inventory, the_sglang)
+        else:
+            settings = GatewaySettings.of(host)
+            the_sglang = workstation = None
+        the_router = the_proxy = None
+        if "gateway" in host.groups:
+            the_router = Router.from_hosts(
+                host, [member for member in in_run if "workstations" in member.groups])
+            the_proxy = Proxy.from_host(host, the_router.served_model_name, the_router.url)
+        rollback_timeout = bounds.rollback_timeout(
+            WorkstationSettings.of(inventory.get_group("workstations")[0]))
+        return cls(
+            settings=settings,
+            workstation=workstation,
+            sglang=the_sglang,
+            router=the_router,
+            proxy=the_proxy,
+            start_bound=settings.bound((the_sglang or the_router).start_timeout_seconds),
+            proxy_bound=settings.bound(PROXY_START_TIMEOUT_SECONDS),
+            request_bound=settings.bound(route.REQUEST_TIMEOUT_SECONDS),
+            rollback_timeout=rollback_timeout,
+            rollback_bound=settings.bound(rollback_timeout),
+        )

@@ -1,0 +1,11 @@
+"""
+Plumbing: what every layer's steps stand on, and no layer of its own.
+
+``phase`` (executing or only planning, and which hosts an operation concerns),
+``facts`` (what facts share, several read as one command), ``probes`` (real
+requests and bounded waits), ``connect`` (pyinfra's SSH connection with
+Nagle's algorithm off, bounded when it drops) and ``venvs`` (pinned Python
+packages).
+
+It imports nothing else of twinbolt's: it knows no layer, no state, no site.
+"""

@@ -1,0 +1,15 @@
+"""
+The site: the inventory's data and the run's command line, as typed values.
+
+``model`` (the site file's schema, the only one), ``settings`` (one typed
+object per host, built from it once), ``overrides`` (a ``--data`` item checked
+as the site's value would be), ``options`` (the run's own ``--data`` options,
+and the rollback's keys apart), ``hosts`` (the inventory's entries),
+``syntax`` (what a value may hold to be written into a unit, a script, an
+ssh_config), ``releases`` (what the supported SGLang releases accept).
+
+It owns what the operator wrote; it must not touch a host, nor import the
+layers that read it (serving, the gateway) or the run. Below it: the
+declared states, the plumbing, and the Thunderbolt layer's description of
+the candidate module, which it checks at load.
+"""
