@@ -28,8 +28,10 @@ SGLANG_VENVS := $(patsubst requirements-sglang-%.lock,.venv-sglang-%/.installed,
 GATEWAY_LOCKS := requirements-litellm.lock requirements-router.lock
 WHEELHOUSE := wheelhouse
 # The demo's windows are short: it shows the experiment, it is not the campaign.
-DEMO_WINDOWS := --window single --window concurrent --single-tokens 128 \
-	--concurrent-requests 4 --concurrent-tokens 64
+# Its long window is one cold prompt of two of SGLang's 2048-token prefill
+# chunks, so that prefill's all-reduces cross the link in every demo.
+DEMO_WINDOWS := --window single --window concurrent --window long --single-tokens 128 \
+	--concurrent-requests 4 --concurrent-tokens 64 --long-tokens 4096 --long-output-tokens 16
 
 .PHONY: help venv root packages setup lab lab-down demo test test-runit soak lint lock
 
