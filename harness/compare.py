@@ -351,6 +351,20 @@ def axis_top(values: list[float]) -> float | None:
     return None if any(values) else 1.0
 
 
+def draw_intervals(axis: Any, spans: list[intervals.Interval | None]) -> None:
+    """
+    Each bar's 95% interval as a capped line between its own bounds. The bar is
+    a median, the interval a geometric mean's: the median may lie outside it, and
+    trials that are all equal give an interval a rounding away from their median
+    (exp(log(5.0)) < 5.0), neither of which an error bar, drawn from its bar's
+    top, can show.
+    """
+    for place, span in enumerate(spans):
+        if span is not None:
+            axis.vlines(place, *span, color="black", linewidth=1)
+            axis.hlines(span, place - 0.1, place + 0.1, color="black", linewidth=1)
+
+
 def chart(reports: list[dict[str, Any]], path: Path) -> Path:
     """
     A bar chart per figure, one bar per state: a figure's median with its 95%
@@ -374,7 +388,7 @@ def chart(reports: list[dict[str, Any]], path: Path) -> Path:
     for axis in axes.flat[len(charted):]:
         axis.set_axis_off()
     for axis, key in zip(axes.flat, charted, strict=False):
-        heights, below, above, texts = [], [], [], []
+        heights, spans, texts = [], [], []
         for rows in states.values():
             values = trials(rows, key)
             if key in dict(COUNTS):
@@ -385,11 +399,10 @@ def chart(reports: list[dict[str, Any]], path: Path) -> Path:
                 height, interval = shown.median or 0, shown.interval
                 text = spread_cell(values, DIGITS[key])
             heights.append(height)
-            below.append(height - interval[0] if interval else 0)
-            above.append(interval[1] - height if interval else 0)
+            spans.append(interval)
             texts.append(text)
-        bars = axis.bar(range(len(heights)), heights, color="tab:blue",
-                        yerr=[below, above], capsize=4)
+        bars = axis.bar(range(len(heights)), heights, color="tab:blue")
+        draw_intervals(axis, spans)
         axis.bar_label(bars, labels=texts, fontsize=8)
         axis.set_ylim(bottom=0, top=axis_top(heights))
         axis.set_title(TITLES[key])

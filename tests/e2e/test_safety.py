@@ -223,13 +223,13 @@ def test_a_host_lost_mid_attempt_is_named_the_rest_rolled_back_and_a_later_run_c
                                    *SHORT_START_WAIT, *own_ledger)
             print(f"wsb {how}: failure to production on wsa and gw: "
                   f"{time.monotonic() - started:.1f}s")
-            assert run.returncode != 0, (how, run.output[-3000:])
-            assert "the connection to wsb was lost during" in run.output, (how, run.output[-3000:])
+            assert run.returncode != 0, f"{how}:\n{run.output[-8000:]}"
+            assert "the connection to wsb was lost during" in run.output, f"{how}:\n{run.output[-8000:]}"
             assert ("production was restored and verified on wsa, gw, without wsb"
-                    in run.output), (how, run.output[-3000:])
+                    in run.output), f"{how}:\n{run.output[-8000:]}"
             # Not a crash: pyinfra's own words for one (the logs' tails, rank 0's
             # included, may hold the servers' tracebacks: that is their evidence).
-            assert "An internal exception occurred" not in run.output, (how, run.output[-3000:])
+            assert "An internal exception occurred" not in run.output, f"{how}:\n{run.output[-8000:]}"
             assert "Unexpected error in Python callback" not in run.output, how
             # The rollback reached what it could: wsa back on the stock driver, its
             # replica serving; the locks it could reach released.
@@ -247,7 +247,7 @@ def test_a_host_lost_mid_attempt_is_named_the_rest_rolled_back_and_a_later_run_c
         restored = deploy("production", *own_ledger)
         print(f"wsb {how}: back, the whole pair in production: "
               f"{time.monotonic() - started:.1f}s")
-        assert restored.returncode == 0, (how, restored.output[-3000:])
+        assert restored.returncode == 0, f"{how}:\n{restored.output[-8000:]}"
         if how == "management path cut":
             # wsb kept the failed run's lock: its run is gone, so it is stale.
             assert "taking over the stale lock" in restored.output, restored.output[-3000:]

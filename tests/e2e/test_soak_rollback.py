@@ -25,7 +25,7 @@ def report_of(output: str) -> dict:
 def test_a_soak_samples_the_candidate_and_a_stall_restores_production(tmp_path) -> None:
     run = deploy("tp2_e2e")
     assert run.returncode == 0, run.output[-3000:]
-    # The candidate sampled for 1.4 min while the cable is pulled and put back, then
+    # The candidate sampled for 1.2 min while the cable is pulled and put back, then
     # rank 1 sleeps: each event measured, each recovered, each plug and suspend a
     # ledger record the matrix shows; healthy, the guard stayed armed and never fired.
     evented = subprocess.run([*SOAK, "--minutes", "1.2", "--out", str(tmp_path), "--events",

@@ -12,7 +12,7 @@ import json
 import subprocess
 import time
 
-from e2e_helpers import PYTHON, REPO, SSH_CONFIG, deploy, lab, service_log, ssh, verify
+from e2e_helpers import PYTHON, REPO, deploy, lab, service_log, ssh, verify
 
 from lab import cable
 from lab.topology import host_named
@@ -63,9 +63,8 @@ def applications(host: str) -> int:
 def answers_across_the_link(host: str) -> bool:
     """The peer answers ``host``'s ping across thunderbolt0, as the guard pings it."""
     peer = host_named(next(other for other in WORKSTATIONS if other != host)).link_address
-    return subprocess.run(["ssh", "-F", str(SSH_CONFIG), host,
-                           f"ping -q -c 1 -W 1 -I thunderbolt0 {peer}"],
-                          capture_output=True, timeout=30).returncode == 0
+    return ssh(host, f"ping -q -c 1 -W 1 -I thunderbolt0 {peer} >/dev/null && echo answered"
+               ).strip() == "answered"
 
 
 def back_at_full_rate() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import experiment
-from harness import campaign, caveats, compare, counters, remote, report, server_stats
+from harness import campaign, caveats, compare, counters, intervals, remote, report, server_stats
 from harness.client import Sample
 from harness.counters import LinkCounters, LinkSnapshot
 from harness.server_stats import ServerSnapshot
@@ -347,6 +347,26 @@ def test_comparison_against_a_baseline_and_its_chart(tmp_path):
         compare.comparison(campaign_reports(), baseline="production")
     chart = compare.chart(campaign_reports(), tmp_path / "chart.png")
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_chart_draws_each_interval_at_its_own_bounds_even_off_its_median(tmp_path,
+                                                                             monkeypatch):
+    from matplotlib.axes import Axes
+
+    # Three equal trials: an interval of exp(log(5.0)), a rounding below the median
+    # of 5.0, which an error bar drawn from the bar's top refused ("'yerr' must not
+    # contain negative values") and ended a campaign that had measured everything.
+    equal = [measurement("tp2_stock", 5.0, 200.0 + trial, 0, 20, 3.8) for trial in range(3)]
+    drawn = []
+    original = Axes.vlines
+    monkeypatch.setattr(Axes, "vlines", lambda axis, x, low, high, *a, **k:
+                        drawn.append((x, low, high)) or original(axis, x, low, high, *a, **k))
+    chart = compare.chart([*equal, *campaign_reports()[1:2]], tmp_path / "equal.png")
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    single = intervals.spread([5.0, 5.0, 5.0]).interval
+    assert single[1] < 5.0
+    assert (0, *single) in drawn
+    assert (0, *intervals.spread([200.0, 201.0, 202.0]).interval) in drawn
 
 
 def with_prefills(built: dict, cold_ttft: float, warm_ttft: float) -> dict:
