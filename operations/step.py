@@ -194,12 +194,13 @@ def step_name(state: Any, op_hash: str | None) -> str:
 class RecordFailedOperations(BaseStateCallback):
     """Remote commands that fail (an ``insmod`` refused, a service that will not
     start) count as failures too, under the layer their operation declared, even
-    when no operation of ours words them."""
+    when no operation of ours words them; and a host whose command failed and
+    whose connection has died, or no longer answers, is lost."""
 
     @staticmethod
     def operation_host_error(state: Any, host: Any, op_hash: str, *_: Any) -> None:
         run = of(state)
-        if connect.lost(host):
+        if connect.lost(host) or not connect.still_answers(host):
             run.lose(host.name, step_name(state, op_hash), run.layer_of.get(op_hash))
         else:
             run.record(host.name, op_hash,

@@ -62,13 +62,17 @@ or an ``SSHException``, both of which pyinfra handles, or an ``EOFError`` (the
 peer closed, as a rebooted host's kernel does), which pyinfra does not, and
 which would end the run without a rollback, a conclusion or a ledger record.
 :class:`ServerAliveTransport` reports that one as an ``SSHException`` too, and
-:func:`lost` tells whether a host's connection has died.
+:func:`lost` tells whether a host's connection has died. A command may also
+fail at its own bound before the keepalives give a silent path up:
+:func:`still_answers` asks the server then, and gives up on a connection that
+does not answer.
 """
 
 from __future__ import annotations
 
 import errno
 import socket
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,6 +176,7 @@ class ServerAliveTransport(paramiko.Transport):
         super().__init__(sock, **options)
         self.count_max = count_max
         self.unanswered = 0
+        self.answer = threading.Event()
         self.set_keepalive(interval)
 
     def set_keepalive(self, interval: float) -> None:
@@ -192,11 +197,23 @@ class ServerAliveTransport(paramiko.Transport):
                 f"the server answered none of {self.unanswered} keepalives, one each "
                 f"{self.keepalive_interval:g}s: the connection is given up on")
         self.unanswered += 1
+        self._ask()
+
+    def _ask(self) -> None:
         request = paramiko.Message()
         request.add_byte(cMSG_GLOBAL_REQUEST)
         request.add_string(SERVER_ALIVE_REQUEST)
         request.add_boolean(True)
         self._send_user_message(request)
+
+    def answers(self, timeout: float) -> bool:
+        """Whether the server answers a probe sent now within ``timeout`` seconds."""
+        self.answer.clear()
+        try:
+            self._ask()
+        except (OSError, EOFError, paramiko.SSHException):
+            return False
+        return self.answer.wait(timeout)
 
     def get_exception(self) -> Exception | None:
         """The error that ended the connection, a peer's close reported as an ``SSHException``."""
@@ -207,10 +224,12 @@ class ServerAliveTransport(paramiko.Transport):
 
     def _parse_request_success(self, m: paramiko.Message) -> None:
         self.unanswered = 0
+        self.answer.set()
         super()._parse_request_success(m)
 
     def _parse_request_failure(self, m: paramiko.Message) -> None:
         self.unanswered = 0
+        self.answer.set()
         super()._parse_request_failure(m)
 
 
@@ -238,6 +257,29 @@ def lost(host: Host) -> bool:
     client = getattr(host.connector, "client", None)
     transport = client.get_transport() if client is not None else None
     return transport is not None and not transport.is_active()
+
+
+def still_answers(host: Host, timeout: float = SERVER_ALIVE_INTERVAL_SECONDS) -> bool:
+    """
+    Whether ``host``'s connection, not yet :func:`lost`, still answers: its
+    server replies to a probe sent now within ``timeout`` seconds. On a path
+    gone silent a command may fail at its own bound just before the connection
+    is given up: a session's open at :data:`CHANNEL_TIMEOUT_SECONDS`, the same
+    30 s after which ``TCP_USER_TIMEOUT`` ends the connection, whichever
+    comes first (a CI run's cut path failed the open first). The run must not count that
+    host as one its rollback can reach. A connection that does not answer is
+    closed, so that it is lost from then on.
+    """
+    client = getattr(host.connector, "client", None)
+    transport = client.get_transport() if client is not None else None
+    if transport is None:
+        return True
+    if not isinstance(transport, ServerAliveTransport):
+        return transport.is_active()
+    if transport.is_active() and transport.answers(timeout):
+        return True
+    transport.close()
+    return False
 
 
 def operator_config(address: str, ssh_config: Path = SSH_CONFIG) -> dict[str, Any]:

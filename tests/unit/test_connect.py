@@ -33,6 +33,7 @@ from operations.plumbing.connect import (
     connection_data,
     lost,
     rerouted,
+    still_answers,
 )
 
 
@@ -227,10 +228,12 @@ def sshd():
         transport.close()
 
 
-def connect_through_a_proxy_command(tmp_path: Path, port: int) -> paramiko.SSHClient:
+def connect_through_a_proxy_command(tmp_path: Path, port: int,
+                                    interval: int = 1) -> paramiko.SSHClient:
     """
     Connect as pyinfra does to a host the operator's ssh_config reaches through a
-    ProxyCommand, probed each second and given up on after one unanswered probe.
+    ProxyCommand, probed each ``interval`` seconds and given up on after one
+    unanswered probe.
     """
     relay = tmp_path / "relay.py"
     relay.write_text(RELAY)
@@ -238,7 +241,8 @@ def connect_through_a_proxy_command(tmp_path: Path, port: int) -> paramiko.SSHCl
     proxy = shlex.join([sys.executable, str(relay), "127.0.0.1", str(port)])
     config.write_text(
         f"Host behind-a-proxy\n    HostName 127.0.0.1\n    Port {port}\n"
-        f"    ProxyCommand {proxy}\n    ServerAliveInterval 1\n    ServerAliveCountMax 1\n")
+        f"    ProxyCommand {proxy}\n    ServerAliveInterval {interval}\n"
+        "    ServerAliveCountMax 1\n")
     assert rerouted("behind-a-proxy", config)
     (tmp_path / "known_hosts").touch()
     client = SSHClient()
@@ -299,4 +303,31 @@ def test_a_proxy_command_that_exits_is_given_up_on(tmp_path: Path, sshd: int) ->
         assert given_up_within(transport, 10) < 3.5
     finally:
         transport.sock.process.wait()
+        client.close()
+
+
+def test_a_failed_command_on_a_path_gone_silent_finds_the_host_lost_before_the_keepalives_do(
+        tmp_path: Path, sshd: int) -> None:
+    """
+    A command's own bound may end it before the keepalives give a silent path
+    up: asked then, a live host answers at once, and one behind a path gone
+    silent does not, within the bound asked; its connection is closed, so the
+    run counts it as lost, never as a host its rollback can reach.
+    """
+    client = connect_through_a_proxy_command(tmp_path, sshd, interval=600)
+    host = SimpleNamespace(connector=SimpleNamespace(client=client))
+    proxy = client.get_transport().sock.process
+    try:
+        started = time.monotonic()
+        assert still_answers(host, timeout=5) and not lost(host)
+        assert time.monotonic() - started < 1
+        proxy.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        assert not still_answers(host, timeout=1)
+        assert 1 <= time.monotonic() - started < 2
+        assert lost(host)
+    finally:
+        proxy.send_signal(signal.SIGCONT)
+        proxy.kill()
+        proxy.wait()
         client.close()
