@@ -223,13 +223,15 @@ def test_a_host_lost_mid_attempt_is_named_the_rest_rolled_back_and_a_later_run_c
                                    *SHORT_START_WAIT, *own_ledger)
             print(f"wsb {how}: failure to production on wsa and gw: "
                   f"{time.monotonic() - started:.1f}s")
-            assert run.returncode != 0, f"{how}:\n{run.output[-8000:]}"
-            assert "the connection to wsb was lost during" in run.output, f"{how}:\n{run.output[-8000:]}"
+            # A string, which pytest prints whole (a tuple's repr is cut to 240 characters).
+            said = f"{how}:\n{run.output[-8000:]}"
+            assert run.returncode != 0, said
+            assert "the connection to wsb was lost during" in run.output, said
             assert ("production was restored and verified on wsa, gw, without wsb"
-                    in run.output), f"{how}:\n{run.output[-8000:]}"
+                    in run.output), said
             # Not a crash: pyinfra's own words for one (the logs' tails, rank 0's
             # included, may hold the servers' tracebacks: that is their evidence).
-            assert "An internal exception occurred" not in run.output, f"{how}:\n{run.output[-8000:]}"
+            assert "An internal exception occurred" not in run.output, said
             assert "Unexpected error in Python callback" not in run.output, how
             # The rollback reached what it could: wsa back on the stock driver, its
             # replica serving; the locks it could reach released.
