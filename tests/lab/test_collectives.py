@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
-import selectors
 import subprocess
+import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -82,10 +83,38 @@ def address(host: str) -> str:
 
 @dataclass
 class Rank:
-    """One rank's process and its connections: ``(direction, channel, index)`` -> local address."""
+    """
+    One rank's process, its output's lines as they come (read by a thread of
+    their own, so that a wait for one is bounded), and its connections:
+    ``(direction, channel, index)`` -> its local and peer addresses (a
+    channel's accepted sockets share their local one).
+    """
 
     process: subprocess.Popen[str]
-    sockets: dict[tuple[str, int, int], str] = field(default_factory=dict)
+    lines: queue.SimpleQueue[str] = field(default_factory=queue.SimpleQueue)
+    sockets: dict[tuple[str, int, int], tuple[str, str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line.strip())
+        self.lines.put("")
+
+    def next_line(self, timeout: float) -> str:
+        """The rank's next line; a failure with its stderr if it ended or said nothing in time."""
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"a rank said nothing for {timeout:g} s") from None
+        if not line:
+            self.process.wait(timeout=10)
+            assert self.process.stderr is not None
+            raise AssertionError(f"a rank exited {self.process.returncode}: "
+                                 f"{self.process.stderr.read()}")
+        return line
 
 
 @dataclass
@@ -106,26 +135,12 @@ class Pair:
 
     def finish(self, timeout: float = 120) -> None:
         """Wait for rank 0 to end what it began."""
-        line = read_line(self.ranks[0].process, timeout)
+        line = self.ranks[0].next_line(timeout)
         assert line == "done", f"rank 0 ended its all-reduces with {line!r}"
 
     def allreduce(self, nbytes: int, count: int = 1) -> None:
         self.start(nbytes, count)
         self.finish()
-
-
-def read_line(process: subprocess.Popen[str], timeout: float) -> str:
-    """A rank's next line, or a failure with its stderr if it ended or said nothing in time."""
-    assert process.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        if not selector.select(timeout):
-            raise AssertionError(f"a rank said nothing for {timeout:g} s")
-    line = process.stdout.readline()
-    if not line:
-        process.wait(timeout=10)
-        raise AssertionError(f"a rank exited {process.returncode}: {process.stderr.read()}")
-    return line.strip()
 
 
 def start_rank(rank: int, host: str, environ: Mapping[str, str]) -> Rank:
@@ -146,9 +161,9 @@ def nccl_pair(environ: Mapping[str, str] | None = None) -> Iterator[Pair]:
     ranks = (start_rank(0, "wsa", environ), start_rank(1, "wsb", environ))
     try:
         for rank in ranks:
-            while (line := read_line(rank.process, 60)) != "formed":
-                direction, channel, index, local, _ = line.split()
-                rank.sockets[(direction, int(channel), int(index))] = local
+            while (line := rank.next_line(60)) != "formed":
+                direction, channel, index, local, peer = line.split()
+                rank.sockets[(direction, int(channel), int(index))] = (local, peer)
         # Both ranks read the same environment and the same kind of NIC.
         transport = Transport.from_env(environ, None, None)
         channels = {key[1] for key in ranks[0].sockets}
@@ -167,22 +182,24 @@ def nccl_pair(environ: Mapping[str, str] | None = None) -> Iterator[Pair]:
 
 
 # ss -tinH: a socket's line (state, queues, local and peer address), then its details.
-SOCKET_LINE = re.compile(r"^(\S+)\s+\d+\s+\d+\s+(\S+)\s+\S+")
+SOCKET_LINE = re.compile(r"^(\S+)\s+\d+\s+\d+\s+(\S+)\s+(\S+)")
 
 
-def socket_bytes(host: str) -> dict[str, dict[str, int]]:
-    """What ``ss`` shows each established TCP socket of ``host`` carried, by local address."""
+def socket_bytes(host: str) -> dict[tuple[str, str], dict[str, int]]:
+    """What ``ss`` shows each established TCP socket of ``host`` carried, by its addresses."""
     out = subprocess.run(["ip", "netns", "exec", host, "ss", "-tinH"],
                          capture_output=True, text=True, timeout=10, check=True).stdout
-    shown: dict[str, dict[str, int]] = {}
-    local = None
+    shown: dict[tuple[str, str], dict[str, int]] = {}
+    addresses = None
     for line in out.splitlines():
         if matched := SOCKET_LINE.match(line):
-            local = matched.group(2) if matched.group(1) == "ESTAB" else None
-            if local is not None:
-                shown[local] = {}
-        elif local is not None:
-            shown[local].update({key: int(value) for key, value in
+            # A socket bound to its interface shows as address%interface:port.
+            addresses = (tuple(re.sub(r"%[^:]+", "", each) for each in matched.group(2, 3))
+                         if matched.group(1) == "ESTAB" else None)
+            if addresses is not None:
+                shown[addresses] = {}
+        elif addresses is not None:
+            shown[addresses].update({key: int(value) for key, value in
                                  re.findall(r"\b(bytes_acked|bytes_received):(\d+)", line)})
     return shown
 
@@ -218,8 +235,8 @@ def carried(pair: Pair, rank: int) -> Counter[tuple[int, int]]:
     peer = pair.ranks[1 - rank]
     host = ("wsa", "wsb")[1 - rank]
     shown = socket_bytes(host)
-    return Counter({(channel, index): shown[local].get("bytes_received", 0)
-                    for (direction, channel, index), local in peer.sockets.items()
+    return Counter({(channel, index): shown[addresses].get("bytes_received", 0)
+                    for (direction, channel, index), addresses in peer.sockets.items()
                     if direction == "receive"})
 
 
@@ -283,16 +300,16 @@ def test_both_ranks_send_at_once() -> None:
     """
     nbytes = 1 << 30
     with nccl_pair() as pair:
-        sending = [local for (direction, _, _), local in pair.ranks[0].sockets.items()
+        sending = [addresses for (direction, _, _), addresses in pair.ranks[0].sockets.items()
                    if direction == "send"]
-        receiving = [local for (direction, _, _), local in pair.ranks[0].sockets.items()
+        receiving = [addresses for (direction, _, _), addresses in pair.ranks[0].sockets.items()
                      if direction == "receive"]
         samples = []
         pair.start(nbytes)
         while len(samples) < 400:
             shown = socket_bytes("wsa")
-            sent = sum(shown[local].get("bytes_acked", 0) for local in sending)
-            received = sum(shown[local].get("bytes_received", 0) for local in receiving)
+            sent = sum(shown[each].get("bytes_acked", 0) for each in sending)
+            received = sum(shown[each].get("bytes_received", 0) for each in receiving)
             samples.append((sent / nbytes, received / nbytes))
             if sent >= nbytes and received >= nbytes:
                 break
