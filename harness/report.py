@@ -89,7 +89,9 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
     """
     The figures a comparison puts side by side. Link figures total every window
     of the measurement; "GiB per 1,000 output tokens" divides the bytes put on
-    the link by the completion tokens of the same windows. A window marked
+    the link by the completion tokens of the same windows, the decode windows
+    only: a prefill window moves its whole prompt's activations for a handful of
+    output tokens, and the field's figure is a decode one (six requests). A window marked
     invalid (a cold one that found cached tokens) gives no figure. Each prefill
     window's TTFT is keyed by the window's own name, cold (``long``) or warm
     (``long_warm``, with its hit rate), so one never stands for the other.
@@ -98,9 +100,11 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
                if not window.get("invalid")}
     summary = {name: window["summary"] for name, window in windows.items()}
     totals = [window["link"]["totals"] for window in report["windows"]]
+    decoding = [window for window in report["windows"]
+                if window["name"].removesuffix(WARM_SUFFIX) not in PREFILLS]
     tokens = sum(sample["completion_tokens"] or 0
-                 for window in report["windows"] for sample in window["samples"])
-    moved = combined([total["bytes_moved"] for total in totals])
+                 for window in decoding for sample in window["samples"])
+    moved = combined([window["link"]["totals"]["bytes_moved"] for window in decoding])
     return {
         "state": report["state"],
         "single_tok_s": summary.get("single", {}).get("output_tok_s"),

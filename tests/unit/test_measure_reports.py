@@ -261,6 +261,18 @@ def test_headline_totals_the_link_over_every_window():
     assert figures["accept_length"] == 3.8
 
 
+def test_bytes_per_output_token_are_the_decode_windows_and_counts_every_window():
+    """A long prefill moves its prompt for 8 output tokens: not a decode figure."""
+    built = with_prefills(measurement("tp2_stock", 50.0, 200.0, 12, 30, 3.8), 2.0, 0.02)
+    for window in built["windows"]:
+        if window["name"] in ("long", "long_warm"):
+            window["link"]["totals"].update(bytes_moved=20 << 30, receiver_errors=5)
+    figures = report.headline(built)
+    assert figures["gib_per_1k_tokens"] == pytest.approx(1000 / 1024)
+    assert figures["receiver_errors"] == 12 + 2 * 5
+
+
+
 def test_a_report_is_written_as_json_and_markdown_and_read_back(tmp_path):
     built = measurement("tp2_e2e", 77.1, 300.0, 0, 1, 3.8)
     path = report.write(built, tmp_path)
