@@ -16,6 +16,9 @@ Window sizes default to the field report's (512 tokens single, 6 x 256 concurren
 120K prefix, a 200K long input); ``--single-tokens`` and friends shorten them.
 ``prefix`` and ``long`` are cold; ``prefix_warm`` and ``long_warm`` prime, then
 measure; a campaign plans both temperatures of each prefill window named.
+``sweep`` measures each level of ``--concurrency`` (default 1,2,4,8,16) as a window
+of its own, ``--sweep-tokens`` output tokens per request; a campaign with
+production and a TP state sets them side by side, level by level.
 The logic lives in ``harness/``; this file only reads the command line.
 Progress goes to stderr, results to stdout and the report files.
 """
@@ -62,8 +65,22 @@ def window_options(parser: argparse.ArgumentParser) -> None:
                              f"{', '.join(WINDOWS)}; a campaign runs prefix and long both "
                              "cold and warm)")
     for name, field in WindowSettings.model_fields.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(field.default),
-                            metavar="N", help=f"default {field.default}")
+        if isinstance(field.default, tuple):
+            parser.add_argument(f"--{name.replace('_', '-')}", type=whole_numbers,
+                                metavar="N,N,...",
+                                help=f"default {','.join(map(str, field.default))}")
+        else:
+            parser.add_argument(f"--{name.replace('_', '-')}", type=type(field.default),
+                                metavar="N", help=f"default {field.default}")
+
+
+def whole_numbers(text: str) -> tuple[int, ...]:
+    """``1,2,4``: the sweep's levels, as ``--concurrency`` takes them."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not whole numbers separated by commas (1,2,4)") from None
 
 
 def window_settings(arguments: argparse.Namespace) -> WindowSettings:

@@ -53,7 +53,7 @@ from harness.measure import NotMeasurable, failures, measure_state
 from harness.progress import placed, reporting, say
 from harness.status import guard_fired, guard_states, observe
 from harness.topology import Topology
-from harness.windows import EndpointDown, WindowSettings, both_temperatures
+from harness.windows import EndpointDown, WindowSettings, both_temperatures, levels
 from operations.plumbing.probes import stopped_at_bound
 from operations.site.hosts import REPO
 from operations.states import State, UnknownState, layers_changed, resolve_state
@@ -249,8 +249,9 @@ class Campaign:
         # None: no transport stage.
         self.linktest_seconds = linktest_seconds
         self.linktests: list[Path] = []
-        # A prefill window named is planned cold and warm, each in a column of its own.
-        self.windows = both_temperatures(windows)
+        # A prefill window named is planned cold and warm, each in a column of its own;
+        # the sweep, one window per level.
+        self.windows = levels(both_temperatures(windows), settings.concurrency)
         self.settings = settings
         self.directory = directory
         self.steps: list[Step] = []
@@ -405,7 +406,7 @@ class Campaign:
             "measured": self.measured,
             "time": time_spent(self.steps),
             "windows": self.windows,
-            "settings": self.settings.model_dump(),
+            "settings": self.settings.model_dump(mode="json"),
             "steps": [asdict(step) for step in self.steps],
             "failed_step": self.failure.name if self.failure else None,
             "failure": self.failure.detail if self.failure else None,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import intervals, server_stats
+from harness import intervals, server_stats, sweep
 from harness.counters import combined
 from harness.report import headline, number, replaced, table
 from operations.states import STATES, layers_changed
@@ -50,6 +50,27 @@ COLD_AND_WARM = (
     ("long_warm_ttft_s", "long TTFT s, warm", 3, LONGER),
     ("long_warm_hit_rate", "long hit rate, warm", 3, None),
 )
+# The sweep's figures at each level (harness.sweep), and its counts.
+SWEEP_FIGURES = (
+    ("aggregate_tok_s", "aggregate tok/s", 1, RATE),
+    ("per_request_tok_s", "per-request tok/s p50", 1, RATE),
+    ("ttft_p50_s", "TTFT s p50", 3, LONGER),
+    ("ttft_p99_s", "TTFT s p99", 3, None),
+    ("tpot_p50_ms", "TPOT ms p50", 2, LONGER),
+    ("tpot_p99_ms", "TPOT ms p99", 2, None),
+    ("accept_length", "accept length", 2, None),
+)
+SWEEP_COUNTS = (("receiver_errors", "receiver errors"),
+                ("socket_retransmissions", "TP-socket retransmissions"))
+NOT_MEASURED_AT_LEVEL = (dict.fromkeys([key for key, *_ in (*SWEEP_FIGURES, *SWEEP_COUNTS)])
+                         | {"accept_length_cumulative": False})
+# TP against the replicas, level by level: which architecture serves more, and
+# which serves each request faster.
+ARCHITECTURES = (
+    ("aggregate_tok_s", "aggregate tok/s", ("serves more", "serves less")),
+    ("per_request_tok_s", "per-request tok/s p50", ("faster per request", "slower per request")),
+)
+SWEEP_CHARTED = ("aggregate_tok_s", "per_request_tok_s")
 # Counts: totalled over the trials, each trial's beside it; never averaged or divided.
 COUNTS = (
     ("receiver_errors", "receiver errors"),
@@ -237,9 +258,11 @@ def comparison(reports: list[dict[str, Any]], baseline: str | None = None) -> st
     if baseline is not None and baseline not in states:
         raise ValueError(f"no report of the baseline state {baseline!r} (have {names})")
     body, prefills = [], []
+    references = {}
     for index, (state, rows) in enumerate(states.items()):
         reference = (states[baseline] if baseline
                      else states[names[index - 1]] if index else None)
+        references[state] = reference if reference is not rows else None
         first = [state, changed(names[index - 1], state) if index else "—", str(len(rows))]
         body.append([*first, *figure_cells(FIGURES, rows, reference),
                      *(count_cell(trials(rows, key)) for key, _ in COUNTS),
@@ -254,7 +277,9 @@ def comparison(reports: list[dict[str, Any]], baseline: str | None = None) -> st
     if lagging:
         notes.append(server_stats.caveat(max(row["decode_log_interval"] for row in lagging)))
     return "\n".join([*table(comparison_header(), body), "", "\n\n".join(notes), "",
-                      *cold_and_warm(states, prefills), *each_state(states), "",
+                      *cold_and_warm(states, prefills),
+                      *concurrency_sweep(states, references, against),
+                      *against_replicas(states), *each_state(states), "",
                       *integrity(states), "", *side_by_side(reports)]) + "\n"
 
 
@@ -273,6 +298,85 @@ def cold_and_warm(states: dict[str, list[dict[str, Any]]], body: list[list[str]]
             "Warm: the cache primed once, unmeasured, then measured; hit rate: the share of "
             "the measured prompt the server found cached. A window that broke its "
             "temperature is left out. × as above.", ""]
+
+
+def levels_of(states: dict[str, list[dict[str, Any]]]) -> list[int]:
+    """The sweep's levels any trial of any state measured, lowest first."""
+    return sorted({level for rows in states.values() for row in rows
+                   for level in row.get("sweep", {})})
+
+
+def at_level(rows: list[dict[str, Any]], level: int) -> list[dict[str, Any]]:
+    """Each trial's figures at one level of the sweep; a trial without the level, none."""
+    return [row.get("sweep", {}).get(level) or NOT_MEASURED_AT_LEVEL for row in rows]
+
+
+def concurrency_sweep(states: dict[str, list[dict[str, Any]]],
+                      references: dict[str, list[dict[str, Any]] | None],
+                      against: str) -> list[str]:
+    """
+    The sweep's table, when any state has one: a row per state and level, its
+    figures over the trials, each ratio to the reference state at the same level.
+    """
+    levels = levels_of(states)
+    if not levels:
+        return []
+    body = []
+    for state, rows in states.items():
+        reference = references[state]
+        for level in levels:
+            mine = at_level(rows, level)
+            theirs = at_level(reference, level) if reference is not None else None
+            body.append([state, str(level), str(len(rows)),
+                         *figure_cells(SWEEP_FIGURES, mine, theirs),
+                         *(count_cell(trials(mine, key)) for key, _ in SWEEP_COUNTS)])
+    return ["### Concurrency sweep", "",
+            *table(["state", "requests at once", "trials", *figure_titles(SWEEP_FIGURES),
+                    *(title for _, title in SWEEP_COUNTS)], body), "",
+            "Each level is a window of its own: that many requests sent at once, each of "
+            "the same output length, with the link's counters of that level alone. "
+            "Aggregate: the level's completion tokens over its span; per request: the "
+            "median of the requests' own tok/s; TPOT: (latency - TTFT) / (output tokens - 1), "
+            f"as SGLang's bench_serving has it. × : ratio to {against} at the same level, "
+            "[its 95% interval] and the verdict.", ""]
+
+
+def against_replicas(states: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """
+    Each TP state against the replicas (production, where measured) at every
+    level of the sweep: which architecture serves more, which serves each
+    request faster, and the crossover, with the levels it lies between.
+    """
+    replicas = [state for state in states
+                if state in STATES and not STATES[state].tensor_parallel]
+    grouped = [state for state in states if state in STATES and STATES[state].tensor_parallel]
+    levels = levels_of(states)
+    if not (replicas and grouped and levels):
+        return []
+    base = "production" if "production" in replicas else replicas[0]
+    body, said = [], []
+    for state in grouped:
+        verdicts: dict[str, list[tuple[int, str]]] = {key: [] for key, *_ in ARCHITECTURES}
+        for level in levels:
+            cells = []
+            for key, _, words in ARCHITECTURES:
+                found = intervals.verdict(trials(at_level(states[state], level), key),
+                                          trials(at_level(states[base], level), key), words)
+                verdicts[key].append((level, found.words))
+                cells.append(verdict_cell(found))
+            body.append([state, str(level), *cells])
+        for key, title, words in ARCHITECTURES:
+            turn = sweep.crossover(verdicts[key], words)
+            said.append(f"- {state} against {base}, {title}: "
+                        + (turn.words() if turn else sweep.no_crossover(verdicts[key], words)))
+    return [f"### TP2 against two replicas ({base}), level by level", "",
+            *table(["state", "requests at once",
+                    *(f"{title}: state / {base}" for _, title, _ in ARCHITECTURES)], body), "",
+            *said, "",
+            "The same windows through the route users take: the router in front of the "
+            "replicas, TP rank 0 for a TP state. A crossover lies between the last level "
+            "that decided one way and the first that decided the other; a level with no "
+            "difference detected decides nothing.", ""]
 
 
 def each_state(states: dict[str, list[dict[str, Any]]]) -> list[str]:
@@ -365,12 +469,37 @@ def draw_intervals(axis: Any, spans: list[intervals.Interval | None]) -> None:
             axis.hlines(span, place - 0.1, place + 0.1, color="black", linewidth=1)
 
 
+def draw_sweep(axis: Any, states: dict[str, list[dict[str, Any]]], key: str) -> None:
+    """
+    One figure of the sweep against the level: a curve per state through its
+    medians, each level's 95% interval as a line, the levels on a log axis.
+    """
+    levels = levels_of(states)
+    for state, rows in states.items():
+        shown = [intervals.spread(trials(at_level(rows, level), key)) for level in levels]
+        points = [(level, spread) for level, spread in zip(levels, shown, strict=True)
+                  if spread.median is not None]
+        if not points:
+            continue
+        line, = axis.plot([level for level, _ in points], [spread.median for _, spread in points],
+                          marker="o", label=f"{state} (n={len(rows)})")
+        for level, spread in points:
+            if spread.interval is not None:
+                axis.vlines(level, *spread.interval, color=line.get_color(), linewidth=1)
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(levels, [str(level) for level in levels])
+    axis.set_ylim(bottom=0)
+    axis.set_xlabel("requests at once")
+    axis.set_title(f"sweep: {dict((k, t) for k, t, *_ in SWEEP_FIGURES)[key]}")
+    axis.legend(fontsize=8)
+
+
 def chart(reports: list[dict[str, Any]], path: Path) -> Path:
     """
     A bar chart per figure, one bar per state: a figure's median with its 95%
     interval as the error bar, a count's total; every axis from zero, so that
     counts of zero show as zero. The prefill windows' TTFTs, cold and warm in
-    panels of their own, when any report has them.
+    panels of their own, and the sweep's curves, when any report has them.
     """
     import matplotlib
 
@@ -383,10 +512,14 @@ def chart(reports: list[dict[str, Any]], path: Path) -> Path:
     prefills = [key for key, _, _, words in COLD_AND_WARM if words and any(
         row[key] is not None for rows in states.values() for row in rows)]
     charted = [*CHARTED, *prefills]
-    lines = -(-len(charted) // 3)
+    curves = SWEEP_CHARTED if levels_of(states) else ()
+    panels = len(charted) + len(curves)
+    lines = -(-panels // 3)
     drawn, axes = plt.subplots(lines, 3, figsize=(15, 4 * lines), constrained_layout=True)
-    for axis in axes.flat[len(charted):]:
+    for axis in axes.flat[panels:]:
         axis.set_axis_off()
+    for axis, key in zip(axes.flat[len(charted):], curves, strict=False):
+        draw_sweep(axis, states, key)
     for axis, key in zip(axes.flat, charted, strict=False):
         heights, spans, texts = [], [], []
         for rows in states.values():

@@ -51,7 +51,8 @@ async def measure_state(topology: Topology, names: list[str], settings: windows.
     built = report.build(state.name, status.to_json(), topology, endpoint, settings, info,
                          results, bound)
     path = report.write(built, directory)
-    say(f"report: {path} and {path.with_suffix('.md').name}; "
+    say(f"report: {path}, {path.with_suffix('.md').name} and, as SGLang's bench_serving "
+        f"lines, {path.with_suffix('.jsonl').name}; "
         f"ledger: {await record_measurement(topology, state, built)}")
     return path, built
 

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness import server_stats
+from harness import bench_serving, server_stats, sweep
 from harness.client import THROUGHPUT
 from harness.counters import INTERFACE_COUNTERS, RETRANSMISSIONS, combined
 from harness.topology import Endpoint, Topology
@@ -52,7 +52,7 @@ def build(state: str, observed: dict[str, Any] | None, topology: Topology | None
                      "servers": list(endpoint.servers)},
         "hosts": hosts(topology, windows),
         "config": {
-            "windows": settings.model_dump(),
+            "windows": settings.model_dump(mode="json"),
             "throughput": THROUGHPUT,
             "server_info": server_info,
         },
@@ -111,7 +111,8 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         "roofline_single_tok_s": ((report.get("roofline") or {}).get("bound") or {}).get("tok_s"),
         "single_ttft_s": summary.get("single", {}).get("ttft_seconds"),
         "accept_length": windows.get("single", {}).get("server", {}).get("accept_length"),
-        "accept_length_cumulative": "single" in windows and cumulative(windows["single"]),
+        "accept_length_cumulative": ("single" in windows
+                                     and server_stats.cumulative(windows["single"])),
         "decode_log_interval": server_stats.decode_log_interval(
             report.get("config", {}).get("server_info") or {}),
         "aggregate_tok_s": summary.get("concurrent", {}).get("aggregate_output_tok_s"),
@@ -126,24 +127,13 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         "gib_per_1k_tokens": moved / GIB / tokens * 1000 if moved is not None and tokens
         else None,
         "output_tokens": tokens,
+        "sweep": sweep.figures(report),
         "long_prefill": summary.get("long", {}).get("prefill"),
         **{f"{name}{warm}_ttft_s": summary.get(name + warm, {}).get("ttft_seconds")
            for name in PREFILLS for warm in ("", WARM_SUFFIX)},
         **{f"{name}{WARM_SUFFIX}_hit_rate": summary.get(name + WARM_SUFFIX, {}).get("hit_rate")
            for name in PREFILLS},
     }
-
-
-def cumulative(window: dict[str, Any]) -> bool:
-    """
-    Whether the window's accept length is the cumulative snapshots' (which may
-    lag), not its requests'. Reports from before the requests' figure have
-    only the snapshots'.
-    """
-    server = window["server"]
-    return (server["accept_length"] is not None
-            and server.get("accept_length_source", server_stats.CUMULATIVE)
-            == server_stats.CUMULATIVE)
 
 
 def accept_length_cell(value: float | None, is_cumulative: bool) -> str:
@@ -166,6 +156,12 @@ def window_row(window: dict[str, Any]) -> list[str]:
     if name == "single" or name.removesuffix(WARM_SUFFIX) in PREFILLS:
         rate = number(summary["output_tok_s"])
         ttft = number(summary["ttft_seconds"], 3)
+    if sweep.level_of(name) is not None:
+        spread = summary["per_request_output_tok_s"]
+        rate = (f"{number(spread['p50'])} per request, p50 "
+                f"(p99 {number(spread['p99'])})")
+        aggregate = number(summary["aggregate_output_tok_s"])
+        ttft = number(summary["ttft_seconds"]["p50"], 3)
     if name == "concurrent":
         spread = summary["per_request_output_tok_s"]
         rate = (f"{number(spread['mean'])} per request "
@@ -183,7 +179,8 @@ def window_row(window: dict[str, Any]) -> list[str]:
     moved = totals["bytes_moved"]
     return [
         name, str(len(window["samples"])), rate, aggregate, ttft,
-        accept_length_cell(window["server"]["accept_length"], cumulative(window)), tokens,
+        accept_length_cell(window["server"]["accept_length"], server_stats.cumulative(window)),
+        tokens,
         number(totals["receiver_errors"]),
         f"{number(totals.get('socket_retransmissions'))} "
         f"(max {number(totals.get('max_socket_retransmissions'))})",
@@ -216,7 +213,7 @@ def markdown(report: dict[str, Any]) -> str:
         [window_row(window) for window in report["windows"]],
     )
     lines += ["", RETRANSMISSIONS_NOTE]
-    if any(cumulative(window) for window in report["windows"]):
+    if any(server_stats.cumulative(window) for window in report["windows"]):
         interval = server_stats.decode_log_interval(
             report.get("config", {}).get("server_info") or {})
         lines += ["", server_stats.caveat(interval)]
@@ -313,11 +310,15 @@ def write_text(path: Path, text: str) -> Path:
 
 
 def write(report: dict[str, Any], directory: Path) -> Path:
-    """Write ``<state>-<time>.json`` and its ``.md``; returns the JSON's path."""
+    """
+    Write ``<state>-<time>.json``, its ``.md``, and its windows as SGLang's
+    ``bench_serving`` lines (``.jsonl``); returns the JSON's path.
+    """
     stamp = report["measured_at"].replace(":", "").replace("+0000", "Z")
     path = directory / f"{report['state']}-{stamp}.json"
     write_text(path, json.dumps(report, indent=1) + "\n")
     write_text(path.with_suffix(".md"), markdown(report))
+    write_text(path.with_suffix(".jsonl"), bench_serving.lines(report))
     return path
 
 

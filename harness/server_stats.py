@@ -157,6 +157,17 @@ def window_accept(samples: list[Sample], before: list[ServerSnapshot],
             "requests_accept_length": from_requests, "cumulative_accept_length": cumulative}
 
 
+def cumulative(window: dict[str, Any]) -> bool:
+    """
+    Whether a report's window's accept length is the cumulative snapshots'
+    (which may lag), not its requests'. Reports from before the requests'
+    figure have only the snapshots'.
+    """
+    server = window["server"]
+    return (server["accept_length"] is not None
+            and server.get("accept_length_source", CUMULATIVE) == CUMULATIVE)
+
+
 def decode_log_interval(info: dict[str, Any]) -> int:
     """How many decode batches ``avg_spec_accept_length`` may lag, from ``/server_info``."""
     value = info.get("decode_log_interval")

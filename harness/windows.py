@@ -11,6 +11,11 @@ counters of both workstations and the servers' own counters.
 - ``long``: the longest input the state allows (about 200K tokens) plus 64
   output tokens, labelled ``cold`` or ``warm`` by the cached tokens the server
   reports: a warm result is never called a cold prefill.
+- ``sweep``: a concurrency sweep, one window per level (default 1, 2, 4, 8
+  and 16 simultaneous requests, ``sweep@1`` ... ``sweep@16``), each bounded by
+  its requests' output tokens and bracketed by its own counters: per level the
+  aggregate and per-request tok/s, TTFT and time per output token
+  (:mod:`harness.sweep`).
 - ``prefix_warm`` and ``long_warm``: the same windows warm. The cache is primed
   first, unmeasured (``prefix_warm`` sends the prefix with another word,
   ``long_warm`` the same input), then the window is measured and reports its
@@ -45,9 +50,9 @@ from statistics import mean
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, field_validator
 
-from harness import counters, server_stats
+from harness import counters, server_stats, sweep
 from harness.client import Sample, rate, session, stream_generate
 from harness.progress import reporting, say, where
 from harness.topology import Endpoint
@@ -55,9 +60,12 @@ from harness.topology import Endpoint
 WARM_SUFFIX = "_warm"
 # The prefill windows, each measured cold and warm ("<name>_warm").
 PREFILLS = ("prefix", "long")
-WINDOWS = ("single", "concurrent", "prefix", "prefix_warm", "long", "long_warm")
+SWEEP = "sweep"
+WINDOWS = ("single", "concurrent", SWEEP, "prefix", "prefix_warm", "long", "long_warm")
 # Measured from an empty cache; the others prime it, then measure warm.
-COLD = ("single", "concurrent", *PREFILLS)
+COLD = ("single", "concurrent", SWEEP, *PREFILLS)
+# The most simultaneous requests one level of the sweep may send.
+MAX_LEVEL = 256
 # The longest input leaves room for the few tokens a chat template (or a
 # tokenizer that counts the prompt differently) adds, so that the server does
 # not refuse it.
@@ -73,6 +81,8 @@ class WindowSettings(BaseModel):
 
     + single_tokens: output tokens of the single-stream request
     + concurrent_requests, concurrent_tokens: the concurrent window's requests and their length
+    + concurrency: the sweep's levels, simultaneous requests, ascending
+    + sweep_tokens: output tokens of each request of the sweep
     + prefix_tokens: the shared prefix sent twice; capped by the state's context length
     + prefix_output_tokens: output tokens of each prefix request
     + long_tokens: the longest input wanted; capped by the state's context length
@@ -85,11 +95,21 @@ class WindowSettings(BaseModel):
     single_tokens: PositiveInt = 512
     concurrent_requests: PositiveInt = 6
     concurrent_tokens: PositiveInt = 256
+    concurrency: tuple[PositiveInt, ...] = (1, 2, 4, 8, 16)
+    sweep_tokens: PositiveInt = 256
     prefix_tokens: PositiveInt = 120_000
     prefix_output_tokens: PositiveInt = 16
     long_tokens: PositiveInt = 200_000
     long_output_tokens: PositiveInt = 64
     request_timeout_seconds: PositiveFloat = 600.0
+
+    @field_validator("concurrency")
+    @classmethod
+    def ascending_levels(cls, levels: tuple[int, ...]) -> tuple[int, ...]:
+        if not levels or list(levels) != sorted(set(levels)) or levels[-1] > MAX_LEVEL:
+            raise ValueError(f"the sweep's levels must be ascending, distinct, and at most "
+                             f"{MAX_LEVEL}: got {','.join(map(str, levels))}")
+        return levels
 
 
 def prompt(tokens: int) -> str:
@@ -194,6 +214,16 @@ async def concurrent(measurement: Measurement) -> tuple[list[Sample], dict[str, 
         "per_request_output_tok_s": _spread(per_request),
         "ttft_seconds": _spread([s.ttft for s in finished]),
     }
+
+
+async def sweep_level(measurement: Measurement, name: str,
+                      ) -> tuple[list[Sample], dict[str, Any]]:
+    """One level of the sweep: as many simultaneous requests as the level names."""
+    level = sweep.level_of(name)
+    requests = [(Sample(f"{name}-{index}", measurement.settings.sweep_tokens), prompt(16))
+                for index in range(level)]
+    samples = await run_samples(measurement, name, requests)
+    return samples, sweep.level_summary(level, samples)
 
 
 async def fitted(measurement: Measurement, wanted: int, output_tokens: int,
@@ -329,6 +359,12 @@ def both_temperatures(names: list[str]) -> list[str]:
     return planned
 
 
+def levels(names: list[str], concurrency: tuple[int, ...]) -> list[str]:
+    """``names`` with the sweep, where named, as one window per level, lowest first."""
+    return [level for name in names
+            for level in ([sweep.level_name(n) for n in concurrency] if name == SWEEP else [name])]
+
+
 async def ready(measurement: Measurement, name: str) -> Runner:
     """
     The window ready to be measured: a prefill window's prompts chosen and, if
@@ -336,6 +372,8 @@ async def ready(measurement: Measurement, name: str) -> Runner:
     """
     if name in RUNNERS:
         return lambda: RUNNERS[name](measurement)
+    if sweep.level_of(name) is not None:
+        return lambda: sweep_level(measurement, name)
     prefill = await PROMPTS[name.removesuffix(WARM_SUFFIX)](measurement)
     primed = await prime(measurement, prefill) if name.endswith(WARM_SUFFIX) else None
     return lambda: measure_prefill(measurement, prefill, primed)
@@ -407,10 +445,15 @@ async def flush_caches(measurement: Measurement) -> dict[str, str]:
     return answers
 
 
+def is_cold(name: str) -> bool:
+    """Whether a window is measured from an empty cache: every level of the sweep is."""
+    return name in COLD or sweep.level_of(name) is not None
+
+
 def cached_in_cold(name: str, samples: list[Sample], cache_report: bool) -> str | None:
     """Why a cold window is invalid: a request of it reported cached tokens; None if none did."""
     warm = [f"{sample.label} ({sample.cached_tokens:,})" for sample in samples
-            if name in COLD and cache_report and sample.cached_tokens]
+            if is_cold(name) and cache_report and sample.cached_tokens]
     if not warm:
         return None
     return (f"a cold window found cached tokens in {', '.join(warm)}: left out of the "
@@ -420,7 +463,7 @@ def cached_in_cold(name: str, samples: list[Sample], cache_report: bool) -> str 
 def nothing_cached_in_warm(name: str, samples: list[Sample], cache_report: bool) -> str | None:
     """Why a warm window is invalid: its finished request found nothing cached; None if it did."""
     cold = [sample.label for sample in samples
-            if name not in COLD and cache_report and sample.cached_tokens == 0]
+            if not is_cold(name) and cache_report and sample.cached_tokens == 0]
     if not cold:
         return None
     return (f"a warm window found nothing cached in {', '.join(cold)} after priming: left "
@@ -439,18 +482,21 @@ class EndpointDown(RuntimeError):
 async def run(endpoint: Endpoint, names: list[str], settings: WindowSettings,
               link_snapshot: LinkSnapshots) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """
-    Run the named windows one after another, in the order given.
+    Run the named windows one after another, in the order given, the sweep one
+    level at a time.
 
     Returns the first server's ``/server_info`` (redacted, for the report's
     configuration) and each window's result.
     """
     # Enough connections for the concurrent window, or for the snapshots'
     # /server_info and /metrics of every server at once.
-    concurrency = max(settings.concurrent_requests, 2 * len(endpoint.servers))
+    concurrency = max(settings.concurrent_requests, *settings.concurrency,
+                      2 * len(endpoint.servers))
     async with session(concurrency, settings.request_timeout_seconds) as client:
         first = await server_stats.read_server(client, endpoint.servers[0])
         if first.error:
             raise EndpointDown(f"{endpoint.servers[0]}/server_info: {first.error}")
         measurement = Measurement(endpoint, settings, client, link_snapshot, first.info)
-        results = [await run_window(measurement, name) for name in names]
+        results = [await run_window(measurement, name)
+                   for name in levels(names, settings.concurrency)]
     return first.info, results

@@ -10,6 +10,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 from e2e_helpers import (
     PYTHON,
     REPO,
@@ -26,6 +27,9 @@ from operations.safety import ledger
 
 # One short window keeps the whole file within a few minutes.
 SHORT = ("--window", "single", "--single-tokens", "64")
+# The same, and a short sweep: production and tp2_e2e are set side by side level by level.
+SWEEP = (*SHORT, "--window", "sweep", "--concurrency", "1,2,4", "--sweep-tokens", "32")
+LEVELS = ("sweep@1", "sweep@2", "sweep@4")
 # pyinfra at its most verbose prints every command and every fact's output: the
 # experiment and the way back run so, and nothing of them may hold the master key.
 VERBOSE = "-vvv"
@@ -64,13 +68,36 @@ def linktested(directory: Path, state: str) -> tuple[Path, dict]:
     return path, built
 
 
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where each state's measurement with the sweep is kept, for the comparison of both."""
+    return tmp_path_factory.mktemp("swept")
+
+
+def windows_of(report: dict) -> dict[str, dict]:
+    """A report's windows by name, in the order measured."""
+    return {window["name"]: window for window in report["windows"]}
+
+
+def check_sweep(report: dict, kept: Path) -> None:
+    """Each level of the sweep measured as its own window, every request answered; kept."""
+    levels = {name: window for name, window in windows_of(report).items() if "@" in name}
+    assert list(levels) == list(LEVELS)
+    for name, window in levels.items():
+        level = int(name.partition("@")[2])
+        summary = window["summary"]
+        assert (summary["completed"], summary["completion_tokens"]) == (level, 32 * level)
+        assert summary["aggregate_output_tok_s"] > 0 and summary["tpot_seconds"]["p50"] > 0
+    (kept / f"{report['state']}.json").write_text(json.dumps(report))
+
+
 def path_text(directory: Path, pattern: str) -> str:
     (path,) = directory.glob(pattern)
     return path.read_text()
 
 
 def test_tp2_e2e_is_observed_and_measured_with_the_link_counters_in_its_window(
-        tmp_path: Path) -> None:
+        tmp_path: Path, swept: Path) -> None:
     """
     ``experiment.py status`` names tp2_e2e and one window is measured through rank 0,
     with the link's counters read in the same window: under the candidate each
@@ -83,11 +110,15 @@ def test_tp2_e2e_is_observed_and_measured_with_the_link_counters_in_its_window(
     assert status.returncode == 0, status.stdout + status.stderr
     assert "matches: tp2_e2e" in status.stdout
 
-    result = experiment("measure", "--state", "tp2_e2e", *SHORT, "--out", str(tmp_path))
+    result = experiment("measure", "--state", "tp2_e2e", *SWEEP, "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "window single: done" in result.stderr
     report = measured(tmp_path, "tp2_e2e")
-    (single,) = report["windows"]
+    single = windows_of(report)["single"]
+    check_sweep(report, swept)
+    # The TP group's all-reduces crossed the link at every level.
+    assert all(windows_of(report)[name]["link"]["totals"]["bytes_moved"] > 2**20
+               for name in LEVELS)
     assert single["summary"]["completion_tokens"] == 64
     assert report["endpoint"]["route"] == "TP rank 0 on wsa"
     # The TP all-reduces (one per verify step, each way) crossed the link, and no
@@ -135,7 +166,7 @@ def test_tp2_e2e_is_observed_and_measured_with_the_link_counters_in_its_window(
 
 
 def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
-        tmp_path: Path) -> None:
+        tmp_path: Path, swept: Path) -> None:
     run = deploy("production", VERBOSE)
     assert run.returncode == 0, run.output[-3000:]
     refused = experiment("measure", "--state", "tp2_stock", *SHORT, "--out", str(tmp_path))
@@ -143,10 +174,11 @@ def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
     assert "the hosts are not in tp2_stock" in refused.stderr
     assert not list(tmp_path.glob("*.json"))
 
-    result = experiment("measure", *SHORT, "--out", str(tmp_path))
+    result = experiment("measure", *SWEEP, "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     report = measured(tmp_path, "production")
-    (single,) = report["windows"]
+    single = windows_of(report)["single"]
+    check_sweep(report, swept)
     assert report["endpoint"]["route"] == "sglang-router on gw"
     assert single["summary"]["completion_tokens"] == 64
     assert single["server"]["accept_length"] is None
@@ -166,6 +198,18 @@ def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
     assert compared.returncode == 0, compared.stderr
     assert "### Linktests" in compared.stdout and "| production | stock |" in compared.stdout
     assert "single tok/s" in compared.stdout
+    # Both architectures through the route users take, level by level: one trial
+    # each, so every level's ratio comes without a verdict, and says so.
+    both = experiment("compare", str(swept / "tp2_e2e.json"), str(swept / "production.json"),
+                      "--chart", str(tmp_path / "swept.png"))
+    assert both.returncode == 0, both.stderr
+    assert "### Concurrency sweep" in both.stdout
+    rows = [line for line in both.stdout.split("### TP2 against two replicas (production)")[1]
+            .splitlines() if line.startswith("| tp2_e2e |")]
+    assert [row.split(" | ")[1] for row in rows] == ["1", "2", "4"]
+    assert all(row.count("no verdict: one trial") == 2 for row in rows)
+    assert ("- tp2_e2e against production, aggregate tok/s: no crossover: no level of 1–4 "
+            "decided") in both.stdout
     assert places_holding(master_key(), {"the way back at -vvv": run.output,
                                          "measure": result.stdout + result.stderr,
                                          **files_under(tmp_path)}) == []

@@ -224,7 +224,8 @@ def window(name: str, summary: dict, tokens: int, moved: int, errors: int, retra
            accept: float | None = None, max_socket: int | None = None) -> dict:
     return {
         "name": name, "started_at": "t", "seconds": 2.0, "summary": summary, "errors": [],
-        "samples": [{"completion_tokens": tokens}],
+        "samples": [{"label": name, "sent_at": 0.0, "ttft_seconds": 0.05, "seconds": 2.0,
+                     "prompt_tokens": 16, "completion_tokens": tokens, "error": None}],
         "link": {"before": {}, "after": {}, "delta": {},
                  "totals": {"bytes_moved": moved, "receiver_errors": errors,
                             "retransmissions": retrans,

@@ -116,6 +116,28 @@ def test_concurrent_keeps_aggregate_and_per_request_apart(plain):
     assert summary["aggregate_output_tok_s"] > max(rates)
 
 
+def test_the_sweep_measures_each_level_as_a_window_of_its_own(nextn):
+    settings = SHORT.model_copy(update={"concurrency": (1, 4), "sweep_tokens": 16})
+    result = run(nextn, "single", "sweep", settings=settings)
+    assert [name for name in result if name.startswith("sweep")] == ["sweep@1", "sweep@4"]
+    for level in (1, 4):
+        window = result[f"sweep@{level}"]
+        summary = window["summary"]
+        assert (summary["requests"], summary["completed"]) == (level, level)
+        assert summary["completion_tokens"] == 16 * level and window["errors"] == []
+        assert summary["aggregate_output_tok_s"] == pytest.approx(
+            16 * level / summary["seconds"])
+        assert 0 < summary["tpot_seconds"]["p50"] <= summary["tpot_seconds"]["p99"]
+        assert summary["ttft_seconds"]["p50"] <= summary["ttft_seconds"]["p99"]
+        # Each level is cold, and has its own counters and accept length.
+        assert window["invalid"] is None and 1 < window["server"]["accept_length"] <= 4
+    # Four requests batched together move more than one alone.
+    assert (result["sweep@4"]["summary"]["aggregate_output_tok_s"]
+            > result["sweep@1"]["summary"]["aggregate_output_tok_s"])
+    assert windows.levels(["single", "sweep", "long"], (1, 2)) == [
+        "single", "sweep@1", "sweep@2", "long"]
+
+
 def test_prefix_is_cold_then_warm_by_the_cached_tokens_the_server_reports(plain):
     result = run(plain, "prefix", "prefix_warm")
     cold, warm = result["prefix"]["summary"], result["prefix_warm"]["summary"]
