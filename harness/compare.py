@@ -71,6 +71,8 @@ ARCHITECTURES = (
     ("per_request_tok_s", "per-request tok/s p50", ("faster per request", "slower per request")),
 )
 SWEEP_CHARTED = ("aggregate_tok_s", "per_request_tok_s")
+# The memory side, from the servers' own answers: (headline key, title).
+MEMORY = {"kv_cache_tokens": "KV cache tokens", "largest_input_tokens": "longest input admitted"}
 # Counts: totalled over the trials, each trial's beside it; never averaged or divided.
 COUNTS = (
     ("receiver_errors", "receiver errors"),
@@ -279,7 +281,8 @@ def comparison(reports: list[dict[str, Any]], baseline: str | None = None) -> st
     return "\n".join([*table(comparison_header(), body), "", "\n\n".join(notes), "",
                       *cold_and_warm(states, prefills),
                       *concurrency_sweep(states, references, against),
-                      *against_replicas(states), *each_state(states), "",
+                      *against_replicas(states), *memory_side(states), *each_state(states),
+                      "",
                       *integrity(states), "", *side_by_side(reports)]) + "\n"
 
 
@@ -347,13 +350,10 @@ def against_replicas(states: dict[str, list[dict[str, Any]]]) -> list[str]:
     level of the sweep: which architecture serves more, which serves each
     request faster, and the crossover, with the levels it lies between.
     """
-    replicas = [state for state in states
-                if state in STATES and not STATES[state].tensor_parallel]
-    grouped = [state for state in states if state in STATES and STATES[state].tensor_parallel]
+    base, grouped = replicas_and_groups(states)
     levels = levels_of(states)
-    if not (replicas and grouped and levels):
+    if base is None or not levels:
         return []
-    base = "production" if "production" in replicas else replicas[0]
     body, said = [], []
     for state in grouped:
         verdicts: dict[str, list[tuple[int, str]]] = {key: [] for key, *_ in ARCHITECTURES}
@@ -377,6 +377,46 @@ def against_replicas(states: dict[str, list[dict[str, Any]]]) -> list[str]:
             "replicas, TP rank 0 for a TP state. A crossover lies between the last level "
             "that decided one way and the first that decided the other; a level with no "
             "difference detected decides nothing.", ""]
+
+
+def replicas_and_groups(states: dict[str, list[dict[str, Any]]]) -> tuple[str | None, list[str]]:
+    """
+    The replicas' state a TP state is set against (production, where measured)
+    and the TP states; (None, []) unless both were measured.
+    """
+    replicas = [state for state in states
+                if state in STATES and not STATES[state].tensor_parallel]
+    grouped = [state for state in states if state in STATES and STATES[state].tensor_parallel]
+    if not (replicas and grouped):
+        return None, []
+    return ("production" if "production" in replicas else replicas[0]), grouped
+
+
+def memory_side(states: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """
+    The field's reason to try TP2: how much context each architecture holds,
+    from the servers' own ``/server_info`` (``max_total_num_tokens``, the KV
+    cache pool, and ``max_req_input_len``, the longest input admitted).
+    """
+    base, grouped = replicas_and_groups(states)
+    if base is None:
+        return []
+    body = []
+    for state in (base, *grouped):
+        cells = [state]
+        for key in MEMORY:
+            value = combined(trials(states[state], key), max)
+            reference = combined(trials(states[base], key), max)
+            cells += [figure(value, 0),
+                      ratio(value, reference, 0) if state != base else "—"]
+        body.append(cells)
+    return ["### The memory side: the context each architecture holds", "",
+            *table(["state", *(f"{title}{suffix}" for title in MEMORY.values()
+                               for suffix in ("", f" × {base}"))], body), "",
+            "From each state's first server's own `/server_info`: `max_total_num_tokens`, the "
+            "KV cache pool one server holds, and `max_req_input_len`, the longest input it "
+            "admits (under the context length and the pool). A replica holds the whole model "
+            "and every KV head on one GPU; a TP rank half of each.", ""]
 
 
 def each_state(states: dict[str, list[dict[str, Any]]]) -> list[str]:

@@ -25,7 +25,7 @@ from harness import bench_serving, server_stats, sweep
 from harness.client import THROUGHPUT
 from harness.counters import INTERFACE_COUNTERS, RETRANSMISSIONS, combined
 from harness.topology import Endpoint, Topology
-from harness.windows import PREFILLS, WARM_SUFFIX, WindowSettings
+from harness.windows import PREFILLS, WARM_SUFFIX, WindowSettings, fits
 from operations.site.settings import WorkstationSettings
 
 FORMAT = "twinbolt-measurement/1"
@@ -100,6 +100,7 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
                if not window.get("invalid")}
     summary = {name: window["summary"] for name, window in windows.items()}
     totals = [window["link"]["totals"] for window in report["windows"]]
+    server_info = report.get("config", {}).get("server_info") or {}
     decoding = [window for window in report["windows"]
                 if window["name"].removesuffix(WARM_SUFFIX) not in PREFILLS]
     tokens = sum(sample["completion_tokens"] or 0
@@ -113,8 +114,7 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         "accept_length": windows.get("single", {}).get("server", {}).get("accept_length"),
         "accept_length_cumulative": ("single" in windows
                                      and server_stats.cumulative(windows["single"])),
-        "decode_log_interval": server_stats.decode_log_interval(
-            report.get("config", {}).get("server_info") or {}),
+        "decode_log_interval": server_stats.decode_log_interval(server_info),
         "aggregate_tok_s": summary.get("concurrent", {}).get("aggregate_output_tok_s"),
         "per_request_tok_s": summary.get("concurrent", {}).get("per_request_output_tok_s",
                                                                  {}).get("mean"),
@@ -128,6 +128,9 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         else None,
         "output_tokens": tokens,
         "sweep": sweep.figures(report),
+        # The memory side, from the first server's own answer.
+        "kv_cache_tokens": server_info.get("max_total_num_tokens"),
+        "largest_input_tokens": server_info.get("max_req_input_len"),
         "long_prefill": summary.get("long", {}).get("prefill"),
         **{f"{name}{warm}_ttft_s": summary.get(name + warm, {}).get("ttft_seconds")
            for name in PREFILLS for warm in ("", WARM_SUFFIX)},
@@ -174,8 +177,8 @@ def window_row(window: dict[str, Any]) -> list[str]:
         if summary.get("hit_rate") is not None:
             tokens += f", hit rate {summary['hit_rate']:.0%} after priming"
     if summary.get("shortened"):
-        tokens += (f"; cut from {number(summary['wanted_tokens'])} to fit the context of "
-                   f"{number(summary['context_length'])}")
+        tokens += (f"; cut from {number(summary['wanted_tokens'])} to fit "
+                   + fits(summary["context_length"], summary.get("max_req_input_len")))
     moved = totals["bytes_moved"]
     return [
         name, str(len(window["samples"])), rate, aggregate, ttft,

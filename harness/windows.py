@@ -230,18 +230,32 @@ async def fitted(measurement: Measurement, wanted: int, output_tokens: int,
                  ) -> tuple[int, dict[str, Any]]:
     """
     ``wanted`` input tokens cut to what the context leaves beside
-    ``output_tokens`` and the chat template, and the summary's account of it.
+    ``output_tokens`` and to the longest input the server admits (its KV cache
+    pool's ``max_req_input_len``), each less the chat template's tokens, and
+    the summary's account of it.
     """
     context = await measurement.context_length()
-    tokens = wanted
+    admitted = measurement.server_info.get("max_req_input_len")
+    limits = [wanted]
     if context is not None:
-        tokens = min(wanted, context - output_tokens - CHAT_TEMPLATE_ALLOWANCE)
-    account: dict[str, Any] = {"context_length": context, "wanted_tokens": wanted,
-                               "shortened": tokens < wanted}
+        limits.append(context - output_tokens - CHAT_TEMPLATE_ALLOWANCE)
+    if admitted is not None:
+        limits.append(admitted - 1 - CHAT_TEMPLATE_ALLOWANCE)
+    tokens = min(limits)
+    account: dict[str, Any] = {"context_length": context, "max_req_input_len": admitted,
+                               "wanted_tokens": wanted, "shortened": tokens < wanted}
     if tokens < wanted:
-        say(f"  {wanted:,} input tokens do not fit the context of {context:,}: "
+        say(f"  {wanted:,} input tokens do not fit {fits(context, admitted)}: "
             f"sending {tokens:,}")
     return tokens, account
+
+
+def fits(context: int | None, admitted: int | None) -> str:
+    """What a prompt must fit: the context, and the longest input the KV cache admits."""
+    parts = [f"the context of {context:,}" if context is not None else None,
+             f"the {admitted:,} input tokens the KV cache admits" if admitted is not None
+             else None]
+    return " and ".join(part for part in parts if part)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from lab.sglang_sim.api import Leader, dummy_health_app
 from lab.sglang_sim.args import parse_server_args, split_host_port
 from lab.sglang_sim.engine import Scheduler, Speculation
-from lab.sglang_sim.gpu import GpuMemory
+from lab.sglang_sim.gpu import GPU_MEMORY_MIB, GpuMemory
 from lab.sglang_sim.group import SchedulerProcess
 from lab.sglang_sim.httpd import serve
 from lab.sglang_sim.knobs import Knobs
@@ -146,7 +146,9 @@ def start(args: argparse.Namespace, knobs: Knobs, shape: ModelShape, ifname: str
                                   args.speculative_num_draft_tokens, knobs.spec_accept_rate)
     scheduler = Scheduler(knobs, shape, args.tp_size, stats, speculation,
                           args.chunked_prefill_size)
-    leader = Leader(args, knobs, stats, scheduler)
+    capacity = shape.kv_cache_tokens(GPU_MEMORY_MIB << 20, args.mem_fraction_static,
+                                     args.tp_size)
+    leader = Leader(args, knobs, stats, scheduler, capacity)
     serve(leader.app(), args.host, args.port)
     link = scheduler_process(args, knobs, ifname) if args.nnodes > 1 else None
     shutdown.spawn(boot_rank0, args, knobs, gpu, leader, scheduler, link, shutdown)

@@ -34,6 +34,7 @@ from lab.sglang_sim.openai_api import (
     TEXT,
     Endpoint,
     chat_prompt,
+    check_admitted,
     check_context,
     generate_body,
     generate_events,
@@ -62,12 +63,21 @@ class Leader:
     """Rank 0's endpoints in front of the scheduler; ``ready`` once the group has loaded."""
 
     def __init__(self, args: argparse.Namespace, knobs: Knobs, stats: Stats,
-                 scheduler: Scheduler) -> None:
+                 scheduler: Scheduler, kv_cache_tokens: int) -> None:
         self.ready = threading.Event()
         self._args = args
         self._knobs = knobs
         self._stats = stats
         self._scheduler = scheduler
+        self._kv_cache_tokens = kv_cache_tokens
+
+    @property
+    def max_req_input_len(self) -> int:
+        """
+        The longest input the server admits, as 0.5.9's ``TpModelWorker`` sets
+        it: under both the context length and the KV cache pool, less 5.
+        """
+        return min(context_length(self._args) - 1, self._kv_cache_tokens - 1) - 5
 
     def app(self) -> App:
         routes = {
@@ -127,8 +137,11 @@ class Leader:
             state["avg_spec_accept_length"] = accept_length
         if self._args.nnodes > 1:
             state["allreduce_bytes"] = self._stats.allreduce_bytes
-        return json_response({**vars(self._args), "version": self._knobs.version,
-                              "internal_states": [state]})
+        # The scheduler's startup figures, top-level in 0.5.9 and 0.5.23 alike.
+        scheduler_info = {"max_total_num_tokens": self._kv_cache_tokens,
+                          "max_req_input_len": self.max_req_input_len}
+        return json_response({**vars(self._args), **scheduler_info,
+                              "version": self._knobs.version, "internal_states": [state]})
 
     def model_info(self, request: Request) -> Response:
         return json_response({"model_path": self._args.model_path,
@@ -177,6 +190,7 @@ class Leader:
         """Tokenize, check the window, and queue the request for the scheduler."""
         tokens = tokenize(prompt)
         check_context(len(tokens), requested, context_length(self._args))
+        check_admitted(len(tokens), self.max_req_input_len)
         max_new_tokens = DEFAULT_MAX_NEW_TOKENS if requested is None else requested
         seq = Sequence(prompt, len(tokens), block_hashes(tokens), max_new_tokens)
         self._scheduler.submit(seq)

@@ -79,6 +79,18 @@ class ModelShape:
                    kv_bytes_per_position=2 * layers * kv_heads * head_dim * activation_bytes,
                    weight_bytes=_weight_bytes(directory))
 
+    def kv_cache_tokens(self, gpu_bytes: int, mem_fraction: float, tp_size: int) -> int:
+        """
+        ``max_total_num_tokens``, as SGLang 0.5.9 profiles it
+        (``model_runner_kv_cache_mixin.py``, ``profile_max_num_token``): the
+        memory left on one rank within ``--mem-fraction-static`` once its share
+        of the weights is loaded, over one position's KV cache on that rank,
+        whose share of the KV heads is one ``tp_size``-th. So TP2 holds more
+        than twice a replica's tokens: half the weights, half of each position.
+        """
+        rest = gpu_bytes * mem_fraction - self.weight_bytes / tp_size
+        return max(0, int(rest) // (self.kv_bytes_per_position // tp_size))
+
     def allreduce_bytes(self, positions: int) -> int:
         """One all-reduce of one layer's output over ``positions`` token positions."""
         return self.hidden_size * self.activation_bytes * positions

@@ -47,6 +47,19 @@ def requested_tokens(*values: object) -> int | None:
     return None
 
 
+def check_admitted(prompt_tokens: int, max_req_input_len: int) -> None:
+    """
+    Refuse an input the KV cache pool cannot hold, with 0.5.9's message
+    (``managers/utils.py``, ``validate_input_length``, without
+    ``--allow-auto-truncate``).
+    """
+    if prompt_tokens >= max_req_input_len:
+        raise BadRequest(
+            f"Input length ({prompt_tokens} tokens) exceeds the maximum allowed length "
+            f"({max_req_input_len} tokens). Use a shorter input or enable --allow-auto-truncate."
+        )
+
+
 def check_context(prompt_tokens: int, requested: int | None, context_length: int) -> None:
     """Refuse what does not fit the window, with SGLang's messages."""
     if prompt_tokens >= context_length:

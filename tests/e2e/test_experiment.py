@@ -210,6 +210,11 @@ def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
     assert all(row.count("no verdict: one trial") == 2 for row in rows)
     assert ("- tp2_e2e against production, aggregate tok/s: no crossover: no level of 1–4 "
             "decided") in both.stdout
+    # The memory side, from each server's own /server_info: a TP rank holds half the
+    # weights and half of each position's KV heads, so more than twice a replica's cache.
+    (memory,) = [line.strip("| ").split(" | ") for line in both.stdout.split(
+        "### The memory side")[1].splitlines() if line.startswith("| tp2_e2e |")]
+    assert float(memory[2].rstrip("×")) > 2 and float(memory[4].rstrip("×")) > 2
     assert places_holding(master_key(), {"the way back at -vvv": run.output,
                                          "measure": result.stdout + result.stderr,
                                          **files_under(tmp_path)}) == []

@@ -138,6 +138,18 @@ def test_the_sweep_measures_each_level_as_a_window_of_its_own(nextn):
         "single", "sweep@1", "sweep@2", "long"]
 
 
+def test_long_is_capped_by_the_input_the_kv_cache_admits(tmp_path):
+    """A small pool (0.11 of the GPU: 43,207 input tokens) binds before the context does."""
+    with simulator(tmp_path, "--mem-fraction-static", "0.11") as url:
+        result = run(url, "long", settings=SHORT.model_copy(update={"long_tokens": 60_000}))
+    long = result["long"]["summary"]
+    assert (long["max_req_input_len"], long["shortened"]) == (43207, True)
+    assert result["long"]["errors"] == []
+    assert 43207 - 300 < long["prompt_tokens"] < 43207
+    row = report.window_row(result["long"])
+    assert "the 43,207 input tokens the KV cache admits" in row[6]
+
+
 def test_prefix_is_cold_then_warm_by_the_cached_tokens_the_server_reports(plain):
     result = run(plain, "prefix", "prefix_warm")
     cold, warm = result["prefix"]["summary"], result["prefix_warm"]["summary"]

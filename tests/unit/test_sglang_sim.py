@@ -278,6 +278,35 @@ def test_context_overflow_is_400_with_sglang_message(launch):
     assert chat(sim, "x " * 900, 50).status_code == 200
 
 
+def test_the_kv_cache_pool_is_what_the_gpu_holds_beside_the_weights_and_bounds_the_input(
+        launch):
+    """
+    SGLang's profile: the memory within --mem-fraction-static less the rank's
+    weights, over one position's KV cache. 0.11 of a 5090 (32,607 MiB) less
+    3.584 GB of weights leaves 177 MB: 43,213 positions of 4 KiB.
+    """
+    sim = launch("--mem-fraction-static", "0.11").wait_ready()
+    info = sim.get("/server_info").json()
+    assert info["max_total_num_tokens"] == (
+        int(0.11 * (32607 << 20) - WEIGHT_BYTES) // (2 * 4 * 256 * 2)) == 43213
+    # Under the context length (262,144) and the pool, less 5, as 0.5.9's worker sets it.
+    assert info["max_req_input_len"] == 43212 - 5
+    refused = generate(sim, "x " * 43300, 4)
+    assert refused.status_code == 400
+    assert "exceeds the maximum allowed length (43207 tokens)" in refused.text
+    assert generate(sim, "x " * 1000, 4).status_code == 200
+
+
+def test_tp2_holds_more_than_twice_a_replicas_kv_cache():
+    """Half the weights and half of each position's KV heads on each rank."""
+    shape = ModelShape(layers=64, hidden_size=5120, activation_bytes=2, draft_layers=1,
+                       kv_bytes_per_position=2 * 64 * 8 * 128 * 2, weight_bytes=15_187_500_000)
+    gpu = 32607 << 20
+    replica, rank = shape.kv_cache_tokens(gpu, 0.85, 1), shape.kv_cache_tokens(gpu, 0.80, 2)
+    assert (replica, rank) == (52_928, 150_749)
+    assert rank > 2 * replica
+
+
 def test_server_info_reports_nextn_as_eagle(launch):
     sim = launch(*NEXTN, "--quantization", "modelopt_fp4").wait_ready()
     info = sim.get("/server_info").json()

@@ -164,6 +164,20 @@ def test_tp_against_the_replicas_gives_a_verdict_per_level_and_the_crossover():
             "requests: faster per request up to 2, slower per request from 8") in lines
 
 
+def test_the_memory_side_is_each_architectures_own_answer_beside_the_replicas():
+    reports = sweep_reports()
+    for built in reports:
+        built["config"]["server_info"] |= (
+            {"max_total_num_tokens": 52_928, "max_req_input_len": 52_922}
+            if built["state"] == "production"
+            else {"max_total_num_tokens": 150_749, "max_req_input_len": 150_743})
+    lines = section(compare.comparison(reports), "### The memory side")
+    rows = {cells[0]: cells[1:] for cells in (line.strip("| ").split(" | ") for line in lines
+                                             if line.startswith(("| production", "| tp2_")))}
+    assert rows == {"production": ["52,928", "—", "52,922", "—"],
+                    "tp2_e2e": ["150,749", "2.85×", "150,743", "2.85×"]}
+
+
 def test_without_a_sweep_or_without_the_replicas_there_is_no_such_section():
     from test_measure_reports import campaign_reports
 
@@ -171,6 +185,7 @@ def test_without_a_sweep_or_without_the_replicas_there_is_no_such_section():
     alone = [built for built in sweep_reports() if built["state"] == "tp2_e2e"]
     text = compare.comparison(alone)
     assert "### Concurrency sweep" in text and "TP2 against two replicas" not in text
+    assert "The memory side" not in text
 
 
 def test_the_chart_draws_the_sweep_as_a_curve_per_state(tmp_path, monkeypatch):
