@@ -91,6 +91,11 @@ def check_sweep(report: dict, kept: Path) -> None:
     (kept / f"{report['state']}.json").write_text(json.dumps(report))
 
 
+def section(text: str, title: str) -> list[str]:
+    """The lines of one ``###`` section of a comparison, up to the next."""
+    return text.split(title, 1)[1].split("\n### ", 1)[0].splitlines()
+
+
 def path_text(directory: Path, pattern: str) -> str:
     (path,) = directory.glob(pattern)
     return path.read_text()
@@ -204,16 +209,17 @@ def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
                       "--chart", str(tmp_path / "swept.png"))
     assert both.returncode == 0, both.stderr
     assert "### Concurrency sweep" in both.stdout
-    rows = [line for line in both.stdout.split("### TP2 against two replicas (production)")[1]
-            .splitlines() if line.startswith("| tp2_e2e |")]
+    rows = [line for line in section(both.stdout, "### TP2 against two replicas (production)")
+            if line.startswith("| tp2_e2e |")]
     assert [row.split(" | ")[1] for row in rows] == ["1", "2", "4"]
     assert all(row.count("no verdict: one trial") == 2 for row in rows)
     assert ("- tp2_e2e against production, aggregate tok/s: no crossover: no level of 1–4 "
             "decided") in both.stdout
     # The memory side, from each server's own /server_info: a TP rank holds half the
     # weights and half of each position's KV heads, so more than twice a replica's cache.
-    (memory,) = [line.strip("| ").split(" | ") for line in both.stdout.split(
-        "### The memory side")[1].splitlines() if line.startswith("| tp2_e2e |")]
+    (memory,) = [line.strip("| ").split(" | ") for line in section(both.stdout,
+                                                                   "### The memory side")
+                 if line.startswith("| tp2_e2e |")]
     assert float(memory[2].rstrip("×")) > 2 and float(memory[4].rstrip("×")) > 2
     assert places_holding(master_key(), {"the way back at -vvv": run.output,
                                          "measure": result.stdout + result.stderr,
