@@ -364,19 +364,21 @@ def against_replicas(states: dict[str, list[dict[str, Any]]]) -> list[str]:
                                           trials(at_level(states[base], level), key), words)
                 verdicts[key].append((level, found.words))
                 cells.append(verdict_cell(found))
-            body.append([state, str(level), *cells])
+            body.append([state, changed(base, state), str(level), *cells])
         for key, title, words in ARCHITECTURES:
             turn = sweep.crossover(verdicts[key], words)
             said.append(f"- {state} against {base}, {title}: "
                         + (turn.words() if turn else sweep.no_crossover(verdicts[key], words)))
     return [f"### TP2 against two replicas ({base}), level by level", "",
-            *table(["state", "requests at once",
+            *table(["state", f"changed from {base}", "requests at once",
                     *(f"{title}: state / {base}" for _, title, _ in ARCHITECTURES)], body), "",
             *said, "",
             "The same windows through the route users take: the router in front of the "
             "replicas, TP rank 0 for a TP state. A crossover lies between the last level "
             "that decided one way and the first that decided the other; a level with no "
-            "difference detected decides nothing.", ""]
+            "difference detected decides nothing. A state that differs from the replicas in "
+            "more than the serving layer (the `changed` column) gives each verdict more than one "
+            "cause: only a state one layer away answers for the architecture alone.", ""]
 
 
 def replicas_and_groups(states: dict[str, list[dict[str, Any]]]) -> tuple[str | None, list[str]]:

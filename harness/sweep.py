@@ -108,7 +108,8 @@ def milliseconds(seconds: float | None) -> float | None:
 def figures(report: dict[str, Any]) -> dict[int, dict[str, float | int | None]]:
     """
     Each level's figures of one report, by level; a window marked invalid (a
-    cold one that found cached tokens) gives none.
+    cold one that found cached tokens) gives none, a figure its summary lacks
+    (a report from elsewhere, or edited) is unknown.
     """
     levels = {}
     for window in report["windows"]:
@@ -116,13 +117,15 @@ def figures(report: dict[str, Any]) -> dict[int, dict[str, float | int | None]]:
         if level is None or window.get("invalid"):
             continue
         summary, totals = window["summary"], window["link"]["totals"]
+        rates, ttft, tpot = (summary.get(key) or {} for key in
+                             ("per_request_output_tok_s", "ttft_seconds", "tpot_seconds"))
         levels[level] = {
-            "aggregate_tok_s": summary["aggregate_output_tok_s"],
-            "per_request_tok_s": summary["per_request_output_tok_s"]["p50"],
-            "ttft_p50_s": summary["ttft_seconds"]["p50"],
-            "ttft_p99_s": summary["ttft_seconds"]["p99"],
-            "tpot_p50_ms": milliseconds(summary["tpot_seconds"]["p50"]),
-            "tpot_p99_ms": milliseconds(summary["tpot_seconds"]["p99"]),
+            "aggregate_tok_s": summary.get("aggregate_output_tok_s"),
+            "per_request_tok_s": rates.get("p50"),
+            "ttft_p50_s": ttft.get("p50"),
+            "ttft_p99_s": ttft.get("p99"),
+            "tpot_p50_ms": milliseconds(tpot.get("p50")),
+            "tpot_p99_ms": milliseconds(tpot.get("p99")),
             "accept_length": window["server"]["accept_length"],
             "accept_length_cumulative": cumulative(window),
             "receiver_errors": totals["receiver_errors"],

@@ -211,7 +211,8 @@ def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
     assert "### Concurrency sweep" in both.stdout
     rows = [line for line in section(both.stdout, "### TP2 against two replicas (production)")
             if line.startswith("| tp2_e2e |")]
-    assert [row.split(" | ")[1] for row in rows] == ["1", "2", "4"]
+    assert [row.split(" | ")[1:3] for row in rows] == [
+        ["driver, serving, speculative", level] for level in ("1", "2", "4")]
     assert all(row.count("no verdict: one trial") == 2 for row in rows)
     assert ("- tp2_e2e against production, aggregate tok/s: no crossover: no level of 1–4 "
             "decided") in both.stdout

@@ -153,8 +153,12 @@ def test_each_level_is_a_row_with_its_interval_and_its_ratio_at_the_same_level()
 def test_tp_against_the_replicas_gives_a_verdict_per_level_and_the_crossover():
     text = compare.comparison(sweep_reports())
     lines = section(text, "### TP2 against two replicas (production), level by level")
-    verdicts = {tuple(cells[:2]): cells[2:] for cells in (
+    verdicts = {(cells[0], cells[2]): cells[3:] for cells in (
         line.strip("| ").split(" | ") for line in lines if line.startswith("| tp2_e2e"))}
+    # tp2_e2e differs from production in three layers, and the table says so.
+    assert {cells[1] for cells in (line.strip("| ").split(" | ") for line in lines
+                                   if line.startswith("| tp2_e2e"))} == {
+        "driver, serving, speculative"}
     assert verdicts[("tp2_e2e", "1")][0].endswith("serves more")
     assert verdicts[("tp2_e2e", "8")][0].endswith("serves less")
     assert verdicts[("tp2_e2e", "8")][1].endswith("slower per request")
@@ -176,6 +180,17 @@ def test_the_memory_side_is_each_architectures_own_answer_beside_the_replicas():
                                              if line.startswith(("| production", "| tp2_")))}
     assert rows == {"production": ["52,928", "—", "52,922", "—"],
                     "tp2_e2e": ["150,749", "2.85×", "150,743", "2.85×"]}
+
+
+def test_a_level_whose_summary_lacks_a_figure_leaves_it_unknown():
+    built = swept("tp2_e2e", TP, 1.0)
+    for measured in built["windows"]:
+        if sweep.level_of(measured["name"]) == 4:
+            measured["summary"] = {}
+    figures = report.headline(built)["sweep"]
+    assert figures[4]["aggregate_tok_s"] is None and figures[4]["tpot_p50_ms"] is None
+    assert figures[8]["aggregate_tok_s"] == 250.0
+    assert "### Concurrency sweep" in compare.comparison([built])
 
 
 def test_without_a_sweep_or_without_the_replicas_there_is_no_such_section():
