@@ -33,6 +33,7 @@ import math
 from statistics import fmean, pstdev
 from typing import Any
 
+from harness.client import time_per_output_token
 from harness.sweep import percentile
 
 # benchmark()'s result in sglang 0.5.23, in its order.
@@ -92,8 +93,8 @@ def line(report: dict[str, Any], window: dict[str, Any]) -> dict[str, Any]:
     inputs = sum(sample["prompt_tokens"] or 0 for sample in done)
     outputs = sum(sample["completion_tokens"] for sample in done)
     e2e = [sample["seconds"] for sample in done]
-    tpots = [(sample["seconds"] - sample["ttft_seconds"]) / (sample["completion_tokens"] - 1)
-             for sample in done if sample["completion_tokens"] > 1]
+    tpots = [tpot for sample in done if (tpot := time_per_output_token(
+        sample["seconds"], sample["ttft_seconds"], sample["completion_tokens"])) is not None]
     figures = {
         "tag": f"twinbolt {report['state']} {window['name']}",
         "backend": BACKEND,

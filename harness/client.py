@@ -115,6 +115,24 @@ def rate(tokens: int | None, seconds: float | None) -> float | None:
     return tokens / seconds
 
 
+def span(samples: list[Sample]) -> float | None:
+    """Seconds from the first request sent to the last token received; None of no samples."""
+    if not samples:
+        return None
+    return max(s.last_token_at for s in samples) - min(s.sent_at for s in samples)
+
+
+def time_per_output_token(seconds: float | None, ttft: float | None,
+                          tokens: int | None) -> float | None:
+    """
+    Seconds per output token after the first: (latency - TTFT) / (output tokens
+    - 1), as SGLang's ``bench_serving`` has it; None for a request of one token.
+    """
+    if seconds is None or ttft is None or (tokens or 0) < 2:
+        return None
+    return (seconds - ttft) / (tokens - 1)
+
+
 def session(concurrency: int, timeout: float) -> httpx.AsyncClient:
     """
     An HTTP client for one window: a connection per concurrent request, and a

@@ -403,14 +403,14 @@ def memory_side(states: dict[str, list[dict[str, Any]]]) -> list[str]:
     base, grouped = replicas_and_groups(states)
     if base is None:
         return []
+    references = {key: combined(trials(states[base], key), max) for key in MEMORY}
     body = []
     for state in (base, *grouped):
         cells = [state]
         for key in MEMORY:
             value = combined(trials(states[state], key), max)
-            reference = combined(trials(states[base], key), max)
             cells += [figure(value, 0),
-                      ratio(value, reference, 0) if state != base else "—"]
+                      ratio(value, references[key], 0) if state != base else "—"]
         body.append(cells)
     return ["### The memory side: the context each architecture holds", "",
             *table(["state", *(f"{title}{suffix}" for title in MEMORY.values()

@@ -31,10 +31,12 @@ from itertools import pairwise
 from statistics import fmean
 from typing import Any
 
-from harness.client import Sample, rate
+from harness.client import Sample, rate, span, time_per_output_token
 from harness.server_stats import cumulative
 
 PREFIX = "sweep@"
+
+
 def level_name(level: int) -> str:
     """The window of one level: ``sweep@4`` sends four requests at once."""
     return f"{PREFIX}{level}"
@@ -61,16 +63,6 @@ def percentile(values: Sequence[float], share: float) -> float | None:
     return ordered[below] + (ordered[above] - ordered[below]) * (place - below)
 
 
-def time_per_output_token(sample: Sample) -> float | None:
-    """
-    Seconds per output token after the first: (latency - TTFT) / (output tokens
-    - 1), as ``bench_serving`` has it; None for a request of one token.
-    """
-    if sample.seconds is None or sample.ttft is None or (sample.completion_tokens or 0) < 2:
-        return None
-    return (sample.seconds - sample.ttft) / (sample.completion_tokens - 1)
-
-
 def distribution(values: list[float | None]) -> dict[str, float | None]:
     """The median, the 99th percentile and the mean of the known values."""
     known = [value for value in values if value is not None]
@@ -85,19 +77,21 @@ def level_summary(level: int, samples: list[Sample]) -> dict[str, Any]:
     level names.
     """
     finished = [sample for sample in samples if sample.error is None]
-    span = (max(s.last_token_at for s in finished) - min(s.sent_at for s in finished)
-            if finished else None)
+    seconds = span(finished)
     tokens = sum(sample.completion_tokens for sample in finished)
     return {
         "level": level,
         "requests": len(samples),
         "completed": len(finished),
         "completion_tokens": tokens,
-        "seconds": span,
-        "aggregate_output_tok_s": rate(tokens, span) if len(finished) == len(samples) else None,
+        "seconds": seconds,
+        "aggregate_output_tok_s": (rate(tokens, seconds) if len(finished) == len(samples)
+                                   else None),
         "per_request_output_tok_s": distribution([s.output_rate for s in finished]),
         "ttft_seconds": distribution([s.ttft for s in finished]),
-        "tpot_seconds": distribution([time_per_output_token(s) for s in finished]),
+        "tpot_seconds": distribution([time_per_output_token(s.seconds, s.ttft,
+                                                            s.completion_tokens)
+                                      for s in finished]),
     }
 
 

@@ -53,7 +53,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, field_validator
 
 from harness import counters, server_stats, sweep
-from harness.client import Sample, rate, session, stream_generate
+from harness.client import Sample, rate, session, span, stream_generate
 from harness.progress import reporting, say, where
 from harness.topology import Endpoint
 
@@ -63,7 +63,7 @@ PREFILLS = ("prefix", "long")
 SWEEP = "sweep"
 WINDOWS = ("single", "concurrent", SWEEP, "prefix", "prefix_warm", "long", "long_warm")
 # Measured from an empty cache; the others prime it, then measure warm.
-COLD = ("single", "concurrent", SWEEP, *PREFILLS)
+COLD = ("single", "concurrent", *PREFILLS)
 # The most simultaneous requests one level of the sweep may send.
 MAX_LEVEL = 256
 # The longest input leaves room for the few tokens a chat template (or a
@@ -202,14 +202,13 @@ async def concurrent(measurement: Measurement) -> tuple[list[Sample], dict[str, 
     samples = await run_samples(measurement, "concurrent", requests)
     finished = [s for s in samples if s.error is None]
     per_request = [s.output_rate for s in finished]
-    span = (max(s.last_token_at for s in finished) - min(s.sent_at for s in finished)
-            if finished else None)
+    seconds = span(finished)
     return samples, {
         "requests": len(samples),
         "completion_tokens": sum(s.completion_tokens for s in finished),
-        "seconds": span,
+        "seconds": seconds,
         # One figure for the window; never averaged with the per-request ones.
-        "aggregate_output_tok_s": rate(sum(s.completion_tokens for s in finished), span)
+        "aggregate_output_tok_s": rate(sum(s.completion_tokens for s in finished), seconds)
         if len(finished) == len(samples) else None,
         "per_request_output_tok_s": _spread(per_request),
         "ttft_seconds": _spread([s.ttft for s in finished]),

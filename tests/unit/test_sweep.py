@@ -7,7 +7,7 @@ from test_measure_reports import measurement, window
 
 import experiment
 from harness import compare, report, sweep
-from harness.client import Sample
+from harness.client import Sample, time_per_output_token
 from harness.windows import WindowSettings
 
 
@@ -42,9 +42,10 @@ def finished(label: str, sent: float, first: float, last: float, tokens: int,
 
 def test_time_per_output_token_counts_the_tokens_after_the_first():
     # 31 tokens after the first in 1.5 s.
-    assert sweep.time_per_output_token(finished("a", 0.0, 0.5, 2.0, 32)) == pytest.approx(
+    a, b = finished("a", 0.0, 0.5, 2.0, 32), finished("b", 0.0, 0.5, 0.5, 1)
+    assert time_per_output_token(a.seconds, a.ttft, a.completion_tokens) == pytest.approx(
         1.5 / 31)
-    assert sweep.time_per_output_token(finished("b", 0.0, 0.5, 0.5, 1)) is None
+    assert time_per_output_token(b.seconds, b.ttft, b.completion_tokens) is None
 
 
 def test_a_levels_aggregate_is_its_tokens_over_its_span_and_each_request_keeps_its_own():
