@@ -18,7 +18,9 @@ Window sizes default to the field report's (512 tokens single, 6 x 256 concurren
 measure; a campaign plans both temperatures of each prefill window named.
 ``sweep`` measures each level of ``--concurrency`` (default 1,2,4,8,16) as a window
 of its own, ``--sweep-tokens`` output tokens per request; a campaign with
-production and a TP state sets them side by side, level by level.
+production and a TP state sets them side by side, level by level. ``profile`` runs one
+request under SGLang's own profiler on every rank: where each rank's time goes, and
+NCCL's own transport lines.
 The logic lives in ``harness/``; this file only reads the command line.
 Progress goes to stderr, results to stdout and the report files.
 """

@@ -27,7 +27,7 @@ from typing import Any
 
 from harness import intervals, server_stats, sweep
 from harness.counters import combined
-from harness.report import headline, number, replaced, table
+from harness.report import headline, number, percent, replaced, table
 from operations.states import STATES, layers_changed
 
 RATE = ("faster", "slower")
@@ -71,6 +71,16 @@ ARCHITECTURES = (
     ("per_request_tok_s", "per-request tok/s p50", ("faster per request", "slower per request")),
 )
 SWEEP_CHARTED = ("aggregate_tok_s", "per_request_tok_s")
+# The profile window's figures per rank (harness.profile): (key, title, as a share?).
+PROFILED = (
+    ("allreduce_share", "all-reduce", True),
+    ("compute_share", "compute", True),
+    ("idle_share", "idle", True),
+    ("allreduce_p50_ms", "one all-reduce ms p50", False),
+    ("allreduce_p99_ms", "p99", False),
+    ("stall_seconds", "stalls: s lost", False),
+    ("stall_seconds_with_retransmissions", "of them with retransmissions", False),
+)
 # The memory side, from the servers' own answers: (headline key, title).
 MEMORY = {"kv_cache_tokens": "KV cache tokens", "largest_input_tokens": "longest input admitted"}
 # Counts: totalled over the trials, each trial's beside it; never averaged or divided.
@@ -281,7 +291,8 @@ def comparison(reports: list[dict[str, Any]], baseline: str | None = None) -> st
     return "\n".join([*table(comparison_header(), body), "", "\n\n".join(notes), "",
                       *cold_and_warm(states, prefills),
                       *concurrency_sweep(states, references, against),
-                      *against_replicas(states), *memory_side(states), *each_state(states),
+                      *against_replicas(states), *memory_side(states), *token_time(states),
+                      *each_state(states),
                       "",
                       *integrity(states), "", *side_by_side(reports)]) + "\n"
 
@@ -419,6 +430,43 @@ def memory_side(states: dict[str, list[dict[str, Any]]]) -> list[str]:
             "KV cache pool one server holds, and `max_req_input_len`, the longest input it "
             "admits (under the context length and the pool). A replica holds the whole model "
             "and every KV head on one GPU; a TP rank half of each.", ""]
+
+
+def token_time(states: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """
+    Where a token's time goes, per state and server (its workstation and TP
+    rank): the median over the
+    trials of each profile figure (its min–max beside it), and what NCCL said
+    of its transport in the last trial.
+    """
+    body = []
+    for state, rows in states.items():
+        profiled = [row["profile"] for row in rows if row.get("profile", {}).get("ranks")]
+        for rank in sorted({rank for each in profiled for rank in each["ranks"]}):
+            per_trial = [each["ranks"][rank] for each in profiled if rank in each["ranks"]]
+            cells = [state, rank, str(len(per_trial))]
+            for key, _, share in PROFILED:
+                shown = intervals.spread([each[key] for each in per_trial])
+                cells.append(f"{percent_or_figure(shown.median, share)} "
+                             f"({percent_or_figure(shown.low, share)}–"
+                             f"{percent_or_figure(shown.high, share)})")
+            host = per_trial[-1]["host"]
+            cells.append(f"{host}: {profiled[-1]['transport'].get(host, 'not read')}")
+            body.append(cells)
+    if not body:
+        return []
+    return ["### Where a token's time goes: SGLang's profiler on every rank", "",
+            *table(["state", "server", "trials", *(title for _, title, _ in PROFILED),
+                    "NCCL's transport, in its own words"], body), "",
+            "Each rank's profiled span (one request's decode, first kernel to last) split into "
+            "NCCL's all-reduce kernels, every other kernel, and no kernel at all: the median "
+            "over the trials (min–max). A stall is an all-reduce of five times its kernel's "
+            "median or more; its time lost is the excess, and it counts as with "
+            "retransmissions when it overlaps a sample in which a TP socket retransmitted.", ""]
+
+
+def percent_or_figure(value: float | None, share: bool) -> str:
+    return percent(value) if share else figure(value, 3)
 
 
 def each_state(states: dict[str, list[dict[str, Any]]]) -> list[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from harness import counters, remote, report, roofline, windows
 from harness.matrix import record_measurement
+from harness.profile import ProfileHosts
 from harness.progress import say
 from harness.status import observe
 from harness.topology import Topology
@@ -46,7 +47,8 @@ async def measure_state(topology: Topology, names: list[str], settings: windows.
     say(f"measuring {state.name} at {endpoint.url} ({endpoint.route}); "
         f"windows: {', '.join(names)}; hosts {status.verdict()}")
     info, results = await windows.run(endpoint, names, settings,
-                                      lambda: counters.snapshot(topology))
+                                      lambda: counters.snapshot(topology),
+                                      ProfileHosts(topology, state))
     bound = await single_stream_bound(topology, info, results)
     built = report.build(state.name, status.to_json(), topology, endpoint, settings, info,
                          results, bound)

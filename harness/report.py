@@ -21,9 +21,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness import bench_serving, server_stats, sweep
+from harness import bench_serving, profile, server_stats, sweep, traces
 from harness.client import THROUGHPUT
 from harness.counters import INTERFACE_COUNTERS, RETRANSMISSIONS, combined
+from harness.profile import PROFILE
 from harness.topology import Endpoint, Topology
 from harness.windows import PREFILLS, WARM_SUFFIX, WindowSettings, fits
 from operations.site.settings import WorkstationSettings
@@ -128,6 +129,7 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         else None,
         "output_tokens": tokens,
         "sweep": sweep.figures(report),
+        "profile": profile.figures(report),
         # The memory side, from the first server's own answer.
         "kv_cache_tokens": server_info.get("max_total_num_tokens"),
         "largest_input_tokens": server_info.get("max_req_input_len"),
@@ -156,7 +158,7 @@ def window_row(window: dict[str, Any]) -> list[str]:
     summary, totals = window["summary"], window["link"]["totals"]
     name = window["name"]
     rate = aggregate = ttft = tokens = "—"
-    if name == "single" or name.removesuffix(WARM_SUFFIX) in PREFILLS:
+    if name in ("single", PROFILE) or name.removesuffix(WARM_SUFFIX) in PREFILLS:
         rate = number(summary["output_tok_s"])
         ttft = number(summary["ttft_seconds"], 3)
     if sweep.level_of(name) is not None:
@@ -221,6 +223,7 @@ def markdown(report: dict[str, Any]) -> str:
             report.get("config", {}).get("server_info") or {})
         lines += ["", server_stats.caveat(interval)]
     lines += roofline_lines(report.get("roofline"))
+    lines += profile_lines(report)
     errors = [error for window in report["windows"] for error in window["errors"]]
     if errors:
         lines += ["", "Failed requests:", "", *(f"- {error}" for error in errors)]
@@ -249,6 +252,43 @@ def markdown(report: dict[str, Any]) -> str:
               number(host["rx_rate_gbps"], 0)] for name, host in report["hosts"].items()],
         )
     return "\n".join(lines) + "\n"
+
+
+def profile_lines(report: dict[str, Any]) -> list[str]:
+    """The profile window: where each rank's time went, and NCCL's own transport lines."""
+    window = next((each for each in report["windows"] if each["name"] == PROFILE), None)
+    if window is None:
+        return []
+    rows = []
+    for key, rank in window["summary"]["ranks"].items():
+        if "error" in rank:
+            rows.append([key, rank["error"], *[""] * 7])
+            continue
+        shares, allreduce, stalls = rank["shares"], rank["allreduce"], rank["stalls"]
+        rows.append([key, *(percent(shares[name]) for name in ("allreduce", "compute", "idle")),
+                     number(allreduce["count"]), number(allreduce["p50_ms"], 3),
+                     number(allreduce["p99_ms"], 3),
+                     f"{number(stalls['count'])}: {number(stalls['seconds_lost'], 3)} s",
+                     f"{number(stalls['with_retransmissions'])}: "
+                     f"{number(stalls['seconds_lost_with_retransmissions'], 3)} s"])
+    lines = ["", "## Where a token's time goes (SGLang's profiler, every rank)", ""]
+    lines += table(["trace", "all-reduce", "compute", "idle", "all-reduces", "one all-reduce "
+                    "ms p50", "p99", "stalls: time lost", "of them with retransmissions"], rows)
+    lines += ["", f"Shares of each rank's profiled span, first kernel to last, over one "
+              f"request's decode. A stall: an all-reduce of at least "
+              f"{traces.STALL_FACTOR:g}x its kernel's median; with retransmissions: one that "
+              f"overlaps a {profile.SAMPLE_SECONDS * 1000:g} ms sample in which a TP socket's "
+              f"retransmission count grew ({number(window['summary']['retransmissions_sampled'])}"
+              " in this window).", "", "NCCL's own lines (`NCCL_DEBUG=INFO`), per workstation:",
+              ""]
+    for host, found in window["summary"]["nccl"].items():
+        said = profile.transport(found)
+        lines += [f"- {host}: {said.words()}", *(f"  - `{line}`" for line in said.lines)]
+    return lines
+
+
+def percent(share: float | None) -> str:
+    return "—" if share is None else f"{share:.1%}"
 
 
 def roofline_lines(roofline: dict[str, Any] | None) -> list[str]:

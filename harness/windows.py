@@ -16,6 +16,11 @@ counters of both workstations and the servers' own counters.
   its requests' output tokens and bracketed by its own counters: per level the
   aggregate and per-request tok/s, TTFT and time per output token
   (:mod:`harness.sweep`).
+- ``profile``: one request of 128 output tokens under SGLang's own profiler,
+  on every server: per rank, the share of its time in all-reduce, in compute
+  and idle, one all-reduce's latency, and the time lost in stalls that
+  coincide with a TP socket's retransmissions; and NCCL's own lines naming
+  its transport (:mod:`harness.profile`, :mod:`harness.traces`).
 - ``prefix_warm`` and ``long_warm``: the same windows warm. The cache is primed
   first, unmeasured (``prefix_warm`` sends the prefix with another word,
   ``long_warm`` the same input), then the window is measured and reports its
@@ -52,8 +57,9 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, field_validator
 
-from harness import counters, server_stats, sweep
+from harness import counters, profile, server_stats, sweep
 from harness.client import Sample, rate, session, span, stream_generate
+from harness.profile import PROFILE
 from harness.progress import reporting, say, where
 from harness.topology import Endpoint
 
@@ -61,9 +67,9 @@ WARM_SUFFIX = "_warm"
 # The prefill windows, each measured cold and warm ("<name>_warm").
 PREFILLS = ("prefix", "long")
 SWEEP = "sweep"
-WINDOWS = ("single", "concurrent", SWEEP, "prefix", "prefix_warm", "long", "long_warm")
+WINDOWS = ("single", "concurrent", SWEEP, PROFILE, "prefix", "prefix_warm", "long", "long_warm")
 # Measured from an empty cache; the others prime it, then measure warm.
-COLD = ("single", "concurrent", *PREFILLS)
+COLD = ("single", "concurrent", PROFILE, *PREFILLS)
 # The most simultaneous requests one level of the sweep may send.
 MAX_LEVEL = 256
 # The longest input leaves room for the few tokens a chat template (or a
@@ -83,6 +89,7 @@ class WindowSettings(BaseModel):
     + concurrent_requests, concurrent_tokens: the concurrent window's requests and their length
     + concurrency: the sweep's levels, simultaneous requests, ascending
     + sweep_tokens: output tokens of each request of the sweep
+    + profile_tokens: output tokens of the profiled request
     + prefix_tokens: the shared prefix sent twice; capped by the state's context length
     + prefix_output_tokens: output tokens of each prefix request
     + long_tokens: the longest input wanted; capped by the state's context length
@@ -97,6 +104,7 @@ class WindowSettings(BaseModel):
     concurrent_tokens: PositiveInt = 256
     concurrency: tuple[PositiveInt, ...] = (1, 2, 4, 8, 16)
     sweep_tokens: PositiveInt = 256
+    profile_tokens: PositiveInt = 128
     prefix_tokens: PositiveInt = 120_000
     prefix_output_tokens: PositiveInt = 16
     long_tokens: PositiveInt = 200_000
@@ -127,6 +135,7 @@ class Measurement:
     client: httpx.AsyncClient
     link_snapshot: LinkSnapshots
     server_info: dict[str, Any]
+    profile_hosts: profile.ProfileHosts | None = None
 
     @property
     def cache_report(self) -> bool:
@@ -223,6 +232,35 @@ async def sweep_level(measurement: Measurement, name: str,
                 for index in range(level)]
     samples = await run_samples(measurement, name, requests)
     return samples, sweep.level_summary(level, samples)
+
+
+async def profiled(measurement: Measurement) -> tuple[list[Sample], dict[str, Any]]:
+    """
+    One request under SGLang's profiler on every server, the TP sockets
+    sampled meanwhile; then every rank's trace read, and NCCL's lines.
+    """
+    hosts = measurement.profile_hosts
+    if hosts is None:
+        raise ValueError("the profile window needs the workstations: measure it through "
+                         "experiment.py")
+    directory = profile.trace_directory()
+    samplers = hosts.samplers(measurement.settings.request_timeout_seconds)
+    await asyncio.gather(*(sampler.start() for sampler in samplers))
+    started = await post_all(measurement, "start_profile", {"output_dir": directory}, "started")
+    (sample,) = await run_samples(
+        measurement, PROFILE, [(Sample(PROFILE, measurement.settings.profile_tokens), prompt(16))])
+    stopped = await post_all(measurement, "stop_profile", None, "stopped")
+    samples = await asyncio.gather(*(sampler.stop() for sampler in samplers))
+    say(f"{where(f'window {PROFILE}')}: fetching the traces from {directory}")
+    fetched, nccl = await asyncio.gather(hosts.fetch(directory), hosts.nccl_lines())
+    return [sample], {
+        "ttft_seconds": sample.ttft,
+        "completion_tokens": sample.completion_tokens,
+        "output_tok_s": sample.output_rate,
+        "profiler": {"start": started, "stop": stopped},
+        **profile.analyse(fetched, list(samples)),
+        "nccl": nccl,
+    }
 
 
 async def fitted(measurement: Measurement, wanted: int, output_tokens: int,
@@ -357,7 +395,7 @@ def _spread(values: list[float | None]) -> dict[str, float | None]:
     }
 
 
-RUNNERS = {"single": single, "concurrent": concurrent}
+RUNNERS = {"single": single, "concurrent": concurrent, PROFILE: profiled}
 PROMPTS = {"prefix": prefix, "long": long}
 Runner = Callable[[], Awaitable[tuple[list[Sample], dict[str, Any]]]]
 
@@ -446,14 +484,20 @@ async def flush_caches(measurement: Measurement) -> dict[str, str]:
     what each answered. A server that refuses leaves the window to the check of
     :func:`cached_in_cold`.
     """
+    return await post_all(measurement, "flush_cache", None, "flushed")
+
+
+async def post_all(measurement: Measurement, path: str, body: dict[str, Any] | None,
+                   done: str) -> dict[str, str]:
+    """``path`` posted to every server: ``done`` from each that answered 200, else why not."""
     answers = {}
     for url in measurement.endpoint.servers:
         try:
-            response = await measurement.client.post(f"{url}/flush_cache")
+            response = await measurement.client.post(f"{url}/{path}", json=body)
         except httpx.HTTPError as error:
             answers[url] = f"{type(error).__name__}: {error}"
             continue
-        answers[url] = ("flushed" if response.status_code == 200
+        answers[url] = (done if response.status_code == 200
                         else f"HTTP {response.status_code}: {response.text.strip()[:200]}")
     return answers
 
@@ -493,7 +537,8 @@ class EndpointDown(RuntimeError):
 
 
 async def run(endpoint: Endpoint, names: list[str], settings: WindowSettings,
-              link_snapshot: LinkSnapshots) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+              link_snapshot: LinkSnapshots, profile_hosts: profile.ProfileHosts | None = None,
+              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """
     Run the named windows one after another, in the order given, the sweep one
     level at a time.
@@ -509,7 +554,8 @@ async def run(endpoint: Endpoint, names: list[str], settings: WindowSettings,
         first = await server_stats.read_server(client, endpoint.servers[0])
         if first.error:
             raise EndpointDown(f"{endpoint.servers[0]}/server_info: {first.error}")
-        measurement = Measurement(endpoint, settings, client, link_snapshot, first.info)
+        measurement = Measurement(endpoint, settings, client, link_snapshot, first.info,
+                                  profile_hosts)
         results = [await run_window(measurement, name)
                    for name in levels(names, settings.concurrency)]
     return first.info, results

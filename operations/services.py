@@ -612,6 +612,10 @@ class RunningServices(FactBase):
         return sorted(line.strip() for line in output if line.strip())
 
 
+# More lines than a service logs between two starts: its whole log, searched.
+WHOLE_LOG_LINES = 1_000_000
+
+
 class ServiceLog(FactBase):
     """
     The last lines a service logged: its runit log file, or its systemd journal.
@@ -754,3 +758,26 @@ def log_tails(workstations: list[tuple[Host, str, InitSystem]]) -> str:
         sections.append(f"  {other.name} {name}, last lines of {where} (requests left out):"
                         f"\n{body}")
     return "\n".join(sections)
+
+
+class ServiceLogMatches(FactBase):
+    """
+    The last lines of a service's whole log that hold ``text``: lines logged
+    once at start (NCCL's choice of transport, say) that :class:`ServiceLog`'s
+    last lines have long scrolled past.
+
+    .. code:: python
+
+        ["... NCCL INFO NET/Socket : Using [0]thunderbolt0:169.254.77.1<0>", "..."]
+    """
+
+    default = list
+
+    def command(self, service: str, init_system: InitSystem, text: str,
+                lines: int = 40) -> StringCommand:
+        whole = SUPERVISORS[init_system].log_command(service, WHOLE_LOG_LINES)
+        return StringCommand("(", whole, ")", "|", "grep", "-F", "--", QuoteString(text), "|",
+                             "tail", "-n", str(int(lines)))
+
+    def process(self, output: list[str]) -> list[str]:
+        return [ANSI_ESCAPE.sub("", line) for line in output]

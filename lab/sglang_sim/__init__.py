@@ -19,7 +19,8 @@ tuner picks (:mod:`lab.sglang_sim.nccl`);
 sizes come from the model's files (``config.json`` and
 ``model.safetensors.index.json``, see :mod:`lab.sglang_sim.model`). The TP
 link is therefore the lab's real veth, and its drops and retransmissions set
-the token rate.
+the token rate. SGLang's profiler endpoints write each rank's trace of its
+own kernels (:mod:`lab.sglang_sim.profiler`).
 
 Tokens are whitespace-separated words, so ``"x " * 120_000`` is a 120,000-token
 prompt; a chat message adds one token for its role. Output is exactly

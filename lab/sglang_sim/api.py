@@ -13,11 +13,12 @@ is a rank 0 of such a release whose scheduler stops.
 """
 
 import argparse
+import logging
 import threading
 import time
 
 from lab.sglang_sim.args import context_length
-from lab.sglang_sim.engine import Scheduler, Sequence
+from lab.sglang_sim.engine import ProfileRequest, Scheduler, Sequence
 from lab.sglang_sim.httpd import (
     App,
     Request,
@@ -41,8 +42,11 @@ from lab.sglang_sim.openai_api import (
     requested_tokens,
     text_prompt,
 )
+from lab.sglang_sim.profiler import NOT_PROFILING
 from lab.sglang_sim.stats import Stats
 from lab.sglang_sim.tokens import block_hashes, tokenize
+
+logger = logging.getLogger(__name__)
 
 # The lab's fault for a scheduler that stops behind an older release's green /health.
 GREEN_HEALTH_FAULT = "rank_hang_green_health"
@@ -57,6 +61,15 @@ def dummy_health_app() -> App:
     routes = {path: {"GET": lambda request: Response(200)}
               for path in ("/health", "/health_generate")}
     return App(routes, api_key=None)
+
+
+def internal_error(message: str) -> Response:
+    """
+    What FastAPI answers for the ``RuntimeError`` SGLang's tokenizer manager
+    raises: a bare 500; the message goes to the server's log only.
+    """
+    logger.error("Profile: %s", message)
+    return Response(500, b"Internal Server Error", "text/plain; charset=utf-8")
 
 
 class Leader:
@@ -92,6 +105,8 @@ class Leader:
             "/v1/completions": {"POST": self._when_ready(self.completions)},
             "/generate": {"POST": self._when_ready(self.generate)},
             "/flush_cache": {"GET": self.flush_cache, "POST": self.flush_cache},
+            "/start_profile": {"GET": self.start_profile, "POST": self.start_profile},
+            "/stop_profile": {"GET": self.stop_profile, "POST": self.stop_profile},
         }
         if self._args.enable_metrics:
             routes["/metrics"] = {"GET": self.metrics}
@@ -127,6 +142,41 @@ class Leader:
         if self._scheduler.flush_cache():
             return Response(200, FLUSHED.encode(), "text/plain; charset=utf-8")
         return Response(400, b"Flush cache failed.\n", "text/plain; charset=utf-8")
+
+    def start_profile(self, request: Request) -> Response:
+        """
+        SGLang's ``/start_profile``: every rank records until ``/stop_profile``,
+        its traces in ``output_dir`` (SGLang's ``ProfileReqInput``). A start
+        that SGLang's scheduler refuses (one already running) is a 500, the
+        ``RuntimeError`` its tokenizer manager raises.
+        """
+        body = request.json()
+        unsupported = sorted(key for key in ("start_step", "num_steps", "profile_stages")
+                             if body.get(key) is not None)
+        if unsupported or body.get("profile_by_stage") or body.get("merge_profiles"):
+            return error_response("The lab's simulator profiles from /start_profile to "
+                                  f"/stop_profile only: {', '.join(unsupported) or 'by stage'} "
+                                  "is not simulated", 400)
+        try:
+            refused = self._scheduler.profile(ProfileRequest(
+                start=True, output_dir=body.get("output_dir"), profile_id=str(time.time())))
+        except TimeoutError as error:
+            refused = str(error)
+        if refused:
+            return internal_error(refused)
+        return Response(200, b"Start profiling.\n", "text/plain; charset=utf-8")
+
+    def stop_profile(self, request: Request) -> Response:
+        """SGLang's ``/stop_profile``: answered once every rank has written its trace."""
+        try:
+            written = self._scheduler.profile(ProfileRequest(start=False))
+        except TimeoutError as error:
+            return internal_error(str(error))
+        if not written:
+            return internal_error(NOT_PROFILING)
+        logger.info("Profiling done. Traces are saved to: %s", ", ".join(written))
+        return Response(200, b"Stop profiling. This will take some time.\n",
+                        "text/plain; charset=utf-8")
 
     def server_info(self, request: Request) -> Response:
         """Every server arg under SGLang's name, the version, and the scheduler's state."""

@@ -14,7 +14,8 @@ other, each as wide as the step's token positions. With speculative decoding
 the draft first runs its own passes (``num_steps`` of them, one position per
 request), then the target verifies ``num_draft_tokens`` positions per request;
 a step yields one token plus the drafts accepted before the first rejection,
-so more tokens per step for wider messages.
+so more tokens per step for wider messages. Between two batches the loop
+also starts and stops the profiler (:mod:`lab.sglang_sim.profiler`).
 """
 
 import logging
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from lab.sglang_sim.knobs import Knobs
 from lab.sglang_sim.link import NcclLink
 from lab.sglang_sim.model import ModelShape
+from lab.sglang_sim.profiler import ALREADY_PROFILING, FORWARD_KERNEL, Profiler
 from lab.sglang_sim.stats import Stats
 from lab.sglang_sim.tokens import PrefixCache
 
@@ -35,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 # An idle rank 0 still exchanges with rank 1, as SGLang's ranks keep talking.
 HEARTBEAT_SECONDS = 1.0
+# The longest a profile request waits for the loop: a batch, or a hung rank.
+PROFILE_WAIT_SECONDS = 60.0
 VOCABULARY = (
     "the", "link", "rank", "token", "model", "cable", "frame", "credit", "lane", "route",
     "answer", "draft", "verify", "prefix", "cache", "batch", "state", "layer", "proof", "run",
@@ -68,6 +72,21 @@ class Speculation:
         while length < longest and rng.random() < self.accept_rate:
             length += 1
         return length
+
+
+@dataclass(eq=False)
+class ProfileRequest:
+    """
+    ``/start_profile`` (``start``) or ``/stop_profile``, run by the scheduler
+    loop between two batches, as SGLang's scheduler takes a ``ProfileReq``
+    from its input queue; ``answer`` is filled, then ``done`` set.
+    """
+
+    start: bool
+    output_dir: str | None = None
+    profile_id: str = ""
+    answer: object = None
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(eq=False)
@@ -170,7 +189,9 @@ class Scheduler:
         self._chunked_prefill_size = chunked_prefill_size
         self._stats = stats
         self._speculation = speculation
-        self._waiting: queue.SimpleQueue[Sequence] = queue.SimpleQueue()
+        self._waiting: queue.SimpleQueue[Sequence | ProfileRequest] = queue.SimpleQueue()
+        # A single GPU's kernels; in TP2 each rank's scheduler process records its own.
+        self._profiler = Profiler(rank=0)
         self._cache = PrefixCache()
         self._decode_log = DecodeLog(stats)
         # The requests being prefilled or decoded, as the loop last saw them.
@@ -178,6 +199,18 @@ class Scheduler:
 
     def submit(self, sequence: Sequence) -> None:
         self._waiting.put(sequence)
+
+    def profile(self, request: ProfileRequest) -> object:
+        """
+        Start or stop profiling between two batches: for a start, why it was
+        refused (``None`` if it was not); for a stop, the traces written
+        (``None`` if nothing was profiling).
+        """
+        self._waiting.put(request)
+        if not request.done.wait(PROFILE_WAIT_SECONDS):
+            raise TimeoutError(f"the scheduler did not take the profile request within "
+                               f"{PROFILE_WAIT_SECONDS:g} s")
+        return request.answer
 
     def flush_cache(self) -> bool:
         """
@@ -194,7 +227,7 @@ class Scheduler:
         """The scheduler loop; it returns only by raising (a lost peer)."""
         running: list[Sequence] = []
         while True:
-            new = self._admit(wait=not running)
+            new = self._admit(wait=not running, link=link)
             self._running = len(running) + len(new)
             if not new and not running:
                 if link:
@@ -215,8 +248,11 @@ class Scheduler:
                             seq.completion_tokens)
         return [seq for seq in running if seq.remaining and not seq.aborted]
 
-    def _admit(self, wait: bool) -> list[Sequence]:
-        """Everything waiting; when idle, wait a heartbeat for the first request."""
+    def _admit(self, wait: bool, link: NcclLink | None) -> list[Sequence]:
+        """
+        Every request waiting, each profile request run as it comes; when idle,
+        wait a heartbeat for the first.
+        """
         admitted = []
         try:
             if wait:
@@ -224,7 +260,23 @@ class Scheduler:
             while True:
                 admitted.append(self._waiting.get_nowait())
         except queue.Empty:
-            return admitted
+            pass
+        for request in admitted:
+            if isinstance(request, ProfileRequest):
+                self._run_profile(request, link)
+        return [request for request in admitted if isinstance(request, Sequence)]
+
+    def _run_profile(self, request: ProfileRequest, link: NcclLink | None) -> None:
+        if link:
+            request.answer = (link.start_profile(request.output_dir, request.profile_id)
+                              if request.start else link.stop_profile())
+        elif request.start:
+            started = self._profiler.start(request.output_dir, request.profile_id)
+            request.answer = None if started else ALREADY_PROFILING
+        else:
+            written = self._profiler.stop()
+            request.answer = [str(written)] if written else None
+        request.done.set()
 
     def _hang_if_faulted(self) -> None:
         """Stop here for good, as a hung rank does; HTTP threads still answer."""
@@ -242,8 +294,8 @@ class Scheduler:
                 self._stats.record_prefill(seq.prompt_tokens, seq.cached_tokens)
         uncached = sum(seq.prompt_tokens - seq.cached_tokens for seq in new)
         for chunk in prefill_chunks(uncached, self._chunked_prefill_size):
-            time.sleep(chunk / self._knobs.prefill_tokens_per_second)
-            self._allreduce(chunk, self._shape.layers, link)
+            self._pass(chunk / self._knobs.prefill_tokens_per_second, chunk,
+                       self._shape.layers, link)
         logger.info("Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d",
                     len(new), uncached, sum(seq.cached_tokens for seq in new))
         for seq in new:
@@ -284,17 +336,23 @@ class Scheduler:
         One forward pass over ``positions`` token positions through ``layers``
         layers: the GPU's time, then in TP2 two all-reduces per layer, in order.
         """
-        time.sleep(self._shape.pass_seconds(context, layers, self._tp_size,
-                                            self._knobs.gpu_bandwidth_gb_s * 1e9))
-        self._allreduce(positions, layers, link)
+        self._pass(self._shape.pass_seconds(context, layers, self._tp_size,
+                                            self._knobs.gpu_bandwidth_gb_s * 1e9),
+                   positions, layers, link)
 
-    def _allreduce(self, positions: int, layers: int, link: NcclLink | None) -> None:
-        """In TP2, a pass's two all-reduces per layer, one after the other."""
-        if not link:
+    def _pass(self, seconds: float, positions: int, layers: int, link: NcclLink | None) -> None:
+        """
+        A pass's GPU time; in TP2 on both ranks at once, then its two
+        all-reduces per layer, one after the other.
+        """
+        if link:
+            message = self._shape.allreduce_bytes(positions)
+            self._stats.record_allreduce(
+                link.forward(seconds, message, 2 * layers, self._shape.activation_bytes))
             return
-        message = self._shape.allreduce_bytes(positions)
-        self._stats.record_allreduce(
-            link.allreduce(message, 2 * layers, self._shape.activation_bytes))
+        started = time.time()
+        time.sleep(seconds)
+        self._profiler.kernel(FORWARD_KERNEL, started, time.time())
 
     def _accept_length(self, seq: Sequence) -> int:
         return self._speculation.accept_length(seq.rng) if self._speculation else 1

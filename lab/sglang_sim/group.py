@@ -51,6 +51,7 @@ import socket
 import threading
 from multiprocessing.connection import Connection
 
+from lab.sglang_sim import nccl_log
 from lab.sglang_sim.link import (
     ENDPOINT,
     READY,
@@ -193,8 +194,7 @@ class NcclGroup:
         self._transport = Transport.from_env(os.environ, nic_vendor(chosen),
                                              nic_speed_mbps(chosen))
         self._send, self._receive = self._connect_channels(address, chosen)
-        logger.info("NCCL INFO Connected all rings: %d channels, %d connections to the peer",
-                    self._transport.channels, 2 * self._transport.channels)
+        nccl_log.channel_lines(rank, self._transport.channels)
 
     def _connect_channels(self, address: str, ifname: str) -> tuple[list, list]:
         """
@@ -319,8 +319,9 @@ def serve_requests(link: NcclLink, pipe: Connection) -> None:
 class SchedulerProcess:
     """
     The server process's handle on its scheduler process, with the data
-    link's interface (:class:`NcclLink`'s ``send``, ``expect``, ``allreduce``,
-    ``heartbeat``, ``set_timeout``), each a request over the pipe.
+    link's interface (:class:`NcclLink`'s ``send``, ``expect``, ``forward``,
+    ``heartbeat``, ``set_timeout`` and the profiler's start and stop), each a
+    request over the pipe.
     """
 
     def __init__(self, rank: int, host: str, port: int, ifname: str | None,
@@ -357,8 +358,15 @@ class SchedulerProcess:
     def expect(self, kind: int) -> int:
         return self._ask("expect", kind)
 
-    def allreduce(self, nbytes: int, count: int = 1, element_bytes: int = 2) -> int:
-        return self._ask("allreduce", nbytes, count, element_bytes)
+    def forward(self, seconds: float, nbytes: int, count: int = 1,
+                element_bytes: int = 2) -> int:
+        return self._ask("forward", seconds, nbytes, count, element_bytes)
+
+    def start_profile(self, output_dir: str | None, profile_id: str) -> str | None:
+        return self._ask("start_profile", output_dir, profile_id)
+
+    def stop_profile(self) -> list[str] | None:
+        return self._ask("stop_profile")
 
     def heartbeat(self) -> None:
         self._ask("heartbeat")

@@ -15,13 +15,19 @@ retransmissions included. A broken connection aborts both ranks, as an NCCL
 error does.
 
 Rank 0 runs the scheduler; rank 1 follows it: before a pass's all-reduces,
-rank 0 names their size and count in a frame on channel 0 (real ranks both
-know them from the model). Frames are a kind byte and a length; the payload is
-that many zero bytes, or for ``ENDPOINT`` an address as ``ip:port``, or for
-``ALLREDUCE`` the size, count and element size.
+rank 0 names the pass's GPU time and its all-reduces' size and count in a
+frame on channel 0 (real ranks both know them from the model), and both ranks
+spend that time before the all-reduces, as both GPUs compute their share at
+once. Rank 0 also passes on ``/start_profile`` and ``/stop_profile``, as
+SGLang's scheduler broadcasts its requests to the TP group: each rank records
+its own kernels (:mod:`lab.sglang_sim.profiler`). Frames are a kind byte and a
+length; the payload is that many zero bytes, or for ``ENDPOINT`` an address as
+``ip:port``, for ``ALLREDUCE`` the GPU time, size, count and element size, for
+``PROFILE`` a JSON request (rank 1 answers with the path of its trace).
 """
 
 import fcntl
+import json
 import logging
 import os
 import select
@@ -32,14 +38,22 @@ from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
+from lab.sglang_sim import nccl_log
 from lab.sglang_sim.nccl import ChannelPlan, Transport, plan_allreduce, wire_segments
+from lab.sglang_sim.profiler import (
+    ALLREDUCE_KERNEL,
+    ALREADY_PROFILING,
+    FORWARD_KERNEL,
+    Profiler,
+)
 
 logger = logging.getLogger(__name__)
 
-READY, ALLREDUCE, HEARTBEAT, ENDPOINT = 1, 2, 3, 4
+READY, ALLREDUCE, HEARTBEAT, ENDPOINT, PROFILE = 1, 2, 3, 4, 5
 HEADER = struct.Struct("!BQ")
-# An ALLREDUCE frame's payload: one all-reduce's bytes, how many in a row, the element size.
-ANNOUNCE = struct.Struct("!QIB")
+# An ALLREDUCE frame's payload: the pass's GPU seconds, then one all-reduce's
+# bytes, how many in a row, the element size.
+ANNOUNCE = struct.Struct("!dQIB")
 # What precedes each NCCL message on its control socket: its size, a C int in host order.
 MESSAGE_SIZE = struct.Struct("=i")
 # ioctl(2) request for an interface's IPv4 address (linux/sockios.h).
@@ -129,7 +143,7 @@ def tcp_socket(ifname: str | None = None) -> socket.socket:
 
 def nccl_endpoint(ifname: str | None) -> tuple[str, str]:
     """
-    NCCL's interface and its address, logged as NCCL_DEBUG=INFO logs them. NCCL
+    NCCL's interface and its address, logged as ``NCCL_DEBUG=INFO`` logs them. NCCL
     takes the interface's first address, or the first of ``NCCL_SOCKET_FAMILY``;
     the simulator's sockets are IPv4 only, so it refuses ``AF_INET6``.
     """
@@ -141,7 +155,8 @@ def nccl_endpoint(ifname: str | None) -> tuple[str, str]:
         logger.info("NCCL_SOCKET_IFNAME is not set: NCCL picks the interface itself")
     chosen = nccl_interface(ifname)
     address = interface_address(chosen)
-    logger.info("NCCL INFO NET/Socket : Using [0]%s:%s<0>", chosen, address)
+    nccl_log.info(f"NET/Socket : Using [0]{chosen}:{address}<0>", "INIT", "NET")
+    nccl_log.info("Using network Socket", "INIT")
     return chosen, address
 
 
@@ -309,22 +324,43 @@ class NcclLink(PeerLink):
         self._rotation = {("send", c): 0 for c in range(len(send))}
         self._rotation.update({("receive", c): 0 for c in range(len(receive))})
         self._timeout: float | None = None
+        self.profiler = Profiler(rank)
 
     def set_timeout(self, seconds: float | None) -> None:
         self._timeout = seconds
         for each in self._all:
             each.settimeout(seconds)
 
-    def allreduce(self, nbytes: int, count: int = 1, element_bytes: int = 2) -> int:
+    def forward(self, seconds: float, nbytes: int, count: int = 1,
+                element_bytes: int = 2) -> int:
         """
-        Rank 0's side of ``count`` all-reduces of ``nbytes``, one after the
-        other; the payload moved, both ways (each rank sends ``nbytes`` and
-        receives as much for each).
+        Rank 0's side of a forward pass: ``seconds`` of GPU time on both ranks,
+        then ``count`` all-reduces of ``nbytes``, one after the other; the
+        payload moved, both ways (each rank sends ``nbytes`` and receives as
+        much for each).
         """
-        payload = ANNOUNCE.pack(nbytes, count, element_bytes)
+        payload = ANNOUNCE.pack(seconds, nbytes, count, element_bytes)
         self._sendall(HEADER.pack(ALLREDUCE, len(payload)) + payload)
-        self._run(nbytes, count, element_bytes)
+        self._run(seconds, nbytes, count, element_bytes)
         return 2 * nbytes * count
+
+    def start_profile(self, output_dir: str | None, profile_id: str) -> str | None:
+        """Both ranks start recording; why not, if this rank already records."""
+        if not self.profiler.start(output_dir, profile_id):
+            return ALREADY_PROFILING
+        self._ask_peer({"start": True, "output_dir": output_dir, "profile_id": profile_id})
+        return None
+
+    def stop_profile(self) -> list[str] | None:
+        """Both ranks write their traces: their paths, or ``None`` if none was recording."""
+        path = self.profiler.stop()
+        if path is None:
+            return None
+        return [str(path), self._ask_peer({"start": False})]
+
+    def _ask_peer(self, request: dict) -> str:
+        self.send_text(PROFILE, json.dumps(request))
+        return self.receive_text(PROFILE)
 
     def heartbeat(self) -> None:
         """An empty exchange, so an idle rank 0 still notices a dead peer."""
@@ -337,17 +373,33 @@ class NcclLink(PeerLink):
             kind, nbytes = self._header(None)
             if kind == ALLREDUCE:
                 self._run(*ANNOUNCE.unpack(self._read(nbytes)))
-                continue
-            self._discard(nbytes)
-            self.send(kind, nbytes)
+            elif kind == PROFILE:
+                self.send_text(PROFILE, self._profile(json.loads(self._read(nbytes))))
+            else:
+                self._discard(nbytes)
+                self.send(kind, nbytes)
 
-    def _run(self, nbytes: int, count: int, element_bytes: int) -> None:
+    def _profile(self, request: dict) -> str:
+        """Rank 1's side of rank 0's profile request: the path of the trace it wrote, if any."""
+        if request["start"]:
+            self.profiler.start(request["output_dir"], request["profile_id"])
+            return ""
+        return str(self.profiler.stop() or "")
+
+    def _run(self, seconds: float, nbytes: int, count: int, element_bytes: int) -> None:
+        """The pass's GPU time, then its all-reduces, each a kernel of the profile."""
+        started = time.time()
+        time.sleep(seconds)
+        self.profiler.kernel(FORWARD_KERNEL, started, time.time())
         plan = plan_allreduce(nbytes, self._rank, self._transport, element_bytes)
         for each in self._all:
             each.setblocking(False)
         try:
             for _ in range(count):
+                started = time.time()
                 self.carry(plan)
+                self.profiler.kernel(ALLREDUCE_KERNEL, started, time.time(),
+                                     **{"In msg nelems": nbytes // element_bytes})
         finally:
             for each in self._all:
                 each.settimeout(self._timeout)

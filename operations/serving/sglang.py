@@ -186,6 +186,10 @@ def tp_environment(interface: str, address: str) -> dict[str, str]:
         "SGLANG_HOST_IP": address,
         "NCCL_IB_DISABLE": "1",
         "NCCL_NET": "Socket",
+        # NCCL's own word on where it went (its interface, its channels' transport),
+        # written once as the group forms; nothing per collective.
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET",
     }
 
 

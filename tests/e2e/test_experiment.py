@@ -19,16 +19,19 @@ from e2e_helpers import (
     inventory,
     master_key,
     places_holding,
+    ssh,
 )
 
-from harness import linktest_report, matrix
+from harness import linktest_report, matrix, profile
 from harness.topology import Topology
 from operations.safety import ledger
 
 # One short window keeps the whole file within a few minutes.
 SHORT = ("--window", "single", "--single-tokens", "64")
 # The same, and a short sweep: production and tp2_e2e are set side by side level by level.
-SWEEP = (*SHORT, "--window", "sweep", "--concurrency", "1,2,4", "--sweep-tokens", "32")
+# And one request under SGLang's profiler: where each rank's time goes.
+SWEEP = (*SHORT, "--window", "sweep", "--concurrency", "1,2,4", "--sweep-tokens", "32",
+         "--window", "profile", "--profile-tokens", "32")
 LEVELS = ("sweep@1", "sweep@2", "sweep@4")
 # pyinfra at its most verbose prints every command and every fact's output: the
 # experiment and the way back run so, and nothing of them may hold the master key.
@@ -91,6 +94,25 @@ def check_sweep(report: dict, kept: Path) -> None:
     (kept / f"{report['state']}.json").write_text(json.dumps(report))
 
 
+def check_profile(report: dict) -> dict[str, dict]:
+    """
+    The profile window's traces, one per server, each span of a server that ran
+    the request split whole into all-reduce, compute and idle; the traces by
+    workstation and rank.
+    """
+    window = windows_of(report)["profile"]
+    assert window["errors"] == [] and not window["invalid"]
+    assert set(window["summary"]["profiler"]["start"].values()) == {"started"}
+    assert set(window["summary"]["profiler"]["stop"].values()) == {"stopped"}
+    # Both workstations' TP sockets were sampled while the profiler recorded.
+    assert all(taken >= 2 for taken in window["summary"]["samples_taken"])
+    ranks = {f"{rank['host']} {rank['trace'].rpartition('-TP-')[2]}": rank
+             for rank in window["summary"]["ranks"].values()}
+    for rank in ranks.values():
+        assert rank["kernels"] == 0 or sum(rank["shares"].values()) == pytest.approx(1.0), rank
+    return ranks
+
+
 def section(text: str, title: str) -> list[str]:
     """The lines of one ``###`` section of a comparison, up to the next."""
     return text.split(title, 1)[1].split("\n### ", 1)[0].splitlines()
@@ -121,6 +143,25 @@ def test_tp2_e2e_is_observed_and_measured_with_the_link_counters_in_its_window(
     report = measured(tmp_path, "tp2_e2e")
     single = windows_of(report)["single"]
     check_sweep(report, swept)
+    # Both ranks profiled, each on its own host, from one /start_profile to rank 0:
+    # every step's all-reduces in NCCL's kernels, and NCCL's own word that they
+    # went over thunderbolt0, from both ranks' logs.
+    ranks = check_profile(report)
+    assert sorted(ranks) == ["wsa 0.trace.json.gz", "wsb 1.trace.json.gz"]
+    for rank in ranks.values():
+        assert rank["kernels"] > 0
+        assert rank["shares"]["allreduce"] > 0 and rank["shares"]["compute"] > 0
+        assert rank["allreduce"]["count"] >= 2 * 64
+        assert 0 < rank["allreduce"]["p50_ms"] <= rank["allreduce"]["p99_ms"]
+    nccl = windows_of(report)["profile"]["summary"]["nccl"]
+    addresses = {"wsa": "169.254.77.1", "wsb": "169.254.77.2"}
+    assert {host: profile.transport(lines).words() for host, lines in nccl.items()} == {
+        host: f"NET/Socket on thunderbolt0 ({address}), 2 channels"
+        for host, address in addresses.items()}
+    assert "## Where a token's time goes" in path_text(tmp_path, "tp2_e2e-*.md")
+    # The traces were fetched, and their directories removed from both hosts.
+    for host in addresses:
+        assert ssh(host, f"ls -d {profile.TRACE_ROOT}* 2>/dev/null || true").strip() == ""
     # The TP group's all-reduces crossed the link at every level.
     assert all(windows_of(report)[name]["link"]["totals"]["bytes_moved"] > 2**20
                for name in LEVELS)
@@ -184,6 +225,13 @@ def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
     report = measured(tmp_path, "production")
     single = windows_of(report)["single"]
     check_sweep(report, swept)
+    # Each replica is a rank 0 of its own, on its own GPU: the one the router sent
+    # the request to computed, and all-reduced nothing; the other ran nothing.
+    ranks = check_profile(report)
+    assert sorted(ranks) == ["wsa 0.trace.json.gz", "wsb 0.trace.json.gz"]
+    (ran,) = [rank for rank in ranks.values() if rank["kernels"]]
+    assert ran["shares"]["allreduce"] == 0 and ran["allreduce"]["count"] == 0
+    assert ran["shares"]["compute"] > 0.5
     assert report["endpoint"]["route"] == "sglang-router on gw"
     assert single["summary"]["completion_tokens"] == 64
     assert single["server"]["accept_length"] is None
@@ -222,6 +270,17 @@ def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
                                                                    "### The memory side")
                  if line.startswith("| tp2_e2e |")]
     assert float(memory[2].rstrip("×")) > 2 and float(memory[4].rstrip("×")) > 2
+    # Where a token's time goes, per server: the TP ranks share their time with
+    # NCCL's all-reduces over thunderbolt0; each replica with none.
+    profiled = {tuple(line.strip("| ").split(" | ")[:2]): line
+                for line in section(both.stdout, "### Where a token's time goes")
+                if line.startswith(("| tp2_e2e |", "| production |"))}
+    assert sorted(key for key in profiled if key[0] == "tp2_e2e") == [
+        ("tp2_e2e", "wsa, TP-0"), ("tp2_e2e", "wsb, TP-1")]
+    assert "wsb: NET/Socket on thunderbolt0 (169.254.77.2)" in profiled[("tp2_e2e",
+                                                                          "wsb, TP-1")]
+    (replica,) = [line for key, line in profiled.items() if key[0] == "production"]
+    assert "| 0.0% (0.0%–0.0%) |" in replica
     assert places_holding(master_key(), {"the way back at -vvv": run.output,
                                          "measure": result.stdout + result.stderr,
                                          **files_under(tmp_path)}) == []

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from lab.sglang_sim import nccl_log
 from lab.sglang_sim.args import default_chunked_prefill_size
 from lab.sglang_sim.engine import prefill_chunks
 from lab.sglang_sim.link import NcclLink, PeerLost, nic_speed_mbps, nic_vendor
@@ -290,7 +291,7 @@ def test_every_channels_connections_carry_their_share_both_ways(pair, nbytes):
     for _ in range(2):
         logs[0].clear()
         logs[1].clear()
-        assert rank0.allreduce(nbytes, 1, 2) == 2 * nbytes
+        assert rank0.forward(0.0, nbytes, 1, 2) == 2 * nbytes
         # Rank 1 answers a frame only once its side is done: its log is complete.
         rank0.heartbeat()
         for rank, connections, log in ((0, zero_to_one, logs[0]), (1, one_to_zero, logs[1])):
@@ -313,7 +314,7 @@ def test_both_ranks_send_at_once(pair):
     """Rank 1 starts sending long before rank 0 is half done: no echo of the whole message."""
     rank0, _, logs, _ = pair
     nbytes = 4 * MIB
-    rank0.allreduce(nbytes, 1, 2)
+    rank0.forward(0.0, nbytes, 1, 2)
     rank0.heartbeat()
     first_of_rank1 = logs[1][0][0]
     half_of_rank0 = next(moment for moment, total in running_totals(logs[0])
@@ -328,3 +329,18 @@ def running_totals(log: list):
     for moment, _, count in log:
         total += count
         yield moment, total
+
+
+@pytest.mark.parametrize(("environ", "subsystems", "written"), [
+    ({}, ("INIT",), False),
+    ({"NCCL_DEBUG": "WARN"}, ("INIT",), False),
+    ({"NCCL_DEBUG": "info"}, ("INIT",), True),
+    ({"NCCL_DEBUG": "INFO"}, ("NET",), False),
+    ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}, ("NET",), True),
+    ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "COLL"}, ("INIT", "NET"), False),
+    ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "ALL"}, ("NET",), True),
+    ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "^INIT"}, ("INIT",), False),
+    ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "^COLL"}, ("INIT",), True),
+])
+def test_ncclss_info_lines_are_written_only_as_nccl_debug_asks(environ, subsystems, written):
+    assert nccl_log.enabled(subsystems, environ) is written

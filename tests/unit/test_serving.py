@@ -97,6 +97,7 @@ def test_a_tp_rank_meets_at_rank_0s_link_address_with_every_socket_pinned(
         "NCCL_SOCKET_IFNAME": "=thunderbolt0", "NCCL_SOCKET_FAMILY": "AF_INET",
         "GLOO_SOCKET_IFNAME": "thunderbolt0", "SGLANG_HOST_IP": workstation.link_address,
         "NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket",
+        "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
     }
 
 

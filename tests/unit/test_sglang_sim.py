@@ -15,6 +15,7 @@ import httpx
 import pytest
 from simulator import SHAPE, WEIGHT_BYTES, model_dir
 
+from harness import profile, traces
 from lab.sglang_sim.engine import Speculation
 from lab.sglang_sim.link import socket_ifname
 from lab.sglang_sim.model import ModelShape
@@ -430,15 +431,22 @@ def test_a_decode_step_takes_at_least_the_rooflines_time(launch):
         assert meta["e2e_latency"] >= 40 * pass_seconds
 
 
-def test_tp2_ranks_exchange_payloads_and_fail_together(launch):
+def test_tp2_ranks_exchange_payloads_profile_together_and_fail_together(launch, tmp_path):
     dist = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}",
             *NEXTN]
-    rank1 = launch(*dist, "--node-rank", "1", env={"LAB_SGLANG_LOAD_SECONDS": "1.0"})
+    # Rank 1 with NCCL's INFO lines, rank 0 without.
+    rank1 = launch(*dist, "--node-rank", "1", env={"LAB_SGLANG_LOAD_SECONDS": "1.0",
+                                                   "NCCL_DEBUG": "INFO"})
     wait_for(lambda: rank1.health() == 200, 5, "rank 1's dummy /health")
     assert rank1.get("/v1/models").status_code == 404
     rank0 = launch(*dist, "--node-rank", "0")
     wait_for(lambda: rank0.health() == 503, 5, "rank 0 loading")
     rank0.wait_ready()
+    said = profile.transport([line for line in rank1.log().splitlines()
+                              if "NCCL INFO" in line])
+    assert (said.interface, said.address, said.transports, said.channels) == (
+        "lo", "127.0.0.1", ("NET/Socket",), 2)
+    assert "NCCL INFO" not in rank0.log()
 
     assert len(chat(rank0, "hello", 16).json()["choices"][0]["message"]["content"].split()) == 16
     info = rank0.get("/server_info").json()
@@ -454,7 +462,27 @@ def test_tp2_ranks_exchange_payloads_and_fail_together(launch):
     prefill = (meta["prompt_tokens"] - meta["cached_tokens"]) * 4 * per_position
     step = 3 * 1 * per_position + 4 * 4 * per_position
     assert after - before == 2 * (prefill + meta["spec_verify_ct"] * step)
-    assert "NCCL INFO NET/Socket : Using [0]lo:127.0.0.1<0>" in rank0.log()
+
+    # SGLang's profiler, on both ranks at once: each writes its own trace.
+    assert rank0.post("/stop_profile", {}).status_code == 500
+    output_dir = tmp_path / "profiles"
+    started = rank0.post("/start_profile", {"output_dir": str(output_dir)})
+    assert (started.status_code, started.text) == (200, "Start profiling.\n")
+    assert rank0.post("/start_profile", {"output_dir": str(output_dir)}).status_code == 500
+    meta = generate(rank0, "profiled", 32).json()["meta_info"]
+    assert rank0.post("/stop_profile", {}).text == "Stop profiling. This will take some time.\n"
+    written = sorted(path.name for path in output_dir.iterdir())
+    assert [name.split("-", 1)[1] for name in written] == ["TP-0.trace.json.gz",
+                                                           "TP-1.trace.json.gz"]
+    for name in written:
+        found = traces.kernels(traces.load((output_dir / name).read_bytes()))
+        allreduces = [kernel for kernel in found if kernel.allreduce]
+        # Every verify and draft pass of the request: its two all-reduces per layer.
+        passes = meta["spec_verify_ct"] * (1 + 3)
+        assert len(found) - len(allreduces) >= passes
+        assert len(allreduces) >= passes * 2 * 1
+        assert {kernel.name for kernel in allreduces} == {
+            "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"}
 
     rank1.proc.kill()
     assert rank0.wait_exit() != 0

@@ -1,0 +1,258 @@
+"""
+The workstations' side of the ``profile`` window: SGLang's own profiler on
+every server, the TP sockets' retransmissions sampled while it records, the
+traces fetched from both ranks, and NCCL's own account of its transport.
+
+SGLang's ``/start_profile`` takes the trace directory (``output_dir``) and
+reaches every TP rank's scheduler; ``/stop_profile`` answers once each rank
+has written ``<profile_id>-TP-<rank>.trace.json.gz`` there, on its own host
+(``scheduler_profiler_mixin.py``, 0.5.9 and 0.5.23). The window names a new
+directory under ``/tmp`` (SGLang's own default, and no unit of twinbolt's has
+``PrivateTmp=``), fetches every trace in it from each workstation over SSH,
+and removes it.
+
+A stall is matched with the retransmissions that caused it by time: each
+workstation's TP sockets (``ss -tin`` to the peer's link address, the
+counters fact's own) are read every :data:`SAMPLE_SECONDS` with the host's
+wall clock, the clock its ranks' traces count from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+import shlex
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from harness import remote, traces
+from harness.counters import PeerSockets
+from harness.topology import Topology
+from operations.services import ServiceLogMatches
+from operations.serving.sglang import service_for
+from operations.site.hosts import InventoryEntry
+from operations.site.settings import WorkstationSettings
+from operations.states import State
+
+PROFILE = "profile"
+SAMPLE_SECONDS = 0.05
+SAMPLE_MARK = "@ "
+TRACE_SUFFIX = ".trace.json.gz"
+TRACE_MARK = "== "
+# NCCL_DEBUG=INFO's lines: NCCL's interface, channels and transport.
+NCCL_INFO = "NCCL INFO"
+# Where each window's traces go, one new directory each, removed once fetched.
+TRACE_ROOT = "/tmp/twinbolt-profile-"
+
+
+def trace_directory() -> str:
+    return f"{TRACE_ROOT}{uuid.uuid4().hex}"
+
+
+def sampler_script(peer: str, seconds: float) -> str:
+    """Every :data:`SAMPLE_SECONDS`, for at most ``seconds``: the time, then the TP sockets."""
+    rounds = int(seconds / SAMPLE_SECONDS) + 1
+    sockets = remote.Query("sockets", PeerSockets(), {"peer": peer}).command()
+    return (f"i=0; while [ $i -lt {rounds} ]; do echo \"{SAMPLE_MARK}$(date +%s%N)\"; "
+            f"{sockets}; sleep {SAMPLE_SECONDS}; i=$((i + 1)); done")
+
+
+def parse_samples(output: str) -> list[tuple[int, int]]:
+    """``(wall-clock ns, the TP sockets' total retransmissions)`` per sample."""
+    samples: list[tuple[int, list[str]]] = []
+    for line in output.splitlines():
+        if line.startswith(SAMPLE_MARK):
+            samples.append((int(line.removeprefix(SAMPLE_MARK)), []))
+        elif samples:
+            samples[-1][1].append(line)
+    return [(at, sum(counters["retrans"] for counters in PeerSockets().process(lines).values()))
+            for at, lines in samples]
+
+
+def fetch_script(directory: str) -> str:
+    """Every trace in ``directory``, base64 after its name, then the directory removed."""
+    quoted = shlex.quote(directory)
+    return (f"for f in {quoted}/*{TRACE_SUFFIX}; do [ -e \"$f\" ] || continue; "
+            f"echo \"{TRACE_MARK}${{f##*/}}\"; base64 -w0 \"$f\"; echo; done; rm -rf {quoted}")
+
+
+def parse_fetched(output: str) -> dict[str, bytes]:
+    """The fetched traces by file name."""
+    found, name = {}, None
+    for line in output.splitlines():
+        if line.startswith(TRACE_MARK):
+            name = line.removeprefix(TRACE_MARK)
+        elif name:
+            found[name] = base64.b64decode(line)
+            name = None
+    return found
+
+
+class Sampler:
+    """One workstation's TP sockets, sampled from :meth:`start` until :meth:`stop`."""
+
+    def __init__(self, entry: InventoryEntry, topology: Topology, seconds: float) -> None:
+        self._entry, self._topology, self._seconds = entry, topology, seconds
+        self._process: asyncio.subprocess.Process | None = None
+        self._output: asyncio.Task[bytes] | None = None
+
+    async def start(self) -> None:
+        """Start sampling; return once the first sample's time has come (SSH is connected)."""
+        peer = WorkstationSettings.of(self._entry).peer_link_address
+        command = remote.remote_command(sampler_script(peer, self._seconds), self._entry.sudo)
+        self._process = await asyncio.create_subprocess_exec(
+            "ssh", "-F", str(self._topology.ssh_config), "--", self._entry.name, command,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL)
+        try:
+            first = await asyncio.wait_for(self._process.stdout.readline(),
+                                           remote.SSH_TIMEOUT_SECONDS)
+        except TimeoutError:
+            first = b""
+        self._output = asyncio.create_task(self._rest(first))
+
+    async def _rest(self, first: bytes) -> bytes:
+        return first + await self._process.stdout.read()
+
+    async def stop(self) -> list[tuple[int, int]]:
+        """The samples so far; the remote loop ends at its next write to the closed channel."""
+        if self._process is None or self._output is None:
+            return []
+        if self._process.returncode is None:
+            self._process.terminate()
+        output = await self._output
+        await self._process.wait()
+        return parse_samples(output.decode(errors="replace"))
+
+
+@dataclass(frozen=True)
+class ProfileHosts:
+    """The workstations of the state being profiled."""
+
+    topology: Topology
+    state: State
+
+    def samplers(self, seconds: float) -> list[Sampler]:
+        return [Sampler(entry, self.topology, seconds) for entry in self.topology.workstations]
+
+    async def fetch(self, directory: str) -> dict[str, dict[str, bytes] | str]:
+        """Each workstation's traces by file name, or why they could not be fetched."""
+        ran = await asyncio.gather(*(
+            remote.run(entry.name, remote.remote_command(fetch_script(directory), entry.sudo),
+                       self.topology.ssh_config)
+            for entry in self.topology.workstations))
+        return {each.host: each.error() or parse_fetched(each.stdout) for each in ran}
+
+    async def nccl_lines(self) -> dict[str, list[str]]:
+        """NCCL's INFO lines of each workstation's server, as its log kept them."""
+        readings = await remote.read_all({
+            entry: [remote.Query("nccl", ServiceLogMatches(), {
+                "service": service_for(self.state.serving, WorkstationSettings.of(entry).rank),
+                "init_system": WorkstationSettings.of(entry).serving.init_system,
+                "text": NCCL_INFO})]
+            for entry in self.topology.workstations}, self.topology.ssh_config)
+        return {host: reading.values.get("nccl") or [] for host, reading in readings.items()}
+
+
+def analyse(fetched: dict[str, dict[str, bytes] | str],
+            samples: list[list[tuple[int, int]]]) -> dict[str, Any]:
+    """Each trace's breakdown, its stalls matched with any workstation's retransmissions."""
+    retransmitting = [span for each in samples
+                      for span in traces.retransmission_intervals(each)]
+    ranks: dict[str, Any] = {}
+    for host, found in fetched.items():
+        if isinstance(found, str):
+            ranks[host] = {"error": found}
+            continue
+        if not found:
+            ranks[host] = {"error": "no trace in the profile's directory"}
+        for name, data in sorted(found.items()):
+            try:
+                kernels = traces.kernels(traces.load(data))
+            except ValueError as error:
+                ranks[f"{host}/{name}"] = {"error": f"{name}: {error}"}
+                continue
+            ranks[f"{host}/{name}"] = {"host": host, "trace": name,
+                                       **traces.breakdown(kernels, retransmitting)}
+    return {"ranks": ranks, "samples_taken": [len(each) for each in samples],
+            "retransmissions_sampled": sum(each[-1][1] - each[0][1] for each in samples if each)}
+
+
+USING = re.compile(r"NET/Socket : Using \[0\]([^:\s]+):([^<\s]+)<0>")
+VIA = re.compile(r"Channel (\d+)/\d+ : .*\[(send|receive)\] via (NET/[A-Za-z]+)")
+COLL_CHANNELS = re.compile(r"(\d+) coll channels")
+
+
+@dataclass(frozen=True)
+class NcclTransport:
+    """What NCCL said it chose, from its INFO lines: the proof of where the TP traffic went."""
+
+    interface: str | None
+    address: str | None
+    transports: tuple[str, ...]
+    channels: int | None
+    lines: tuple[str, ...]
+
+    def words(self) -> str:
+        if not self.lines:
+            return "NCCL logged nothing (is NCCL_DEBUG=INFO in the server's environment?)"
+        via = " and ".join(self.transports) or "no transport line"
+        where = f"{self.interface} ({self.address})" if self.interface else "no interface line"
+        channels = f"{self.channels} channels" if self.channels is not None else "channels unsaid"
+        return f"{via} on {where}, {channels}"
+
+
+def transport(lines: list[str]) -> NcclTransport:
+    """
+    NCCL's interface, transports and channels from a server's NCCL INFO lines,
+    of its last start only (the lines after the last interface line); the
+    lines that say so, quoted.
+    """
+    starts = [index for index, line in enumerate(lines) if USING.search(line)]
+    last = lines[starts[-1]:] if starts else lines
+    using = next((found for line in last if (found := USING.search(line))), None)
+    vias = [found for line in last if (found := VIA.search(line))]
+    coll = next((found for line in last if (found := COLL_CHANNELS.search(line))), None)
+    channels = (int(coll[1]) if coll else len({found[1] for found in vias}) if vias else None)
+    quoted = [line for line in last
+              if USING.search(line) or VIA.search(line) or COLL_CHANNELS.search(line)]
+    return NcclTransport(using[1] if using else None, using[2] if using else None,
+                         tuple(sorted({found[3] for found in vias})), channels, tuple(quoted))
+
+
+def rank_of(trace_name: str) -> int | None:
+    """The TP rank a trace's name holds (``<profile_id>-TP-<rank>...``)."""
+    found = re.search(r"-TP-(\d+)", trace_name)
+    return int(found[1]) if found else None
+
+
+def figures(report: dict[str, Any]) -> dict[str, Any]:
+    """
+    The profile window's figures for a comparison: per server (``wsa, TP-0``:
+    its workstation and TP rank, as production's replicas are each a rank 0),
+    the shares of its span, one all-reduce's latency and the stalls' time
+    lost; and NCCL's transport per workstation. Empty without a valid profile
+    window.
+    """
+    window = next((each for each in report["windows"]
+                   if each["name"] == PROFILE and not each.get("invalid")), None)
+    if window is None:
+        return {}
+    ranks = {}
+    for rank in window["summary"].get("ranks", {}).values():
+        if "error" in rank or (number := rank_of(rank["trace"])) is None:
+            continue
+        ranks[f"{rank['host']}, TP-{number}"] = {
+            "host": rank["host"],
+            **{f"{name}_share": share for name, share in rank["shares"].items()},
+            "allreduce_p50_ms": rank["allreduce"]["p50_ms"],
+            "allreduce_p99_ms": rank["allreduce"]["p99_ms"],
+            "stall_seconds": rank["stalls"]["seconds_lost"],
+            "stall_seconds_with_retransmissions":
+                rank["stalls"]["seconds_lost_with_retransmissions"],
+        }
+    return {"ranks": ranks,
+            "transport": {host: transport(lines).words()
+                          for host, lines in window["summary"].get("nccl", {}).items()}}

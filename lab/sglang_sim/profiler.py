@@ -1,0 +1,106 @@
+"""SGLang's torch profiler, as far as the simulator's time goes: its GPU kernels.
+
+``/start_profile`` and ``/stop_profile`` reach every TP rank's scheduler, and
+each rank writes its own trace when profiling stops, as SGLang's
+``SchedulerProfilerMixin.stop_profile`` does (0.5.9 and 0.5.23):
+``<output_dir>/<profile_id>-TP-<rank>.trace.json.gz``, the output directory
+created if missing, ``SGLANG_TORCH_PROFILER_DIR`` (else ``/tmp``) when the
+request names none.
+
+The trace is torch's ``export_chrome_trace`` format (Kineto's JSON): a
+``traceEvents`` list whose GPU kernels are complete events (``"ph": "X"``,
+``"cat": "kernel"``) with ``ts`` and ``dur`` in microseconds, ``ts`` counted
+from ``baseTimeNanoseconds``, the wall-clock time in nanoseconds. The
+simulator records what its GPU does: a forward pass's compute as one kernel
+(the time it sleeps for the weights and KV cache it reads), and each
+all-reduce as NCCL names its device kernel
+(``ncclDevKernel_AllReduce_Sum_bf16_RING_LL(...)``, whatever protocol the
+tuner picked), timed from its first send to its last receive. A second
+``/start_profile`` while one records is refused with a 500, as 0.5.23 refuses
+it (0.5.9's scheduler dies of it).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+DEFAULT_DIR = "/tmp"
+# SGLang's environment variable for the default output directory.
+DIR_VARIABLE = "SGLANG_TORCH_PROFILER_DIR"
+# NCCL 2.27's kernel for a bf16 sum on the ring, whatever the protocol: it
+# specialises all-reduce kernels as (Sum, type, RING, LL) only
+# (src/device/generate.py), with ncclDevKernelArgsStorage<4096> arguments
+# (src/include/device.h), as the profiler demangles it.
+ALLREDUCE_KERNEL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+# The simulator's compute, named for what it stands for: no real kernel is called this.
+FORWARD_KERNEL = "lab_sim::forward_pass"
+# SGLang's refusals (scheduler_profiler_mixin.py, 0.5.9 and 0.5.23).
+ALREADY_PROFILING = "Profiling is already in progress. Call /stop_profile first."
+NOT_PROFILING = "Profiling is not in progress. Call /start_profile first."
+# Kineto's trace: one GPU, its compute stream (SGLang runs NCCL on it too).
+DEVICE, STREAM = 0, 7
+
+
+class Profiler:
+    """One rank's recorder: kernel spans while profiling, a trace file when it stops."""
+
+    def __init__(self, rank: int) -> None:
+        self._rank = rank
+        self._lock = threading.Lock()
+        self._events: list[dict] | None = None
+        self._path: Path | None = None
+        self._origin_ns = 0
+
+    @property
+    def active(self) -> bool:
+        return self._events is not None
+
+    def start(self, output_dir: str | None, profile_id: str) -> bool:
+        """Start recording; False when it already records (SGLang refuses a second start)."""
+        with self._lock:
+            if self._events is not None:
+                return False
+            directory = Path(output_dir or os.environ.get(DIR_VARIABLE, DEFAULT_DIR))
+            self._path = directory.expanduser() / f"{profile_id}-TP-{self._rank}.trace.json.gz"
+            self._origin_ns = time.time_ns()
+            self._events = []
+            return True
+
+    def kernel(self, name: str, started: float, ended: float, **args: object) -> None:
+        """One kernel that ran from ``started`` to ``ended`` (``time.time()`` seconds)."""
+        with self._lock:
+            if self._events is None:
+                return
+            self._events.append({
+                "ph": "X", "cat": "kernel", "name": name, "pid": DEVICE, "tid": STREAM,
+                "ts": round((started * 1e9 - self._origin_ns) / 1e3, 3),
+                "dur": round((ended - started) * 1e6, 3),
+                "args": {"device": DEVICE, "stream": STREAM,
+                         "correlation": len(self._events) + 1, **args},
+            })
+
+    def stop(self) -> Path | None:
+        """Write the trace and stop; ``None`` when nothing was recording."""
+        with self._lock:
+            if self._events is None or self._path is None:
+                return None
+            events, path = self._events, self._path
+            self._events = None
+        trace = {
+            "schemaVersion": 1,
+            "displayTimeUnit": "ms",
+            "baseTimeNanoseconds": self._origin_ns,
+            "traceEvents": events,
+            "traceName": str(path),
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.partial")
+        with gzip.open(partial, "wt") as stream:
+            json.dump(trace, stream)
+        partial.replace(path)
+        return path
