@@ -42,11 +42,16 @@ from lab.sglang_sim.openai_api import (
     requested_tokens,
     text_prompt,
 )
-from lab.sglang_sim.profiler import NOT_PROFILING
+from lab.sglang_sim.profiler import NOT_PROFILING, STARTED, STOPPED
 from lab.sglang_sim.stats import Stats
 from lab.sglang_sim.tokens import block_hashes, tokenize
 
 logger = logging.getLogger(__name__)
+
+# ProfileReqInput's (0.5.9) and ProfileReq's (0.5.23) fields that the simulator
+# does not simulate: a step count, stages, merging.
+UNSIMULATED = ("start_step", "num_steps", "profile_stages")
+UNSIMULATED_FLAGS = ("profile_by_stage", "merge_profiles")
 
 # The lab's fault for a scheduler that stops behind an older release's green /health.
 GREEN_HEALTH_FAULT = "rank_hang_green_health"
@@ -151,12 +156,12 @@ class Leader:
         ``RuntimeError`` its tokenizer manager raises.
         """
         body = request.json()
-        unsupported = sorted(key for key in ("start_step", "num_steps", "profile_stages")
-                             if body.get(key) is not None)
-        if unsupported or body.get("profile_by_stage") or body.get("merge_profiles"):
+        unsupported = sorted(key for key in UNSIMULATED if body.get(key) is not None)
+        unsupported += sorted(key for key in UNSIMULATED_FLAGS if body.get(key))
+        if unsupported:
             return error_response("The lab's simulator profiles from /start_profile to "
-                                  f"/stop_profile only: {', '.join(unsupported) or 'by stage'} "
-                                  "is not simulated", 400)
+                                  f"/stop_profile only: {', '.join(unsupported)} is not "
+                                  "simulated", 400)
         try:
             refused = self._scheduler.profile(ProfileRequest(
                 start=True, output_dir=body.get("output_dir"), profile_id=str(time.time())))
@@ -164,7 +169,7 @@ class Leader:
             refused = str(error)
         if refused:
             return internal_error(refused)
-        return Response(200, b"Start profiling.\n", "text/plain; charset=utf-8")
+        return Response(200, STARTED.encode(), "text/plain; charset=utf-8")
 
     def stop_profile(self, request: Request) -> Response:
         """SGLang's ``/stop_profile``: answered once every rank has written its trace."""
@@ -175,8 +180,7 @@ class Leader:
         if not written:
             return internal_error(NOT_PROFILING)
         logger.info("Profiling done. Traces are saved to: %s", ", ".join(written))
-        return Response(200, b"Stop profiling. This will take some time.\n",
-                        "text/plain; charset=utf-8")
+        return Response(200, STOPPED.encode(), "text/plain; charset=utf-8")
 
     def server_info(self, request: Request) -> Response:
         """Every server arg under SGLang's name, the version, and the scheduler's state."""

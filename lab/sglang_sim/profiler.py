@@ -39,7 +39,9 @@ DIR_VARIABLE = "SGLANG_TORCH_PROFILER_DIR"
 ALLREDUCE_KERNEL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 # The simulator's compute, named for what it stands for: no real kernel is called this.
 FORWARD_KERNEL = "lab_sim::forward_pass"
-# SGLang's refusals (scheduler_profiler_mixin.py, 0.5.9 and 0.5.23).
+# SGLang's answers (http_server.py) and refusals (scheduler_profiler_mixin.py, 0.5.9 and 0.5.23).
+STARTED = "Start profiling.\n"
+STOPPED = "Stop profiling. This will take some time.\n"
 ALREADY_PROFILING = "Profiling is already in progress. Call /stop_profile first."
 NOT_PROFILING = "Profiling is not in progress. Call /start_profile first."
 # Kineto's trace: one GPU, its compute stream (SGLang runs NCCL on it too).
