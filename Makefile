@@ -29,9 +29,11 @@ GATEWAY_LOCKS := requirements-litellm.lock requirements-router.lock
 WHEELHOUSE := wheelhouse
 # The demo's windows are short: it shows the experiment, it is not the campaign.
 # Its long window is one cold prompt of two of SGLang's 2048-token prefill
-# chunks, so that prefill's all-reduces cross the link in every demo.
-DEMO_WINDOWS := --window single --window concurrent --window long --single-tokens 128 \
-	--concurrent-requests 4 --concurrent-tokens 64 --long-tokens 4096 --long-output-tokens 16
+# chunks, so that prefill's all-reduces cross the link in every demo; its
+# profile window shows where each rank's time goes.
+DEMO_WINDOWS := --window single --window concurrent --window long --window profile \
+	--single-tokens 128 --concurrent-requests 4 --concurrent-tokens 64 --long-tokens 4096 \
+	--long-output-tokens 16 --profile-tokens 32
 
 .PHONY: help venv root packages setup lab lab-down demo test test-runit soak lint lock
 

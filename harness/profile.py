@@ -24,7 +24,8 @@ import base64
 import re
 import shlex
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from harness import remote, traces
@@ -32,12 +33,13 @@ from harness.counters import PeerSockets
 from harness.topology import Topology
 from operations.services import ServiceLogMatches
 from operations.serving.sglang import service_for
-from operations.site.hosts import InventoryEntry
 from operations.site.settings import WorkstationSettings
 from operations.states import State
 
 PROFILE = "profile"
 SAMPLE_SECONDS = 0.05
+# How long a stopped sampler's last output may take to arrive.
+DRAIN_SECONDS = 1.0
 SAMPLE_MARK = "@ "
 TRACE_SUFFIX = ".trace.json.gz"
 TRACE_MARK = "== "
@@ -90,41 +92,57 @@ def parse_fetched(output: str) -> dict[str, bytes]:
     return found
 
 
+@dataclass
 class Sampler:
-    """One workstation's TP sockets, sampled from :meth:`start` until :meth:`stop`."""
+    """
+    One workstation's TP sockets to ``peer``, sampled from :meth:`start` until
+    :meth:`stop`, for ``seconds`` at the most.
+    """
 
-    def __init__(self, entry: InventoryEntry, topology: Topology, seconds: float) -> None:
-        self._entry, self._topology, self._seconds = entry, topology, seconds
-        self._process: asyncio.subprocess.Process | None = None
-        self._output: asyncio.Task[bytes] | None = None
+    host: str
+    sudo: bool
+    peer: str
+    ssh_config: Path
+    seconds: float
+    _process: asyncio.subprocess.Process | None = None
+    _reader: asyncio.Task[None] | None = None
+    _output: bytearray = field(default_factory=bytearray)
 
     async def start(self) -> None:
         """Start sampling; return once the first sample's time has come (SSH is connected)."""
-        peer = WorkstationSettings.of(self._entry).peer_link_address
-        command = remote.remote_command(sampler_script(peer, self._seconds), self._entry.sudo)
+        command = remote.remote_command(sampler_script(self.peer, self.seconds), self.sudo)
         self._process = await asyncio.create_subprocess_exec(
-            "ssh", "-F", str(self._topology.ssh_config), "--", self._entry.name, command,
+            "ssh", "-F", str(self.ssh_config), "--", self.host, command,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL)
         try:
-            first = await asyncio.wait_for(self._process.stdout.readline(),
-                                           remote.SSH_TIMEOUT_SECONDS)
+            self._output += await asyncio.wait_for(self._process.stdout.readline(),
+                                                   remote.SSH_TIMEOUT_SECONDS)
         except TimeoutError:
-            first = b""
-        self._output = asyncio.create_task(self._rest(first))
+            pass
+        self._reader = asyncio.create_task(self._read())
 
-    async def _rest(self, first: bytes) -> bytes:
-        return first + await self._process.stdout.read()
+    async def _read(self) -> None:
+        while chunk := await self._process.stdout.read(1 << 16):
+            self._output += chunk
 
     async def stop(self) -> list[tuple[int, int]]:
-        """The samples so far; the remote loop ends at its next write to the closed channel."""
-        if self._process is None or self._output is None:
+        """
+        The samples so far. Ending ``ssh`` closes the channel: the remote loop
+        ends at its next write. What is still on its way is read for
+        :data:`DRAIN_SECONDS` at the most.
+        """
+        if self._process is None:
             return []
         if self._process.returncode is None:
             self._process.terminate()
-        output = await self._output
         await self._process.wait()
-        return parse_samples(output.decode(errors="replace"))
+        if self._reader is not None:
+            try:
+                await asyncio.wait_for(self._reader, DRAIN_SECONDS)
+            except TimeoutError:
+                pass
+        return parse_samples(self._output.decode(errors="replace"))
 
 
 @dataclass(frozen=True)
@@ -135,7 +153,9 @@ class ProfileHosts:
     state: State
 
     def samplers(self, seconds: float) -> list[Sampler]:
-        return [Sampler(entry, self.topology, seconds) for entry in self.topology.workstations]
+        return [Sampler(entry.name, entry.sudo, WorkstationSettings.of(entry).peer_link_address,
+                        self.topology.ssh_config, seconds)
+                for entry in self.topology.workstations]
 
     async def fetch(self, directory: str) -> dict[str, dict[str, bytes] | str]:
         """Each workstation's traces by file name, or why they could not be fetched."""

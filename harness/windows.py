@@ -245,12 +245,16 @@ async def profiled(measurement: Measurement) -> tuple[list[Sample], dict[str, An
                          "experiment.py")
     directory = profile.trace_directory()
     samplers = hosts.samplers(measurement.settings.request_timeout_seconds)
-    await asyncio.gather(*(sampler.start() for sampler in samplers))
-    started = await post_all(measurement, "start_profile", {"output_dir": directory}, "started")
-    (sample,) = await run_samples(
-        measurement, PROFILE, [(Sample(PROFILE, measurement.settings.profile_tokens), prompt(16))])
-    stopped = await post_all(measurement, "stop_profile", None, "stopped")
-    samples = await asyncio.gather(*(sampler.stop() for sampler in samplers))
+    try:
+        await asyncio.gather(*(sampler.start() for sampler in samplers))
+        started = await post_all(measurement, "start_profile", {"output_dir": directory},
+                                 "started")
+        (sample,) = await run_samples(measurement, PROFILE, [
+            (Sample(PROFILE, measurement.settings.profile_tokens), prompt(16))])
+        stopped = await post_all(measurement, "stop_profile", None, "stopped")
+    finally:
+        # No sampler outlives the window, even one cut short.
+        samples = await asyncio.gather(*(sampler.stop() for sampler in samplers))
     say(f"{where(f'window {PROFILE}')}: fetching the traces from {directory}")
     fetched, nccl = await asyncio.gather(hosts.fetch(directory), hosts.nccl_lines())
     return [sample], {

@@ -336,6 +336,15 @@ def test_the_demos_campaign_in_three_trials_gives_intervals_and_verdicts(tmp_pat
                           built["comparison"], re.MULTILINE)
     assert int(stock.replace(",", "")) > 0, built["comparison"]
     assert "field tp2_stock (one observation)" in built["comparison"]
+    # Where a token's time goes: both ranks of both states, profiled in every trial,
+    # NCCL on thunderbolt0 by its own word.
+    profiled = [line.strip("| ").split(" | ") for line in
+                section(built["comparison"], "### Where a token's time goes")
+                if line.startswith(("| tp2_stock |", "| tp2_e2e |"))]
+    assert [row[:3] for row in profiled] == [
+        [state, server, "3"] for state in ("tp2_stock", "tp2_e2e")
+        for server in ("wsa, TP-0", "wsb, TP-1")]
+    assert all("NET/Socket on thunderbolt0" in row[-1] for row in profiled)
     assert re.search(r"trial 2 of 3, tp2_e2e, window single \(about \d+ min \d+ s left\): "
                      "reading counters", result.stderr)
     spent = built["time"]

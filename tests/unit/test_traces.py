@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 from test_measure_reports import measurement, window
+from test_remote import fake_hosts  # noqa: F401 (the fixture)
 
 from harness import compare, profile, report, traces
 from lab.sglang_sim.profiler import ALLREDUCE_KERNEL, FORWARD_KERNEL, Profiler
@@ -290,3 +293,27 @@ def test_a_comparison_splits_each_servers_time_over_its_trials():
 def test_no_profile_window_no_section():
     assert "Where a token's time goes" not in compare.comparison(
         [measurement("tp2_e2e", 50.0, 200.0, 0, 0, None)])
+
+
+def test_a_sampler_reads_the_sockets_until_stopped_and_its_loop_ends(fake_hosts):  # noqa: F811
+    """Over ``ssh`` (here this machine's shell): samples as they come, none after the stop."""
+
+    async def sample() -> list[tuple[int, int]]:
+        sampler = profile.Sampler("wsa", True, "192.0.2.7", fake_hosts, seconds=3)
+        await sampler.start()
+        await asyncio.sleep(0.3)
+        samples = await sampler.stop()
+        assert sampler._process.returncode is not None
+        return samples
+
+    samples = asyncio.run(sample())
+    # At least the first sample and those of 0.3 s at 50 ms apart, each time later
+    # than the one before; no socket to a documentation address, so no retransmission.
+    assert len(samples) >= 4
+    assert [at for at, _ in samples] == sorted(at for at, _ in samples)
+    assert {total for _, total in samples} == {0}
+
+
+def test_a_sampler_that_never_started_stops_with_nothing():
+    sampler = profile.Sampler("wsa", False, "192.0.2.7", Path("/nonexistent"), seconds=1)
+    assert asyncio.run(sampler.stop()) == []
