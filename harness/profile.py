@@ -53,6 +53,16 @@ def trace_directory() -> str:
     return f"{TRACE_ROOT}{uuid.uuid4().hex}"
 
 
+def start_body(directory: str) -> dict[str, Any]:
+    """
+    ``/start_profile``'s body: the GPU's kernels alone, into ``directory``. No
+    CPU activity, stacks or shapes (on by default): the reader needs none, and
+    each costs the profiled request time and the trace size.
+    """
+    return {"output_dir": directory, "activities": ["GPU"], "with_stack": False,
+            "record_shapes": False}
+
+
 def sampler_script(peer: str, seconds: float) -> str:
     """Every :data:`SAMPLE_SECONDS`, for at most ``seconds``: the time, then the TP sockets."""
     rounds = int(seconds / SAMPLE_SECONDS) + 1

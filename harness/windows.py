@@ -247,7 +247,7 @@ async def profiled(measurement: Measurement) -> tuple[list[Sample], dict[str, An
     samplers = hosts.samplers(measurement.settings.request_timeout_seconds)
     try:
         await asyncio.gather(*(sampler.start() for sampler in samplers))
-        started = await post_all(measurement, "start_profile", {"output_dir": directory},
+        started = await post_all(measurement, "start_profile", profile.start_body(directory),
                                  "started")
         (sample,) = await run_samples(measurement, PROFILE, [
             (Sample(PROFILE, measurement.settings.profile_tokens), prompt(16))])

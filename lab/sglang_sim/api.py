@@ -164,7 +164,8 @@ class Leader:
                                   "simulated", 400)
         try:
             refused = self._scheduler.profile(ProfileRequest(
-                start=True, output_dir=body.get("output_dir"), profile_id=str(time.time())))
+                start=True, output_dir=body.get("output_dir"), profile_id=str(time.time()),
+                activities=body.get("activities")))
         except TimeoutError as error:
             refused = str(error)
         if refused:

@@ -85,6 +85,7 @@ class ProfileRequest:
     start: bool
     output_dir: str | None = None
     profile_id: str = ""
+    activities: list[str] | None = None
     answer: object = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -268,10 +269,12 @@ class Scheduler:
 
     def _run_profile(self, request: ProfileRequest, link: NcclLink | None) -> None:
         if link:
-            request.answer = (link.start_profile(request.output_dir, request.profile_id)
+            request.answer = (link.start_profile(request.output_dir, request.profile_id,
+                                                 request.activities)
                               if request.start else link.stop_profile())
         elif request.start:
-            started = self._profiler.start(request.output_dir, request.profile_id)
+            started = self._profiler.start(request.output_dir, request.profile_id,
+                                           request.activities)
             request.answer = None if started else ALREADY_PROFILING
         else:
             written = self._profiler.stop()

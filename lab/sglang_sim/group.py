@@ -362,8 +362,9 @@ class SchedulerProcess:
                 element_bytes: int = 2) -> int:
         return self._ask("forward", seconds, nbytes, count, element_bytes)
 
-    def start_profile(self, output_dir: str | None, profile_id: str) -> str | None:
-        return self._ask("start_profile", output_dir, profile_id)
+    def start_profile(self, output_dir: str | None, profile_id: str,
+                      activities: list[str] | None = None) -> str | None:
+        return self._ask("start_profile", output_dir, profile_id, activities)
 
     def stop_profile(self) -> list[str] | None:
         return self._ask("stop_profile")

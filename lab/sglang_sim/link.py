@@ -344,11 +344,13 @@ class NcclLink(PeerLink):
         self._run(seconds, nbytes, count, element_bytes)
         return 2 * nbytes * count
 
-    def start_profile(self, output_dir: str | None, profile_id: str) -> str | None:
+    def start_profile(self, output_dir: str | None, profile_id: str,
+                      activities: list[str] | None = None) -> str | None:
         """Both ranks start recording; why not, if this rank already records."""
-        if not self.profiler.start(output_dir, profile_id):
+        if not self.profiler.start(output_dir, profile_id, activities):
             return ALREADY_PROFILING
-        self._ask_peer({"start": True, "output_dir": output_dir, "profile_id": profile_id})
+        self._ask_peer({"start": True, "output_dir": output_dir, "profile_id": profile_id,
+                        "activities": activities})
         return None
 
     def stop_profile(self) -> list[str] | None:
@@ -382,7 +384,8 @@ class NcclLink(PeerLink):
     def _profile(self, request: dict) -> str:
         """Rank 1's side of rank 0's profile request: the path of the trace it wrote, if any."""
         if request["start"]:
-            self.profiler.start(request["output_dir"], request["profile_id"])
+            self.profiler.start(request["output_dir"], request["profile_id"],
+                                request["activities"])
             return ""
         return str(self.profiler.stop() or "")
 

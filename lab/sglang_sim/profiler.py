@@ -44,6 +44,8 @@ STARTED = "Start profiling.\n"
 STOPPED = "Stop profiling. This will take some time.\n"
 ALREADY_PROFILING = "Profiling is already in progress. Call /stop_profile first."
 NOT_PROFILING = "Profiling is not in progress. Call /start_profile first."
+# The profiler activity that records CUDA kernels (SGLang's activity_map).
+GPU_ACTIVITY = "GPU"
 # Kineto's trace: one GPU, its compute stream (SGLang runs NCCL on it too).
 DEVICE, STREAM = 0, 7
 
@@ -55,6 +57,7 @@ class Profiler:
         self._rank = rank
         self._lock = threading.Lock()
         self._events: list[dict] | None = None
+        self._gpu = True
         self._path: Path | None = None
         self._origin_ns = 0
 
@@ -62,11 +65,17 @@ class Profiler:
     def active(self) -> bool:
         return self._events is not None
 
-    def start(self, output_dir: str | None, profile_id: str) -> bool:
-        """Start recording; False when it already records (SGLang refuses a second start)."""
+    def start(self, output_dir: str | None, profile_id: str,
+              activities: list[str] | None = None) -> bool:
+        """
+        Start recording, the GPU's kernels if ``activities`` has ``GPU`` (as
+        SGLang's default of CPU and GPU has); False when it already records
+        (SGLang refuses a second start).
+        """
         with self._lock:
             if self._events is not None:
                 return False
+            self._gpu = activities is None or GPU_ACTIVITY in activities
             directory = Path(output_dir or os.environ.get(DIR_VARIABLE, DEFAULT_DIR))
             self._path = directory.expanduser() / f"{profile_id}-TP-{self._rank}.trace.json.gz"
             self._origin_ns = time.time_ns()
@@ -76,7 +85,7 @@ class Profiler:
     def kernel(self, name: str, started: float, ended: float, **args: object) -> None:
         """One kernel that ran from ``started`` to ``ended`` (``time.time()`` seconds)."""
         with self._lock:
-            if self._events is None:
+            if self._events is None or not self._gpu:
                 return
             self._events.append({
                 "ph": "X", "cat": "kernel", "name": name, "pid": DEVICE, "tid": STREAM,

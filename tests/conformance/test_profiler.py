@@ -21,6 +21,7 @@ from lab.sglang_sim.profiler import (
     ALREADY_PROFILING,
     DEFAULT_DIR,
     DIR_VARIABLE,
+    GPU_ACTIVITY,
     NOT_PROFILING,
     STARTED,
     STOPPED,
@@ -88,7 +89,7 @@ def test_the_routes_take_get_and_post_and_answer_as_the_simulator_does(release: 
 def test_the_request_has_the_fields_the_window_sends_and_the_simulator_refuses(
         release: str) -> None:
     fields = request_fields(release)
-    assert "output_dir" in fields
+    assert set(profile.start_body("/tmp/x")) <= fields
     assert set(api.UNSIMULATED) | set(api.UNSIMULATED_FLAGS) <= fields
 
 
@@ -108,3 +109,9 @@ def test_each_rank_writes_its_trace_where_and_as_the_window_reads_it(release: st
 def test_the_refusals_are_the_schedulers_own_words(release: str) -> None:
     source = profiler_source(release)
     assert ALREADY_PROFILING in source and NOT_PROFILING in source
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_gpu_activity_is_the_one_that_records_cuda_kernels(release: str) -> None:
+    assert f'"{GPU_ACTIVITY}": torch.profiler.ProfilerActivity.CUDA' in profiler_source(release)
+    assert profile.start_body("/tmp/x")["activities"] == [GPU_ACTIVITY]

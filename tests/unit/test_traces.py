@@ -168,6 +168,10 @@ def test_the_simulators_trace_is_what_the_reader_reads(tmp_path):
     assert found[1].seconds == pytest.approx(0.001, abs=1e-6)
     shares = traces.breakdown(found, [])["shares"]
     assert shares["allreduce"] == pytest.approx(0.2, abs=0.001)
+    # CPU activity alone records no GPU kernel.
+    assert recorder.start(str(tmp_path / "cpu"), "2", activities=["CPU"])
+    recorder.kernel(FORWARD_KERNEL, 1000.0, 1000.004)
+    assert traces.kernels(traces.load(recorder.stop().read_bytes())) == []
 
 
 NCCL_LINES = [
