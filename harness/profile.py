@@ -25,6 +25,7 @@ import re
 import shlex
 import uuid
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,8 @@ SAMPLE_SECONDS = 0.05
 # How long a stopped sampler's last output may take to arrive.
 DRAIN_SECONDS = 1.0
 SAMPLE_MARK = "@ "
+# Ends each sample: one cut short by the stop is left out, never read as fewer sockets.
+SAMPLE_END = "."
 TRACE_SUFFIX = ".trace.json.gz"
 TRACE_MARK = "== "
 # NCCL_DEBUG=INFO's lines: NCCL's interface, channels and transport.
@@ -68,19 +71,22 @@ def sampler_script(peer: str, seconds: float) -> str:
     rounds = int(seconds / SAMPLE_SECONDS) + 1
     sockets = remote.Query("sockets", PeerSockets(), {"peer": peer}).command()
     return (f"i=0; while [ $i -lt {rounds} ]; do echo \"{SAMPLE_MARK}$(date +%s%N)\"; "
-            f"{sockets}; sleep {SAMPLE_SECONDS}; i=$((i + 1)); done")
+            f"{sockets}; echo {SAMPLE_END}; sleep {SAMPLE_SECONDS}; i=$((i + 1)); done")
 
 
 def parse_samples(output: str) -> list[tuple[int, int]]:
-    """``(wall-clock ns, the TP sockets' total retransmissions)`` per sample."""
-    samples: list[tuple[int, list[str]]] = []
+    """``(wall-clock ns, the TP sockets' total retransmissions)`` per whole sample."""
+    samples, at, lines = [], None, []
     for line in output.splitlines():
         if line.startswith(SAMPLE_MARK):
-            samples.append((int(line.removeprefix(SAMPLE_MARK)), []))
-        elif samples:
-            samples[-1][1].append(line)
-    return [(at, sum(counters["retrans"] for counters in PeerSockets().process(lines).values()))
-            for at, lines in samples]
+            at, lines = int(line.removeprefix(SAMPLE_MARK)), []
+        elif line == SAMPLE_END and at is not None:
+            samples.append((at, sum(counters["retrans"]
+                                    for counters in PeerSockets().process(lines).values())))
+            at = None
+        elif at is not None:
+            lines.append(line)
+    return samples
 
 
 def fetch_script(directory: str) -> str:
@@ -207,7 +213,8 @@ def analyse(fetched: dict[str, dict[str, bytes] | str],
             ranks[f"{host}/{name}"] = {"host": host, "trace": name,
                                        **traces.breakdown(kernels, retransmitting)}
     return {"ranks": ranks, "samples_taken": [len(each) for each in samples],
-            "retransmissions_sampled": sum(each[-1][1] - each[0][1] for each in samples if each)}
+            "retransmissions_sampled": sum(max(after[1] - before[1], 0) for each in samples
+                                           for before, after in pairwise(each))}
 
 
 USING = re.compile(r"NET/Socket : Using \[0\]([^:\s]+):([^<\s]+)<0>")

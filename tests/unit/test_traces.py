@@ -208,15 +208,19 @@ SS_BLOCK = ("ESTAB 0 0 169.254.77.1:43210 169.254.77.2:5757\n"
 
 
 def test_samples_read_the_time_and_the_tp_sockets_retransmissions():
-    output = "".join(f"{profile.SAMPLE_MARK}{at}\n" + SS_BLOCK.format(total=total)
+    output = "".join(f"{profile.SAMPLE_MARK}{at}\n" + SS_BLOCK.format(total=total) + ".\n"
                      for at, total in ((100, 3), (200, 3), (300, 9)))
     assert profile.parse_samples(output) == [(100, 3), (200, 3), (300, 9)]
     assert profile.parse_samples("") == []
+    # A sample cut short by the stop (its second socket not read) is left out.
+    cut = f"{profile.SAMPLE_MARK}400\n" + SS_BLOCK.format(total=9).splitlines(True)[0]
+    assert profile.parse_samples(output + cut) == [(100, 3), (200, 3), (300, 9)]
 
 
 def test_the_sampler_bounds_its_rounds_and_reads_the_peers_sockets():
     script = profile.sampler_script("169.254.77.2", 1.0)
     assert "-lt 21 " in script
+    assert f"echo {profile.SAMPLE_END};" in script
     assert "dst 169.254.77.2" in script
     assert profile.SAMPLE_MARK in script
 
@@ -236,14 +240,15 @@ def test_the_analysis_names_each_hosts_traces_and_what_could_not_be_read():
     analysed = profile.analyse(
         {"wsa": {"1-TP-0.trace.json.gz": good}, "wsb": "ssh wsb: no answer", "wsc": {},
          "wsd": {"1-TP-1.trace.json.gz": b"not json"}},
-        [[(0, 1), (100, 4)], []])
+        [[(0, 1), (100, 4)], [], [(0, 2), (50, 1), (100, 1)]])
     ranks = analysed["ranks"]
     assert ranks["wsa/1-TP-0.trace.json.gz"]["shares"]["allreduce"] == pytest.approx(0.2)
     assert ranks["wsb"] == {"error": "ssh wsb: no answer"}
     assert ranks["wsc"] == {"error": "no trace in the profile's directory"}
     assert "1-TP-1.trace.json.gz" in ranks["wsd/1-TP-1.trace.json.gz"]["error"]
     assert analysed["retransmissions_sampled"] == 3
-    assert analysed["samples_taken"] == [2, 0]
+    # Growth only: a count that seems to fall (a socket closed between samples) adds none.
+    assert analysed["samples_taken"] == [2, 0, 3]
 
 
 def profiled_report(state: str, allreduce_share: float, hosts: tuple[str, ...]) -> dict:
