@@ -128,7 +128,7 @@ class Sampler:
         """Start sampling; return once the first sample's time has come (SSH is connected)."""
         command = remote.remote_command(sampler_script(self.peer, self.seconds), self.sudo)
         self._process = await asyncio.create_subprocess_exec(
-            "ssh", "-F", str(self.ssh_config), "--", self.host, command,
+            *remote.ssh_argv(self.host, command, self.ssh_config),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL)
         try:
@@ -248,13 +248,12 @@ def transport(lines: list[str]) -> NcclTransport:
     lines that say so, quoted.
     """
     starts = [index for index, line in enumerate(lines) if USING.search(line)]
-    last = lines[starts[-1]:] if starts else lines
-    using = next((found for line in last if (found := USING.search(line))), None)
-    vias = [found for line in last if (found := VIA.search(line))]
-    coll = next((found for line in last if (found := COLL_CHANNELS.search(line))), None)
+    quoted = [line for line in (lines[starts[-1]:] if starts else lines)
+              if any(pattern.search(line) for pattern in (USING, VIA, COLL_CHANNELS))]
+    using = next((found for line in quoted if (found := USING.search(line))), None)
+    vias = [found for line in quoted if (found := VIA.search(line))]
+    coll = next((found for line in quoted if (found := COLL_CHANNELS.search(line))), None)
     channels = (int(coll[1]) if coll else len({found[1] for found in vias}) if vias else None)
-    quoted = [line for line in last
-              if USING.search(line) or VIA.search(line) or COLL_CHANNELS.search(line)]
     return NcclTransport(using[1] if using else None, using[2] if using else None,
                          tuple(sorted({found[3] for found in vias})), channels, tuple(quoted))
 

@@ -92,11 +92,19 @@ class Ran:
         return None
 
 
+def ssh_argv(host: str, command: str, ssh_config: Path) -> list[str]:
+    """
+    The ``ssh`` that has ``host`` (named in ``ssh_config``; after ``--``, never
+    read as an option) run ``command``.
+    """
+    return ["ssh", "-F", str(ssh_config), "--", host, command]
+
+
 async def run(host: str, command: str, ssh_config: Path,
               timeout: float = SSH_TIMEOUT_SECONDS) -> Ran:
     """Run ``command`` on ``host`` (named in ``ssh_config``) by one ``ssh``, within ``timeout``."""
     process = await asyncio.create_subprocess_exec(
-        "ssh", "-F", str(ssh_config), "--", host, command,
+        *ssh_argv(host, command, ssh_config),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

@@ -26,6 +26,7 @@ import gzip
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import pairwise
 from statistics import median
 from typing import Any
 
@@ -95,13 +96,14 @@ def retransmission_intervals(samples: list[tuple[int, int]]) -> list[tuple[int, 
     From samples of ``(wall-clock ns, total TP-socket retransmissions)``, the
     intervals between two samples in which the total grew.
     """
-    return [(before[0], after[0]) for before, after in zip(samples, samples[1:], strict=False)
-            if after[1] > before[1]]
+    return [(before[0], after[0]) for before, after in pairwise(samples) if after[1] > before[1]]
 
 
 def stalls(allreduces: list[Kernel], retransmitting: list[tuple[int, int]]) -> dict[str, Any]:
-    """The all-reduces that stalled, their time lost, and how much of it coincides with
-    retransmissions."""
+    """
+    The all-reduces that stalled, their time lost, and how much of it
+    coincides with retransmissions.
+    """
     medians = {name: median(k.seconds for k in allreduces if k.name == name)
                for name in {k.name for k in allreduces}}
     stalled = [k for k in allreduces if k.seconds >= STALL_FACTOR * medians[k.name] > 0]

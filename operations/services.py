@@ -760,7 +760,7 @@ def log_tails(workstations: list[tuple[Host, str, InitSystem]]) -> str:
     return "\n".join(sections)
 
 
-class ServiceLogMatches(FactBase):
+class ServiceLogMatches(ServiceLog):
     """
     The last lines of a service's whole log that hold ``text``: lines logged
     once at start (NCCL's choice of transport, say) that :class:`ServiceLog`'s
@@ -771,13 +771,8 @@ class ServiceLogMatches(FactBase):
         ["... NCCL INFO NET/Socket : Using [0]thunderbolt0:169.254.77.1<0>", "..."]
     """
 
-    default = list
-
     def command(self, service: str, init_system: InitSystem, text: str,
                 lines: int = 40) -> StringCommand:
         whole = SUPERVISORS[init_system].log_command(service, WHOLE_LOG_LINES)
         return StringCommand("(", whole, ")", "|", "grep", "-F", "--", QuoteString(text), "|",
                              "tail", "-n", str(int(lines)))
-
-    def process(self, output: list[str]) -> list[str]:
-        return [ANSI_ESCAPE.sub("", line) for line in output]

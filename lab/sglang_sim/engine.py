@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from lab.sglang_sim.knobs import Knobs
 from lab.sglang_sim.link import NcclLink
 from lab.sglang_sim.model import ModelShape
-from lab.sglang_sim.profiler import ALREADY_PROFILING, FORWARD_KERNEL, Profiler
+from lab.sglang_sim.profiler import Profiler
 from lab.sglang_sim.stats import Stats
 from lab.sglang_sim.tokens import PrefixCache
 
@@ -268,17 +268,11 @@ class Scheduler:
         return [request for request in admitted if isinstance(request, Sequence)]
 
     def _run_profile(self, request: ProfileRequest, link: NcclLink | None) -> None:
-        if link:
-            request.answer = (link.start_profile(request.output_dir, request.profile_id,
-                                                 request.activities)
-                              if request.start else link.stop_profile())
-        elif request.start:
-            started = self._profiler.start(request.output_dir, request.profile_id,
-                                           request.activities)
-            request.answer = None if started else ALREADY_PROFILING
-        else:
-            written = self._profiler.stop()
-            request.answer = [str(written)] if written else None
+        """On this GPU alone, or in TP2 on every rank of the group."""
+        target = link or self._profiler
+        request.answer = (target.start_profile(request.output_dir, request.profile_id,
+                                               request.activities)
+                          if request.start else target.stop_profile())
         request.done.set()
 
     def _hang_if_faulted(self) -> None:
@@ -353,9 +347,7 @@ class Scheduler:
             self._stats.record_allreduce(
                 link.forward(seconds, message, 2 * layers, self._shape.activation_bytes))
             return
-        started = time.time()
-        time.sleep(seconds)
-        self._profiler.kernel(FORWARD_KERNEL, started, time.time())
+        self._profiler.compute(seconds)
 
     def _accept_length(self, seq: Sequence) -> int:
         return self._speculation.accept_length(seq.rng) if self._speculation else 1

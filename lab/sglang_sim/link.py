@@ -40,12 +40,7 @@ from pathlib import Path
 
 from lab.sglang_sim import nccl_log
 from lab.sglang_sim.nccl import ChannelPlan, Transport, plan_allreduce, wire_segments
-from lab.sglang_sim.profiler import (
-    ALLREDUCE_KERNEL,
-    ALREADY_PROFILING,
-    FORWARD_KERNEL,
-    Profiler,
-)
+from lab.sglang_sim.profiler import ALLREDUCE_KERNEL, Profiler
 
 logger = logging.getLogger(__name__)
 
@@ -347,18 +342,18 @@ class NcclLink(PeerLink):
     def start_profile(self, output_dir: str | None, profile_id: str,
                       activities: list[str] | None = None) -> str | None:
         """Both ranks start recording; why not, if this rank already records."""
-        if not self.profiler.start(output_dir, profile_id, activities):
-            return ALREADY_PROFILING
+        if refused := self.profiler.start_profile(output_dir, profile_id, activities):
+            return refused
         self._ask_peer({"start": True, "output_dir": output_dir, "profile_id": profile_id,
                         "activities": activities})
         return None
 
     def stop_profile(self) -> list[str] | None:
         """Both ranks write their traces: their paths, or ``None`` if none was recording."""
-        path = self.profiler.stop()
-        if path is None:
+        written = self.profiler.stop_profile()
+        if written is None:
             return None
-        return [str(path), self._ask_peer({"start": False})]
+        return [*written, self._ask_peer({"start": False})]
 
     def _ask_peer(self, request: dict) -> str:
         self.send_text(PROFILE, json.dumps(request))
@@ -391,9 +386,7 @@ class NcclLink(PeerLink):
 
     def _run(self, seconds: float, nbytes: int, count: int, element_bytes: int) -> None:
         """The pass's GPU time, then its all-reduces, each a kernel of the profile."""
-        started = time.time()
-        time.sleep(seconds)
-        self.profiler.kernel(FORWARD_KERNEL, started, time.time())
+        self.profiler.compute(seconds)
         plan = plan_allreduce(nbytes, self._rank, self._transport, element_bytes)
         for each in self._all:
             each.setblocking(False)

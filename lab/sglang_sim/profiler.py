@@ -61,10 +61,6 @@ class Profiler:
         self._path: Path | None = None
         self._origin_ns = 0
 
-    @property
-    def active(self) -> bool:
-        return self._events is not None
-
     def start(self, output_dir: str | None, profile_id: str,
               activities: list[str] | None = None) -> bool:
         """
@@ -81,6 +77,22 @@ class Profiler:
             self._origin_ns = time.time_ns()
             self._events = []
             return True
+
+    def start_profile(self, output_dir: str | None, profile_id: str,
+                      activities: list[str] | None = None) -> str | None:
+        """:meth:`start`, answered as SGLang's scheduler answers: why not, or ``None``."""
+        return None if self.start(output_dir, profile_id, activities) else ALREADY_PROFILING
+
+    def stop_profile(self) -> list[str] | None:
+        """:meth:`stop`, answered with the traces written; ``None`` if nothing was recording."""
+        path = self.stop()
+        return None if path is None else [str(path)]
+
+    def compute(self, seconds: float) -> None:
+        """A forward pass's GPU time: spent, and recorded as one kernel."""
+        started = time.time()
+        time.sleep(seconds)
+        self.kernel(FORWARD_KERNEL, started, time.time())
 
     def kernel(self, name: str, started: float, ended: float, **args: object) -> None:
         """One kernel that ran from ``started`` to ``ended`` (``time.time()`` seconds)."""
