@@ -1,10 +1,11 @@
 """
 The hosts: a real site when ``TWINBOLT_SITE`` names a site file, else the embedded lab.
 
-Groups: ``workstations`` (rank 0 first) and ``gateway``; the lab's hosts are also
-in ``lab``, defined last so that ``group_data/lab.py`` wins over the
-``workstations`` and ``gateway`` defaults (pyinfra applies group data in the
-order the groups are defined here).
+Groups: ``workstations`` (every pair's, pair by pair, rank 0 first in each),
+``gateway``, and each pair's own, ``pair_<name>`` (``--limit pair_b``); the
+lab's hosts are also in ``lab``, defined last so that ``group_data/lab.py`` wins
+over the ``workstations`` and ``gateway`` defaults (pyinfra applies group data
+in the order the groups are defined here).
 
 A site's values arrive as host data (see ``operations/site/model.py``), so they win
 over every ``group_data/`` default. The lab's host data is only what differs
@@ -14,13 +15,21 @@ between its hosts; the rest is ``group_data/``.
 import os
 
 from operations.plumbing.connect import connection_data
-from operations.site.model import SITE_ENV, load_site, sudo_data, tp_group_data
+from operations.site.model import (
+    FIRST_PAIR,
+    SITE_ENV,
+    load_site,
+    pair_group,
+    sudo_data,
+    tp_group_data,
+)
 from operations.site.options import carried_data
 
 if os.environ.get(SITE_ENV):
     _site = load_site(os.environ[SITE_ENV])
     workstations = _site.workstation_hosts()
     gateway = _site.gateway_hosts()
+    _pairs = _site.pair_groups()
 
 else:
     # The lab's hosts as lab/topology.py makes them; `python -m lab up` creates
@@ -49,7 +58,7 @@ else:
     def _lab_workstation(rank: int, host: _lab.LabHost) -> dict[str, object]:
         return {
             **_lab_ssh(host),
-            **tp_group_data(_LINKS, rank),
+            **tp_group_data(FIRST_PAIR, _LINKS, rank),
             "candidate_path": str(_CANDIDATE),
             "ledger_path": str(_lab.STATE / "ledger.jsonl"),
             # Until the lab has built the candidate there is no checksum; the
@@ -64,6 +73,7 @@ else:
     workstations = [(host.name, _lab_workstation(rank, host))
                     for rank, host in enumerate(_lab.WORKSTATIONS)]
     gateway = [(host.name, _lab_ssh(host)) for host in _lab.HOSTS if not host.workstation]
+    _pairs = {pair_group(FIRST_PAIR): [host.name for host in _lab.WORKSTATIONS]}
     lab = [host.name for host in _lab.HOSTS]
 
 # A rollback's --data, carried by the run that started it (operations/site/options.py):
@@ -71,3 +81,6 @@ else:
 _carried = carried_data()
 workstations = [(name, {**data, **_carried}) for name, data in workstations]
 gateway = [(name, {**data, **_carried}) for name, data in gateway]
+
+# Each pair's group, pair_<name>: names only, the hosts' data is the workstations'.
+globals().update(_pairs)

@@ -27,6 +27,7 @@ from operations.gateway.proxy import Proxy
 from operations.safety.guard import Guard
 from operations.serving.router import Router
 from operations.serving.sglang import Sglang, replica_runs
+from operations.site.model import pair_group
 from operations.site.settings import (
     GatewaySettings,
     HostSettings,
@@ -68,7 +69,7 @@ class WorkstationPart:
             link=link,
             link_bound=settings.bound(link.wait_seconds),
             guard=Guard.of(settings, link),
-            pair=[member.name for member in inventory.get_group("workstations")],
+            pair=[member.name for member in inventory.get_group(pair_group(settings.pair))],
             gateway_address=GatewaySettings.of(inventory.get_group("gateway")[0]).address,
             replica_serves=partial(replica_runs, the_sglang),
             no_replica_serves=partial(replica_runs, the_sglang, running=False),

@@ -385,9 +385,21 @@ SECTIONS: dict[str, type[_Section]] = {"ssh": Ssh, **WORKSTATION_SECTIONS, **GAT
 
 
 # The Thunderbolt link is one cable, and a cable joins two hosts: the only
-# place the workstations are counted. The TP group's size and each host's
-# peers are read from the site (tp_group_data).
+# place a pair's workstations are counted. The TP group's size and each host's
+# peer are read from its pair (tp_group_data).
 CABLE_ENDS = 2
+# The pair a site of the one-pair form (``[[workstations]]``) declares, named as
+# the lab's first pair.
+FIRST_PAIR = "a"
+# A pair's name: the suffix of its inventory group (``pair_<name>``, a Python
+# name, as pyinfra's inventory file defines its groups), and a word in a
+# ``--limit``, the ledger and the reports.
+PairName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9]{0,15}$")]
+
+
+def pair_group(name: str) -> str:
+    """The inventory group of the pair ``name``: ``--limit pair_b`` moves pair b alone."""
+    return f"pair_{name}"
 
 
 def _one_cable(workstations: list[Workstation]) -> list[Workstation]:
@@ -398,10 +410,39 @@ def _one_cable(workstations: list[Workstation]) -> list[Workstation]:
     return workstations
 
 
-class Site(_Section):
-    """A whole site: the workstations (rank 0 first), a gateway and their settings."""
+def _distinct_pair_names(pairs: list["Pair"]) -> list["Pair"]:
+    names = [pair.name for pair in pairs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"pair names must be distinct, got {', '.join(names)}")
+    return pairs
 
+
+class Pair(_Section):
+    """
+    Two workstations joined by one Thunderbolt cable, rank 0 first: one TP group
+    in a TP state, two of the router's replicas in production.
+    """
+
+    name: PairName
     workstations: Annotated[list[Workstation], AfterValidator(_one_cable)]
+
+    @property
+    def group(self) -> str:
+        return pair_group(self.name)
+
+
+class Site(_Section):
+    """
+    A whole site: its pairs of workstations, one gateway in front of every pair,
+    and their settings. A site of one pair may list its two workstations alone
+    (``[[workstations]]``, rank 0 first), the form of every site before pairs:
+    that is the pair :data:`FIRST_PAIR`.
+    """
+
+    workstations: Annotated[list[Workstation], AfterValidator(_one_cable)] = Field(
+        default_factory=list)
+    pairs: Annotated[list[Pair], Field(min_length=1), AfterValidator(_distinct_pair_names)] = (
+        Field(default_factory=list))
     gateway: SiteHost
     ssh: Ssh = Field(default_factory=Ssh)
     link: Link = Field(default_factory=Link)
@@ -411,43 +452,72 @@ class Site(_Section):
     ledger: Ledger = Field(default_factory=Ledger)
 
     @model_validator(mode="after")
+    def _one_form(self) -> "Site":
+        if self.workstations and self.pairs:
+            raise ValueError("give the workstations as [[pairs]] or, for a site of one pair, "
+                             "as [[workstations]]: not both")
+        if not (self.workstations or self.pairs):
+            raise ValueError("no workstations: give [[pairs]], each with its two "
+                             "[[pairs.workstations]], or for a site of one pair its two "
+                             "[[workstations]]")
+        return self
+
+    @property
+    def every_pair(self) -> list[Pair]:
+        """The site's pairs: the one-pair form's is :data:`FIRST_PAIR`."""
+        return self.pairs or [Pair(name=FIRST_PAIR, workstations=self.workstations)]
+
+    @model_validator(mode="after")
     def _distinct_hosts(self) -> "Site":
-        names = [host.name for host in (*self.workstations, self.gateway)]
+        names = [host.name for pair in self.every_pair for host in pair.workstations]
+        names.append(self.gateway.name)
         if len(set(names)) != len(names):
             raise ValueError(f"host names must be distinct, got {', '.join(names)}")
-        addresses = [workstation.thunderbolt_address for workstation in self.workstations]
-        if len(set(addresses)) != len(addresses):
-            raise ValueError("the workstations' thunderbolt_address values must differ")
         return self
 
     @model_validator(mode="after")
     def _one_link_network(self) -> "Site":
         # The link layer applies each address with this prefix (address_owner
         # "twinbolt"): addresses in two networks, or a network's own or broadcast
-        # address, would leave the peer unreachable across the cable.
-        if problem := link_network_problem(
-                [workstation.thunderbolt_address for workstation in self.workstations],
-                self.link.prefix_length):
-            raise ValueError(problem)
+        # address, would leave the peer unreachable across the cable. Each cable
+        # is a network of its own: two pairs may use the same addresses.
+        for pair in self.every_pair:
+            addresses = [workstation.thunderbolt_address for workstation in pair.workstations]
+            whose = f"pair {pair.name}: " if self.pairs else ""
+            if len(set(addresses)) != len(addresses):
+                raise ValueError(f"{whose}the workstations' thunderbolt_address values must differ")
+            if problem := link_network_problem(addresses, self.link.prefix_length):
+                raise ValueError(whose + problem)
         return self
 
     def workstation_hosts(self) -> list[tuple[str, dict[str, Any]]]:
-        """The ``workstations`` inventory group, rank 0 first, each with its TP group's data."""
+        """
+        The ``workstations`` inventory group, pair by pair and rank 0 first in
+        each, with each host's TP group's data.
+        """
 
         shared = self._sections_data(WORKSTATION_SECTIONS)
-        links = [str(workstation.thunderbolt_address) for workstation in self.workstations]
-        return [
-            (
-                workstation.name,
-                {
-                    **self._ssh_data(workstation),
-                    **tp_group_data(links, rank),
-                    "serving_listen_address": str(workstation.listen_address),
-                    **shared,
-                },
-            )
-            for rank, workstation in enumerate(self.workstations)
-        ]
+        hosts = []
+        for pair in self.every_pair:
+            links = [str(workstation.thunderbolt_address) for workstation in pair.workstations]
+            hosts += [
+                (
+                    workstation.name,
+                    {
+                        **self._ssh_data(workstation),
+                        **tp_group_data(pair.name, links, rank),
+                        "serving_listen_address": str(workstation.listen_address),
+                        **shared,
+                    },
+                )
+                for rank, workstation in enumerate(pair.workstations)
+            ]
+        return hosts
+
+    def pair_groups(self) -> dict[str, list[str]]:
+        """Each pair's inventory group (:func:`pair_group`): its workstations, rank 0 first."""
+        return {pair.group: [workstation.name for workstation in pair.workstations]
+                for pair in self.every_pair}
 
     def gateway_hosts(self) -> list[tuple[str, dict[str, Any]]]:
         """The ``gateway`` inventory group: its one host."""
@@ -499,17 +569,19 @@ def link_network_problem(addresses: Sequence[IPv4Address], prefix_length: int) -
     return None
 
 
-def tp_group_data(link_addresses: Sequence[str], rank: int) -> dict[str, Any]:
+def tp_group_data(pair: str, link_addresses: Sequence[str], rank: int) -> dict[str, Any]:
     """
-    The host data a workstation of ``rank`` finds its TP group by, from every
-    workstation's link address, rank 0 first: the group's size (one rank a
-    workstation), this host's address, where rank 0 holds the rendezvous, and
-    the peer across the cable. The site and the embedded lab both build it here.
+    The host data a workstation of ``rank`` in the pair ``pair`` finds its TP
+    group by, from the pair's link addresses, rank 0 first: the pair's name, the
+    group's size (one rank a workstation), this host's address, where rank 0
+    holds the rendezvous, and the peer across the cable. The site and the
+    embedded lab both build it here.
     """
     peers = [address for other, address in enumerate(link_addresses) if other != rank]
     # One cable, so one peer (CABLE_ENDS): the link layer proves the cable to it.
     (peer,) = peers
     return {
+        "pair": pair,
         "rank": rank,
         "tp_size": len(link_addresses),
         "thunderbolt_address": link_addresses[rank],
@@ -665,6 +737,9 @@ def _host_at(location: tuple[Any, ...], document: dict[str, Any]) -> str | None:
     try:
         if location[:1] == ("workstations",) and len(location) > 2:
             entry = document["workstations"][location[1]]
+        elif location[:1] == ("pairs",) and location[2:3] == ("workstations",) \
+                and len(location) > 4:
+            entry = document["pairs"][location[1]]["workstations"][location[3]]
         elif location[:1] == ("gateway",) and len(location) > 1:
             entry = document["gateway"]
         else:

@@ -169,12 +169,13 @@ class HostSettings:
 @dataclass(frozen=True)
 class WorkstationSettings(HostSettings):
     """
-    A workstation's settings: its place in the TP group (``tp_group_data``) and
-    the site's sections. ``link_address``, ``peer_link_address`` and
-    ``rank0_link_address`` are this host's, its peer's and rank 0's addresses on
-    the Thunderbolt link.
+    A workstation's settings: its pair and place in the pair's TP group
+    (``tp_group_data``) and the site's sections. ``link_address``,
+    ``peer_link_address`` and ``rank0_link_address`` are this host's, its peer's
+    and rank 0's addresses on the Thunderbolt link.
     """
 
+    pair: str
     rank: int
     tp_size: int
     link_address: str
@@ -192,6 +193,7 @@ class WorkstationSettings(HostSettings):
         data = host.data
         return cls(
             **HostSettings.common(host),
+            pair=data.get("pair"),
             rank=data.get("rank"),
             tp_size=data.get("tp_size"),
             link_address=data.get("thunderbolt_address"),

@@ -66,7 +66,7 @@ def test_every_key_a_site_gives_its_hosts_is_checked(write_site) -> None:
     published = {key for _, data in (*site.workstation_hosts(), *site.gateway_hosts())
                  for key in data}
     # Derived from the site's values, not keys of it: the TP group, sudo, the connection.
-    derived = {*tp_group(["169.254.1.1", "169.254.1.2"], 0), "sudo", "_sudo",
+    derived = {*tp_group("a", ["169.254.1.1", "169.254.1.2"], 0), "sudo", "_sudo",
                "ssh_paramiko_connect_kwargs"}
     assert published - derived <= set(overrides.site_fields())
 
@@ -76,7 +76,7 @@ def test_every_key_a_site_gives_its_hosts_is_checked(write_site) -> None:
 # Keys that are no site key and no run option, and keys of the rollback's own.
 UNKNOWN = {
     # The runbook's own host data: / would be staged on and chmod 0700.
-    "run_dir": "/", "rank": 7, "thunderbolt_address": "169.254.1.9",
+    "run_dir": "/", "rank": 7, "thunderbolt_address": "169.254.1.9", "pair": "b",
     # pyinfra's own global arguments, the default of every operation when in host data.
     "_if": "false", "_ignore_errors": True, "_success_exit_codes": [0, 1], "_sudo": True,
     "_sudo_password": "secret", "_chdir": "/tmp",

@@ -197,7 +197,7 @@ def test_every_field_of_a_layer_is_a_setting_of_its_name_or_listed_as_computed(
                     for name, data in site.workstation_hosts()]
     ((name, data),) = site.gateway_hosts()
     gateway = InventoryEntry(name, ("gateway",), data)
-    inventory = SimpleNamespace(get_group={"workstations": workstations,
+    inventory = SimpleNamespace(get_group={"workstations": workstations, "pair_a": workstations,
                                            "gateway": [gateway]}.get)
     the_sglang = sglang.Sglang.from_host(workstations[0])
     the_part = part.WorkstationPart.of(WorkstationSettings.of(workstations[0]), inventory,

@@ -642,3 +642,106 @@ def test_a_candidate_override_is_checked_as_the_site_files_would_be(tmp_path) ->
     with pytest.raises(BadOverride, match=f"--data candidate_path: {text} is not a "
                        "thunderbolt_net kernel module: not an ELF file"):
         overrides.check({"candidate_path": str(text)})
+
+
+# Issue 49: a site of pairs. The one-pair form above is the pair "a".
+
+PAIRS = """
+[[pairs]]
+name = "a"
+[[pairs.workstations]]
+name = "wsa"
+ssh_hostname = "10.0.0.11"
+thunderbolt_address = "169.254.77.1"
+[[pairs.workstations]]
+name = "wsb"
+ssh_hostname = "10.0.0.12"
+thunderbolt_address = "169.254.77.2"
+
+[[pairs]]
+name = "b"
+[[pairs.workstations]]
+name = "wsc"
+ssh_hostname = "10.0.0.14"
+thunderbolt_address = "169.254.77.1"
+[[pairs.workstations]]
+name = "wsd"
+ssh_hostname = "10.0.0.15"
+thunderbolt_address = "169.254.77.2"
+"""
+
+
+def pairs_site(pairs: str = PAIRS) -> str:
+    """The minimal site with its [[workstations]] replaced by ``pairs``."""
+    return pairs + MINIMAL_SITE[MINIMAL_SITE.index("[gateway]"):]
+
+
+def test_a_site_of_two_pairs_gives_each_workstation_its_own_pairs_group(write_site):
+    # Each cable is a network of its own: both pairs may use the same addresses.
+    site = load_site(write_site(pairs_site()))
+    assert site.pair_groups() == {"pair_a": ["wsa", "wsb"], "pair_b": ["wsc", "wsd"]}
+    group = {name: (data["pair"], data["rank"], data["tp_size"], data["thunderbolt_address"],
+                    data["rank0_thunderbolt_address"], data["peer_thunderbolt_address"])
+             for name, data in site.workstation_hosts()}
+    assert group == {
+        "wsa": ("a", 0, 2, "169.254.77.1", "169.254.77.1", "169.254.77.2"),
+        "wsb": ("a", 1, 2, "169.254.77.2", "169.254.77.1", "169.254.77.1"),
+        "wsc": ("b", 0, 2, "169.254.77.1", "169.254.77.1", "169.254.77.2"),
+        "wsd": ("b", 1, 2, "169.254.77.2", "169.254.77.1", "169.254.77.1"),
+    }
+    assert dict(site.workstation_hosts())["wsd"]["ssh_hostname"] == "10.0.0.15"
+
+
+def test_the_one_pair_form_is_the_pair_a(write_site):
+    site = load_site(write_site())
+    assert site.pair_groups() == {"pair_a": ["ws0", "ws1"]}
+    assert {data["pair"] for _, data in site.workstation_hosts()} == {"a"}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(pairs_site(PAIRS + MINIMAL_SITE[:MINIMAL_SITE.index("[gateway]")]),
+                     "(top level): give the workstations as [[pairs]] or, for a site of one "
+                     "pair, as [[workstations]]: not both", id="both forms"),
+        pytest.param(pairs_site(""), "(top level): no workstations: give [[pairs]], each with its "
+                     "two [[pairs.workstations]], or for a site of one pair its two "
+                     "[[workstations]]", id="neither form"),
+        pytest.param(pairs_site(PAIRS.replace('name = "b"', 'name = "a"')),
+                     "pairs: pair names must be distinct, got a, a", id="one name twice"),
+        pytest.param(pairs_site(PAIRS.replace('name = "b"', 'name = "B-2"')),
+                     "pairs.1.name: String should match pattern '^[a-z][a-z0-9]{0,15}$' "
+                     "(got 'B-2')", id="a name no group can carry"),
+        pytest.param(pairs_site(PAIRS.replace('"wsd"', '"wsa"')),
+                     "(top level): host names must be distinct, got wsa, wsb, wsc, wsa, gw0",
+                     id="a host in two pairs"),
+        pytest.param(pairs_site(PAIRS.replace('"10.0.0.15"\nthunderbolt_address = "169.254.77.2"',
+                                              '"10.0.0.15"\nthunderbolt_address = "169.254.77.1"')),
+                     "(top level): pair b: the workstations' thunderbolt_address values must "
+                     "differ", id="one address twice in a pair"),
+        pytest.param(pairs_site(PAIRS.replace('"10.0.0.15"\nthunderbolt_address = "169.254.77.2"',
+                                              '"10.0.0.15"\nthunderbolt_address = "169.254.78.2"')
+                                + "\n[link]\nprefix_length = 24\n"),
+                     "(top level): pair b: the workstations' thunderbolt_address values must be "
+                     "in one network of link.prefix_length 24: 169.254.78.2 is not in "
+                     "169.254.77.0/24", id="a pair across two networks"),
+        pytest.param(pairs_site(PAIRS.replace('[[pairs.workstations]]\nname = "wsd"\n'
+                                              'ssh_hostname = "10.0.0.15"\n'
+                                              'thunderbolt_address = "169.254.77.2"\n', "")),
+                     "pairs.1.workstations: must be exactly 2, not 1: the Thunderbolt link is "
+                     "one cable, and a cable has two ends", id="a pair of one"),
+        pytest.param(pairs_site(PAIRS.replace('name = "wsd"\n', 'name = "wsd"\nssh_prot = 1\n')),
+                     "pairs.1.workstations.1.ssh_prot: unknown key; allowed here: name, "
+                     "ssh_hostname, ssh_user, ssh_port, ssh_key, sudo, thunderbolt_address, "
+                     "listen_address", id="a mistyped key in a pair"),
+    ],
+)
+def test_a_bad_site_of_pairs_is_refused_naming_the_pair_and_key(write_site, text, expected):
+    assert expected in problems(write_site(text))
+
+
+def test_a_missing_key_file_of_a_pairs_workstation_names_its_host(write_site, tmp_path):
+    text = pairs_site(PAIRS.replace('name = "wsc"\n', 'name = "wsc"\nssh_key = "id_nope"\n'))
+    assert problems(write_site(text)) == [
+        f"pairs.1.workstations.0.ssh_key (host wsc): no such file: {tmp_path / 'id_nope'} "
+        "(got 'id_nope')"]
