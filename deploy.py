@@ -5,15 +5,20 @@ The runbook: converge every host to the state named by ``--data state=NAME``.
 
 Each step is a declared target, not a script: run twice, the second run changes
 nothing. Facts are read inside operations (pyinfra evaluates operation bodies
-again at execute time), never branched on here. The order is the field
-report's discipline, one layer at a time:
+again at execute time), never branched on here, but for one: when a run
+leaves pairs out (``--limit pair_b``), which of their replicas the gateway's
+router fronts now, since they keep serving ``small`` through it whatever this
+run does (``operations/part.py``). The order is the field report's
+discipline, one layer at a time:
 
 1. preflight (read-only): any failure stops the run before a change, but for a
    link the target cannot use on hosts where no replica serves (a TP group on
    that very link): refusing would keep it, so the attempt fails at its first
    step and ends in production;
-2. gateway: the temporary fallback exists before the GPUs are borrowed;
-3. serving: stop what the target does not run;
+2. gateway: the temporary fallback exists before the GPUs are borrowed, unless
+   a pair outside the run still serves ``small``;
+3. serving: stop what the target does not run; the router first drops the
+   run's replicas, and is proven to serve from the pairs that stay;
 4. driver: swap only if the target's driver differs, on both workstations;
 5. link: retrained at the expected rate, the peer answering across it (a
    warning, not a failure, in production, whose replicas do not use it and
@@ -59,7 +64,7 @@ rollback_keys = RollbackKeys.of(host.data)
 state = resolve_state(options.state)
 # The pair is one unit: a run that leaves a host out is refused before anything,
 # but for a rollback, which leaves out the hosts its failed run lost.
-scope.whole_pair(inventory, pyinfra.state.is_host_in_limit, state.name,
+scope.whole_pairs(inventory, pyinfra.state.is_host_in_limit, state.name,
                  lost=scope.lost_hosts(rollback_keys.lost_hosts, rollback_keys.lock_inherited,
                                        state.name))
 # A rollback holds the lock of the failed run that started it.
@@ -67,7 +72,7 @@ run = runs.begin(pyinfra.state, state.name, rollback_keys.lock_inherited)
 in_run = scope.reached(inventory, pyinfra.state.is_host_in_limit)
 # This host's part in the run (operations/part.py); a workstation's own steps are
 # called only where it has one.
-part = Part.of(host, inventory, in_run)
+part = Part.of(host, inventory, in_run, state)
 workstation = part.workstation
 
 if workstation:
@@ -120,7 +125,7 @@ if workstation:
     sglang.admissible(name=f"Preflight: SGLang can serve {state.name} here", sglang=part.sglang,
                       serving=state.serving, speculative=state.speculative)
 route.admissible(name="Preflight: the large role answers, so small can fall back to it",
-                 proxy=part.proxy, fallback=state.gateway_fallback, _timeout=part.request_bound)
+                 proxy=part.proxy, fallback=part.fallback, _timeout=part.request_bound)
 
 # Steps 2-8 are the attempt: after a failure the remaining steps are skipped on
 # every host, and the failure is recorded rather than ending the run at once.
@@ -133,8 +138,9 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
                               "production", link=workstation.link,
                          _if=[run.attempt.healthy, workstation.no_replica_serves])
 
-    # 2. Gateway: the temporary fallback exists, and is proven, before the GPUs are borrowed.
-    if state.gateway_fallback:
+    # 2. Gateway: the temporary fallback exists, and is proven, before the GPUs are borrowed,
+    # unless a pair outside this run still serves small.
+    if part.fallback:
         proxy.proxy(name="Gateway: the temporary fallback small -> large is present",
                     proxy=part.proxy, fallback=True, proofs=run.proofs,
                     _timeout=part.proxy_bound)
@@ -143,8 +149,14 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
 
     # 3. Serving: stop what the target does not run; a GPU holds a replica or a rank, never both.
     if state.tensor_parallel:
-        router.router(name="Serving: the router stops with the replicas", router=part.router,
-                      present=False)
+        # The router drops this run's replicas before they stop: it fronts only the pairs
+        # outside the run that serve, and is proven to, or stops with the last replicas.
+        router.router(name="Serving: the router stops with the replicas, or fronts the pairs "
+                           "that stay", router=part.router, present=part.router_runs)
+        if part.router_runs:
+            router.router_accepted(
+                name="Serving: the router serves a real completion from the pairs that stay",
+                router=part.router, proofs=run.proofs, _timeout=part.start_bound)
         sglang.replica(name="Serving: the replicas are stopped", sglang=part.sglang,
                        proofs=run.proofs, present=False)
         # A running TP group that is to change, or whose link a driver swap will take
@@ -160,8 +172,9 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
                      partial(driver.swap_planned, state.driver, workstation.candidate)])
         # The outage has begun: the user's route must survive it before the GPUs are borrowed.
         route.roles_proven(
-            name="Gateway: small answers through the fallback while the replicas are down",
-            proxy=part.proxy, fallback=state.gateway_fallback, proofs=run.proofs,
+            name="Gateway: small answers through the fallback while the replicas are down, "
+                 "or through the pairs that stay",
+            proxy=part.proxy, fallback=part.fallback, proofs=run.proofs,
             _timeout=part.request_bound)
     else:
         sglang.tp_rank(name="Serving: the TP ranks are stopped", sglang=part.sglang, present=False)
@@ -204,8 +217,9 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
         router.router_accepted(name="Serving: the router serves a real completion",
                                router=part.router, proofs=run.proofs, _timeout=part.start_bound)
 
-    # 7. Gateway: the fallback goes only once production is proven, then both roles are proven.
-    if not state.gateway_fallback:
+    # 7. Gateway: the fallback goes only once some pair's replicas serve small, then both
+    # roles are proven.
+    if not part.fallback:
         proxy.proxy(name="Gateway: the temporary fallback is removed", proxy=part.proxy,
                     fallback=False, proofs=run.proofs, _timeout=part.proxy_bound)
         route.roles_proven(
@@ -220,11 +234,10 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
     sglang.verified(name=f"Verify: the workstations serve as {state.name} declares",
                     sglang=part.sglang, serving=state.serving, speculative=state.speculative,
                     proofs=run.proofs)
-    router.router_verified(
-        name="Verify: the router " + ("is stopped" if state.tensor_parallel else "serves"),
-        router=part.router, proofs=run.proofs, present=not state.tensor_parallel)
+    router.router_verified(name="Verify: the router serves, or is stopped with no replica",
+                           router=part.router, proofs=run.proofs, present=part.router_runs)
     route.verified(name=f"Verify: the gateway routes as {state.name} declares",
-                   proxy=part.proxy, fallback=state.gateway_fallback, proofs=run.proofs,
+                   proxy=part.proxy, fallback=part.fallback, proofs=run.proofs,
                    _timeout=part.request_bound)
 
 # From here on every step runs on every host whatever the attempt met, and a host

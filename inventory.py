@@ -2,7 +2,8 @@
 The hosts: a real site when ``TWINBOLT_SITE`` names a site file, else the embedded lab.
 
 Groups: ``workstations`` (every pair's, pair by pair, rank 0 first in each),
-``gateway``, and each pair's own, ``pair_<name>`` (``--limit pair_b``); the
+``gateway``, and each pair's own, ``pair_<name>``, which holds the gateway too
+(``--limit pair_b`` moves pair b and the gateway); the
 lab's hosts are also in ``lab``, defined last so that ``group_data/lab.py`` wins
 over the ``workstations`` and ``gateway`` defaults (pyinfra applies group data
 in the order the groups are defined here).
@@ -73,7 +74,7 @@ else:
     workstations = [(host.name, _lab_workstation(rank, host))
                     for rank, host in enumerate(_lab.WORKSTATIONS)]
     gateway = [(host.name, _lab_ssh(host)) for host in _lab.HOSTS if not host.workstation]
-    _pairs = {pair_group(FIRST_PAIR): [host.name for host in _lab.WORKSTATIONS]}
+    _pairs = {pair_group(FIRST_PAIR): [host.name for host in _lab.HOSTS]}
     lab = [host.name for host in _lab.HOSTS]
 
 # A rollback's --data, carried by the run that started it (operations/site/options.py):
@@ -82,5 +83,5 @@ _carried = carried_data()
 workstations = [(name, {**data, **_carried}) for name, data in workstations]
 gateway = [(name, {**data, **_carried}) for name, data in gateway]
 
-# Each pair's group, pair_<name>: names only, the hosts' data is the workstations'.
+# Each pair's group, pair_<name>: names only, the hosts' data is the other groups'.
 globals().update(_pairs)

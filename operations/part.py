@@ -25,6 +25,7 @@ from operations.gateway import route
 from operations.gateway.proxy import START_TIMEOUT_SECONDS as PROXY_START_TIMEOUT_SECONDS
 from operations.gateway.proxy import Proxy
 from operations.safety.guard import Guard
+from operations.serving import router
 from operations.serving.router import Router
 from operations.serving.sglang import Sglang, replica_runs
 from operations.site.model import pair_group
@@ -34,6 +35,7 @@ from operations.site.settings import (
     WorkstationSettings,
     derived,
 )
+from operations.states import State
 from operations.thunderbolt.driver import CandidateModule
 from operations.thunderbolt.link import ExpectedLink
 
@@ -69,7 +71,8 @@ class WorkstationPart:
             link=link,
             link_bound=settings.bound(link.wait_seconds),
             guard=Guard.of(settings, link),
-            pair=[member.name for member in inventory.get_group(pair_group(settings.pair))],
+            pair=[member.name for member in inventory.get_group(pair_group(settings.pair))
+                  if "workstations" in member.groups],
             gateway_address=GatewaySettings.of(inventory.get_group("gateway")[0]).address,
             replica_serves=partial(replica_runs, the_sglang),
             no_replica_serves=partial(replica_runs, the_sglang, running=False),
@@ -81,10 +84,12 @@ class Part:
     """
     A host's part in a run: its settings, its :class:`WorkstationPart` (None on
     the gateway), its serving layers' values (None where it has no part in
-    them), and the bounds of the steps that wait longer than one command, each
-    by its own wait (a serving start waits as long on the gateway, for the
-    router, as on a workstation); the rollback converges production, and is
-    bounded by every wait of one.
+    them), whether the user's ``small`` needs the temporary fallback to
+    ``large`` (``fallback``: only while no pair's replicas serve it), and the
+    bounds of the steps that wait longer than one command, each by its own wait
+    (a serving start waits as long on the gateway, for the router, as on a
+    workstation); the rollback converges production, and is bounded by every
+    wait of one.
     """
 
     settings: HostSettings
@@ -92,6 +97,7 @@ class Part:
     sglang: Sglang | None
     router: Router | None
     proxy: Proxy | None
+    fallback: bool
     start_bound: int
     proxy_bound: int
     request_bound: int
@@ -99,8 +105,13 @@ class Part:
     rollback_bound: int
 
     @classmethod
-    def of(cls, host: Host, inventory: Inventory, in_run: Sequence[Host]) -> Part:
-        """``host``'s part in a run that reaches ``in_run``, from its final data (--data too)."""
+    def of(cls, host: Host, inventory: Inventory, in_run: Sequence[Host], state: State) -> Part:
+        """
+        ``host``'s part in a run to ``state`` that reaches ``in_run``, from its
+        final data (--data too). On the gateway of a site whose pairs are not
+        all in the run, this reads which of their replicas the router fronts now:
+        those keep serving ``small`` through it, whatever this run does.
+        """
         settings: HostSettings
         if "workstations" in host.groups:
             settings = WorkstationSettings.of(host)
@@ -111,8 +122,13 @@ class Part:
             the_sglang = workstation = None
         the_router = the_proxy = None
         if "gateway" in host.groups:
+            workstations = inventory.get_group("workstations")
+            outside = [member for member in workstations if member not in in_run]
+            fronted = (router.fronted_workers(host, GatewaySettings.of(host).roles.init_system)
+                       if outside else [])
             the_router = Router.from_hosts(
-                host, [member for member in in_run if "workstations" in member.groups])
+                host, [member for member in workstations if member in in_run],
+                router.router_workers(workstations, in_run, not state.tensor_parallel, fronted))
             the_proxy = Proxy.from_host(host, the_router.served_model_name, the_router.url)
         rollback_timeout = bounds.rollback_timeout(
             WorkstationSettings.of(inventory.get_group("workstations")[0]))
@@ -122,9 +138,15 @@ class Part:
             sglang=the_sglang,
             router=the_router,
             proxy=the_proxy,
+            fallback=state.gateway_fallback and not (the_router and the_router.runs),
             start_bound=settings.bound((the_sglang or the_router).start_timeout_seconds),
             proxy_bound=settings.bound(PROXY_START_TIMEOUT_SECONDS),
             request_bound=settings.bound(route.REQUEST_TIMEOUT_SECONDS),
             rollback_timeout=rollback_timeout,
             rollback_bound=settings.bound(rollback_timeout),
         )
+
+    @property
+    def router_runs(self) -> bool:
+        """The gateway's router is to run after this run: some pair's replicas serve."""
+        return bool(self.router and self.router.runs)

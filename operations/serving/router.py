@@ -10,8 +10,9 @@ own hash-pinned lock, installed into the router's venv on the gateway.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import takewhile
 from pathlib import Path
 
 from pyinfra import host
@@ -22,7 +23,7 @@ from operations import services
 from operations.plumbing import probes, venvs
 from operations.plumbing.phase import elsewhere, executing
 from operations.plumbing.probes import Proofs, Proven
-from operations.services import GatewayService, Service, ServiceProcess, log_tails
+from operations.services import GatewayService, InitSystem, Service, ServiceProcess, log_tails
 from operations.serving.sglang import (
     ACCEPTANCE_TOKENS,
     LAYER,
@@ -38,6 +39,8 @@ from operations.step import failing, operation
 # The router twinbolt installs on the gateway; requirements-lab.txt pins the same release.
 # sglang-router, hash-pinned; installed into the router's venv as it is.
 ROUTER_LOCK = Path(__file__).resolve().parents[2] / "requirements-router.lock"
+# The router's option that lists its workers, each URL a word of its own.
+WORKER_URLS = "--worker-urls"
 
 
 @dataclass(frozen=True)
@@ -53,16 +56,51 @@ class Router(GatewayService):
     start_timeout_seconds: float
 
     @classmethod
-    def from_hosts(cls, gateway: Host, workstations: list[Host]) -> Router:
-        """The gateway's settings, with every workstation's replica as a worker."""
+    def from_hosts(cls, gateway: Host, workstations: Sequence[Host],
+                   workers: tuple[str, ...] | None = None) -> Router:
+        """
+        The gateway's settings, for the replicas of ``workstations``, fronting
+        ``workers`` (:func:`router_workers`), by default every one of them.
+        """
         replicas = [Sglang.from_host(workstation) for workstation in workstations]
         settings = GatewaySettings.of(gateway)
         return derived(
             cls, settings, settings.roles, prefix="router_",
-            workers=tuple(replica.url for replica in replicas),
+            workers=tuple(replica.url for replica in replicas) if workers is None else workers,
             served_model_name=replicas[0].served_model_name,
             start_timeout_seconds=max(replica.start_timeout_seconds for replica in replicas),
         )
+
+    @property
+    def runs(self) -> bool:
+        """The router runs while some replica serves: it never runs without a worker."""
+        return bool(self.workers)
+
+
+def router_workers(workstations: Sequence[Host], in_run: Collection[Host],
+                   run_serves_replicas: bool, fronted: Collection[str]) -> tuple[str, ...]:
+    """
+    The replicas the router is to front once this run is done, in the
+    inventory's order: the run's own when its state serves replicas
+    (production), and those of the pairs outside the run that it fronts now
+    (``fronted``, :func:`fronted_workers`), which keep serving ``small``.
+    """
+    urls = [(workstation, Sglang.from_host(workstation).url) for workstation in workstations]
+    return tuple(url for workstation, url in urls
+                 if (run_serves_replicas if workstation in in_run else url in fronted))
+
+
+def fronted_workers(gateway: Host, init_system: InitSystem) -> list[str]:
+    """
+    The workers the router running on ``gateway`` fronts now, as it was started
+    (its ``--worker-urls``); none when it is stopped. A pair outside the run
+    that it fronts serves ``small``: the run keeps it there.
+    """
+    argv = gateway.get_fact(ServiceProcess, service=ROUTER, init_system=init_system)["argv"]
+    if WORKER_URLS not in argv:
+        return []
+    return list(takewhile(lambda word: not word.startswith("--"),
+                          argv[argv.index(WORKER_URLS) + 1:]))
 
 
 def router_service(router: Router) -> Service:
@@ -72,7 +110,7 @@ def router_service(router: Router) -> Service:
         description="sglang-router in front of the SGLang replicas (twinbolt production)",
         command=[
             f"{router.venv}/bin/python", "-m", "sglang_router.launch_router",
-            "--worker-urls", *router.workers,
+            WORKER_URLS, *router.workers,
             "--policy", "cache_aware",
             "--host", router.listen_address,
             "--port", str(router.port),

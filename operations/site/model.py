@@ -397,9 +397,15 @@ FIRST_PAIR = "a"
 PairName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9]{0,15}$")]
 
 
+PAIR_GROUP_PREFIX = "pair_"
+
+
 def pair_group(name: str) -> str:
-    """The inventory group of the pair ``name``: ``--limit pair_b`` moves pair b alone."""
-    return f"pair_{name}"
+    """
+    The inventory group of the pair ``name``: its workstations, rank 0 first, and
+    the gateway, which is in every run (``--limit pair_b`` moves pair b alone).
+    """
+    return f"{PAIR_GROUP_PREFIX}{name}"
 
 
 def _one_cable(workstations: list[Workstation]) -> list[Workstation]:
@@ -515,8 +521,9 @@ class Site(_Section):
         return hosts
 
     def pair_groups(self) -> dict[str, list[str]]:
-        """Each pair's inventory group (:func:`pair_group`): its workstations, rank 0 first."""
-        return {pair.group: [workstation.name for workstation in pair.workstations]
+        """Each pair's inventory group (:func:`pair_group`): its workstations, then the gateway."""
+        return {pair.group: [*(workstation.name for workstation in pair.workstations),
+                             self.gateway.name]
                 for pair in self.every_pair}
 
     def gateway_hosts(self) -> list[tuple[str, dict[str, Any]]]:

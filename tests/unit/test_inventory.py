@@ -24,6 +24,7 @@ from operations.site.model import (
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / ".lab"
 MINIMAL_SITE = (Path(__file__).parent / "minimal_site.toml").read_text()
+TWO_PAIRS_SITE = (Path(__file__).parent / "two_pairs_site.toml").read_text()
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def test_lab_groups(inventory):
     members = groups(inventory())
     assert members["workstations"] == ["wsa", "wsb"]
     assert members["gateway"] == ["gw"]
-    assert members["pair_a"] == ["wsa", "wsb"]
+    assert members["pair_a"] == ["wsa", "wsb", "gw"]
     assert members["lab"] == ["wsa", "wsb", "gw"]
 
 
@@ -123,7 +124,7 @@ def test_site_groups_and_data(inventory, write_site, tmp_path):
     members = groups(hosts)
     assert members["workstations"] == ["ws0", "ws1"]
     assert members["gateway"] == ["gw0"]
-    assert members["pair_a"] == ["ws0", "ws1"]
+    assert members["pair_a"] == ["ws0", "ws1", "gw0"]
     assert "lab" not in members
 
     ws1 = hosts["ws1"]["data"]
@@ -240,17 +241,11 @@ def test_a_rollback_gets_its_carried_data_on_every_host_over_group_data(inventor
 
 
 def test_a_site_of_pairs_has_a_group_for_each_pair(inventory, write_site):
-    pairs = "".join(
-        f'[[pairs]]\nname = "{pair}"\n' + "".join(
-            f'[[pairs.workstations]]\nname = "{name}"\nssh_hostname = "127.0.0.1"\n'
-            f'ssh_port = 1\nthunderbolt_address = "169.254.77.{rank + 1}"\n'
-            for rank, name in enumerate(names))
-        for pair, names in (("a", ("wsa", "wsb")), ("b", ("wsc", "wsd"))))
-    hosts = inventory(TWINBOLT_SITE=str(write_site(
-        pairs + MINIMAL_SITE[MINIMAL_SITE.index("[gateway]"):])))
+    hosts = inventory(TWINBOLT_SITE=str(write_site(TWO_PAIRS_SITE)))
     members = groups(hosts)
     assert members["workstations"] == ["wsa", "wsb", "wsc", "wsd"]
-    assert (members["pair_a"], members["pair_b"]) == (["wsa", "wsb"], ["wsc", "wsd"])
+    assert (members["pair_a"], members["pair_b"]) == (["wsa", "wsb", "gw0"],
+                                                      ["wsc", "wsd", "gw0"])
     assert members["gateway"] == ["gw0"]
     assert [(hosts[name]["data"]["pair"], hosts[name]["data"]["rank"])
             for name in members["workstations"]] == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]

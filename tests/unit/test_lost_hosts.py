@@ -17,7 +17,7 @@ from pyinfra.api import Inventory, OperationError
 from operations import services
 from operations import step as steps
 from operations.safety import rollback as rollbacks
-from operations.safety.scope import PartialRun, lost_hosts, whole_pair
+from operations.safety.scope import PartialRun, lost_hosts, whole_pairs
 from operations.site import options
 
 
@@ -114,22 +114,22 @@ def test_the_rollback_leaves_the_lost_hosts_out_and_says_so_in_its_data(monkeypa
                                                          'lost_hosts=["wsb"]']
 
 
-INVENTORY = Inventory((["wsa", "wsb", "gw"], {}),
-                      workstations=(["wsa", "wsb"], {}), gateway=(["gw"], {}))
+INVENTORY = Inventory((["wsa", "wsb", "gw"], {}), workstations=(["wsa", "wsb"], {}),
+                      gateway=(["gw"], {}), pair_a=(["wsa", "wsb", "gw"], {}))
 
 
 def test_only_a_rollback_to_production_may_leave_out_the_hosts_its_run_lost() -> None:
     without_wsb = lambda host: host.name != "wsb"  # noqa: E731
-    whole_pair(INVENTORY, without_wsb, "production",
+    whole_pairs(INVENTORY, without_wsb, "production",
                lost=lost_hosts(["wsb"], "lock-line", "production"))
     for value, inherited, state in ((["wsb"], None, "production"),
                                     (["wsb"], "lock-line", "tp2_e2e"),
                                     (None, "lock-line", "production")):
         with pytest.raises(PartialRun, match="leaves wsb out"):
-            whole_pair(INVENTORY, without_wsb, state, lost=lost_hosts(value, inherited, state))
+            whole_pairs(INVENTORY, without_wsb, state, lost=lost_hosts(value, inherited, state))
     # Another lost host does not excuse leaving wsb out.
     with pytest.raises(PartialRun, match="leaves wsb out"):
-        whole_pair(INVENTORY, without_wsb, "production",
+        whole_pairs(INVENTORY, without_wsb, "production",
                    lost=lost_hosts(["gw"], "lock-line", "production"))
     with pytest.raises(PartialRun, match="lost_hosts must be a JSON list"):
         lost_hosts("wsb", "lock-line", "production")

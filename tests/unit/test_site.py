@@ -646,29 +646,11 @@ def test_a_candidate_override_is_checked_as_the_site_files_would_be(tmp_path) ->
 
 # Issue 49: a site of pairs. The one-pair form above is the pair "a".
 
-PAIRS = """
-[[pairs]]
-name = "a"
-[[pairs.workstations]]
-name = "wsa"
-ssh_hostname = "10.0.0.11"
-thunderbolt_address = "169.254.77.1"
-[[pairs.workstations]]
-name = "wsb"
-ssh_hostname = "10.0.0.12"
-thunderbolt_address = "169.254.77.2"
-
-[[pairs]]
-name = "b"
-[[pairs.workstations]]
-name = "wsc"
-ssh_hostname = "10.0.0.14"
-thunderbolt_address = "169.254.77.1"
-[[pairs.workstations]]
-name = "wsd"
-ssh_hostname = "10.0.0.15"
-thunderbolt_address = "169.254.77.2"
-"""
+TWO_PAIRS_SITE = (Path(__file__).parent / "two_pairs_site.toml").read_text()
+# The [[pairs]] tables alone, to edit.
+PAIRS = TWO_PAIRS_SITE[:TWO_PAIRS_SITE.index("[gateway]")]
+WSD_ADDRESS = ('name = "wsd"\nssh_hostname = "10.0.0.15"\nssh_port = 1\n'
+               'thunderbolt_address = "169.254.77.2"')
 
 
 def pairs_site(pairs: str = PAIRS) -> str:
@@ -679,7 +661,8 @@ def pairs_site(pairs: str = PAIRS) -> str:
 def test_a_site_of_two_pairs_gives_each_workstation_its_own_pairs_group(write_site):
     # Each cable is a network of its own: both pairs may use the same addresses.
     site = load_site(write_site(pairs_site()))
-    assert site.pair_groups() == {"pair_a": ["wsa", "wsb"], "pair_b": ["wsc", "wsd"]}
+    # A pair's group holds the gateway too: --limit pair_b reaches it, as every run must.
+    assert site.pair_groups() == {"pair_a": ["wsa", "wsb", "gw0"], "pair_b": ["wsc", "wsd", "gw0"]}
     group = {name: (data["pair"], data["rank"], data["tp_size"], data["thunderbolt_address"],
                     data["rank0_thunderbolt_address"], data["peer_thunderbolt_address"])
              for name, data in site.workstation_hosts()}
@@ -690,11 +673,12 @@ def test_a_site_of_two_pairs_gives_each_workstation_its_own_pairs_group(write_si
         "wsd": ("b", 1, 2, "169.254.77.2", "169.254.77.1", "169.254.77.1"),
     }
     assert dict(site.workstation_hosts())["wsd"]["ssh_hostname"] == "10.0.0.15"
+    assert pairs_site() == TWO_PAIRS_SITE
 
 
 def test_the_one_pair_form_is_the_pair_a(write_site):
     site = load_site(write_site())
-    assert site.pair_groups() == {"pair_a": ["ws0", "ws1"]}
+    assert site.pair_groups() == {"pair_a": ["ws0", "ws1", "gw0"]}
     assert {data["pair"] for _, data in site.workstation_hosts()} == {"a"}
 
 
@@ -715,18 +699,16 @@ def test_the_one_pair_form_is_the_pair_a(write_site):
         pytest.param(pairs_site(PAIRS.replace('"wsd"', '"wsa"')),
                      "(top level): host names must be distinct, got wsa, wsb, wsc, wsa, gw0",
                      id="a host in two pairs"),
-        pytest.param(pairs_site(PAIRS.replace('"10.0.0.15"\nthunderbolt_address = "169.254.77.2"',
-                                              '"10.0.0.15"\nthunderbolt_address = "169.254.77.1"')),
+        pytest.param(pairs_site(PAIRS.replace(WSD_ADDRESS, WSD_ADDRESS.replace("77.2", "77.1"))),
                      "(top level): pair b: the workstations' thunderbolt_address values must "
                      "differ", id="one address twice in a pair"),
-        pytest.param(pairs_site(PAIRS.replace('"10.0.0.15"\nthunderbolt_address = "169.254.77.2"',
-                                              '"10.0.0.15"\nthunderbolt_address = "169.254.78.2"')
+        pytest.param(pairs_site(PAIRS.replace(WSD_ADDRESS, WSD_ADDRESS.replace("77.2", "78.2"))
                                 + "\n[link]\nprefix_length = 24\n"),
                      "(top level): pair b: the workstations' thunderbolt_address values must be "
                      "in one network of link.prefix_length 24: 169.254.78.2 is not in "
                      "169.254.77.0/24", id="a pair across two networks"),
         pytest.param(pairs_site(PAIRS.replace('[[pairs.workstations]]\nname = "wsd"\n'
-                                              'ssh_hostname = "10.0.0.15"\n'
+                                              'ssh_hostname = "10.0.0.15"\nssh_port = 1\n'
                                               'thunderbolt_address = "169.254.77.2"\n', "")),
                      "pairs.1.workstations: must be exactly 2, not 1: the Thunderbolt link is "
                      "one cable, and a cable has two ends", id="a pair of one"),

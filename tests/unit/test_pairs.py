@@ -1,0 +1,117 @@
+"""
+Runs on a site of two pairs: which replicas the router fronts, and when the
+user's small needs the fallback, for every state of each pair (issue 49).
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from operations.part import Part
+from operations.serving import router
+from operations.serving.sglang import Sglang
+from operations.site.hosts import InventoryEntry
+from operations.site.model import load_site
+from operations.states import resolve_state
+
+TWO_PAIRS_SITE = (Path(__file__).parent / "two_pairs_site.toml").read_text()
+
+
+@dataclass(frozen=True)
+class Gateway(InventoryEntry):
+    """The gateway, whose running router was started with ``argv``."""
+
+    argv: tuple[str, ...] = field(default=(), hash=False)
+
+    def get_fact(self, fact: type, **arguments: Any) -> dict[str, Any]:
+        assert fact is router.ServiceProcess and arguments["service"] == router.ROUTER
+        return {"running": bool(self.argv), "argv": list(self.argv)}
+
+
+class Inventory:
+    def __init__(self, *hosts: InventoryEntry) -> None:
+        self.hosts = hosts
+
+    def get_group(self, group: str) -> list[InventoryEntry]:
+        return [host for host in self.hosts if group in host.groups]
+
+
+@pytest.fixture
+def site(write_site):
+    return load_site(write_site(TWO_PAIRS_SITE))
+
+
+@pytest.fixture
+def workstations(site) -> dict[str, InventoryEntry]:
+    return {name: InventoryEntry(name, ("workstations", f"pair_{data['pair']}"), data)
+            for name, data in site.workstation_hosts()}
+
+
+def url(workstation: InventoryEntry) -> str:
+    return Sglang.from_host(workstation).url
+
+
+def gateway(site, *argv: str) -> Gateway:
+    ((name, data),) = site.gateway_hosts()
+    return Gateway(name, ("gateway", "pair_a", "pair_b"), data, argv)
+
+
+def router_argv(*workers: str) -> tuple[str, ...]:
+    return ("/opt/twinbolt/sglang-router/bin/python", "-m", "sglang_router.launch_router",
+            "--worker-urls", *workers, "--policy", "cache_aware", "--host", "0.0.0.0",
+            "--port", "30080")
+
+
+# (the run's pairs, its state's replicas serve, what the router fronts now) -> its workers.
+PAIR_A, PAIR_B = ("wsa", "wsb"), ("wsc", "wsd")
+
+
+@pytest.mark.parametrize(("in_run", "serves", "fronted", "expected"), [
+    # Every pair moves: the run's state alone decides, as on a site of one pair.
+    pytest.param(PAIR_A + PAIR_B, True, (), PAIR_A + PAIR_B, id="all to production"),
+    pytest.param(PAIR_A + PAIR_B, False, PAIR_A + PAIR_B, (), id="all to a TP state"),
+    # Pair b leaves production while pair a serves: the router keeps pair a alone.
+    pytest.param(PAIR_B, False, PAIR_A + PAIR_B, PAIR_A, id="b to a TP state, a serving"),
+    # Pair b comes back beside pair a, in inventory order.
+    pytest.param(PAIR_B, True, PAIR_A, PAIR_A + PAIR_B, id="b to production, a serving"),
+    # Pair a is in a TP state itself (the router does not front it): nobody stays.
+    pytest.param(PAIR_B, False, PAIR_B, (), id="b to a TP state, a in one too"),
+    pytest.param(PAIR_B, True, (), PAIR_B, id="b to production, a in a TP state"),
+    # A replica the router fronts that the run moves follows the run's state.
+    pytest.param(PAIR_A, True, PAIR_A, PAIR_A, id="a to production again, b in a TP state"),
+])
+def test_the_router_fronts_the_runs_replicas_in_production_and_the_pairs_that_serve_outside_it(
+        workstations, in_run, serves, fronted, expected) -> None:
+    hosts = list(workstations.values())
+    assert router.router_workers(
+        hosts, [workstations[name] for name in in_run], serves,
+        [url(workstations[name]) for name in fronted],
+    ) == tuple(url(workstations[name]) for name in expected)
+
+
+def test_the_workers_fronted_now_are_read_from_the_running_routers_command_line(site) -> None:
+    workers = ("http://10.0.0.11:30000", "http://10.0.0.12:30000")
+    assert router.fronted_workers(gateway(site, *router_argv(*workers)), "systemd") == list(
+        workers)
+    assert router.fronted_workers(gateway(site), "systemd") == []
+
+
+@pytest.mark.parametrize(("state", "in_run", "fronted", "workers", "fallback"), [
+    # The one pair's case, on a site of two: every pair leaves, small falls back.
+    ("tp2_e2e", PAIR_A + PAIR_B, PAIR_A + PAIR_B, (), True),
+    # Pair a keeps serving small: no fallback, the router stays with pair a.
+    ("tp2_e2e", PAIR_B, PAIR_A + PAIR_B, PAIR_A, False),
+    # No pair is left serving: the fallback, and the router stops.
+    ("tp2_e2e", PAIR_B, PAIR_B, (), True),
+    ("production", PAIR_B, PAIR_A, PAIR_A + PAIR_B, False),
+])
+def test_the_gateways_part_falls_back_only_when_no_pair_is_left_serving_small(
+        site, workstations, state, in_run, fronted, workers, fallback) -> None:
+    the_gateway = gateway(site, *router_argv(*(url(workstations[name]) for name in fronted)))
+    inventory = Inventory(*workstations.values(), the_gateway)
+    run = [*(workstations[name] for name in in_run), the_gateway]
+    part = Part.of(the_gateway, inventory, run, resolve_state(state))
+    assert part.router.workers == tuple(url(workstations[name]) for name in workers)
+    assert (part.router_runs, part.fallback) == (bool(workers), fallback)
