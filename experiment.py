@@ -95,16 +95,33 @@ def stamp() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
-async def status(arguments: argparse.Namespace, topology: Topology) -> int:
-    observed = await observe(topology)
-    print(json.dumps(observed.to_json(), indent=1) if arguments.json else observed.render())
-    return 0 if observed.match else 1
+def headed(topology: Topology, text: str) -> str:
+    """A pair's part of a per-pair report: under the pair's name on a site of several."""
+    return f"## {topology.named}\n\n{text}" if topology.pair else text
 
 
-async def run_diagnose(arguments: argparse.Namespace, topology: Topology) -> int:
-    found = await diagnose(topology)
-    print(json.dumps(found.to_json(), indent=1) if arguments.json else found.render())
-    return 1 if found.cause else 0
+async def status(arguments: argparse.Namespace, topologies: list[Topology]) -> int:
+    observed = [await observe(topology) for topology in topologies]
+    if arguments.json:
+        print(json.dumps({topology.pair or "": each.to_json()
+                          for topology, each in zip(topologies, observed, strict=True)}
+                         if len(topologies) > 1 else observed[0].to_json(), indent=1))
+    else:
+        print("\n\n".join(headed(topology, each.render())
+                           for topology, each in zip(topologies, observed, strict=True)))
+    return 0 if all(each.match for each in observed) else 1
+
+
+async def run_diagnose(arguments: argparse.Namespace, topologies: list[Topology]) -> int:
+    found = [await diagnose(topology) for topology in topologies]
+    if arguments.json:
+        print(json.dumps({topology.pair or "": each.to_json()
+                          for topology, each in zip(topologies, found, strict=True)}
+                         if len(topologies) > 1 else found[0].to_json(), indent=1))
+    else:
+        print("\n\n".join(headed(topology, each.render())
+                           for topology, each in zip(topologies, found, strict=True)))
+    return 1 if any(each.cause for each in found) else 0
 
 
 async def measure(arguments: argparse.Namespace, topology: Topology) -> int:
@@ -119,18 +136,27 @@ async def measure(arguments: argparse.Namespace, topology: Topology) -> int:
     return 1 if failures(built) else 0
 
 
-async def run_campaign(arguments: argparse.Namespace, topology: Topology) -> int:
+async def run_campaigns(arguments: argparse.Namespace, topologies: list[Topology]) -> int:
+    """
+    The plan on each pair in turn, each in a directory of its own under one
+    campaign's: a pair's runs take the gateway's lock, which a run on another
+    pair would be refused at, so pairs do not run their plans at once.
+    """
     directory = arguments.out / f"campaign-{stamp()}"
-    result = await campaign.Campaign(topology, arguments.plan, arguments.windows or list(WINDOWS),
-                                     window_settings(arguments), directory,
-                                     baseline=arguments.baseline,
-                                     linktest_seconds=arguments.linktest_seconds,
-                                     trials=arguments.trials).run()
-    print((directory / "campaign.md").read_text())
-    if result["chart"]:
-        print(f"chart: {directory / result['chart']}")
-    print(f"campaign: {campaign.outcome(result)}; files in {directory}")
-    return 0 if result["failed_step"] is None else 1
+    failed = False
+    for topology in topologies:
+        where = directory / f"pair-{topology.pair}" if topology.pair else directory
+        result = await campaign.Campaign(
+            topology, arguments.plan, arguments.windows or list(WINDOWS),
+            window_settings(arguments), where, baseline=arguments.baseline,
+            linktest_seconds=arguments.linktest_seconds, trials=arguments.trials).run()
+        print(headed(topology, (where / "campaign.md").read_text()))
+        if result["chart"]:
+            print(f"chart: {where / result['chart']}")
+        print(f"campaign{' on ' + topology.named if topology.pair else ''}: "
+              f"{campaign.outcome(result)}; files in {where}")
+        failed = failed or result["failed_step"] is not None
+    return 1 if failed else 0
 
 
 async def run_soak(arguments: argparse.Namespace, topology: Topology) -> int:
@@ -273,6 +299,16 @@ def parser() -> argparse.ArgumentParser:
                                  help="each run of flows, whole seconds (default %(default)s)")
     linktest_parser.add_argument("--out", type=Path, default=REPORTS)
 
+    # A site of several pairs: which one a command looks at or moves.
+    for pair_parser, what in ((status_parser, "every pair"), (diagnose_parser, "every pair"),
+                              (measure_parser, "the only one"), (soak_parser, "the only one"),
+                              (linktest_parser, "the only one")):
+        pair_parser.add_argument("--pair", help=f"the pair, by name (default: {what})")
+    campaign_parser.add_argument(
+        "--pairs", type=lambda text: text.split(","),
+        help="the pairs to run the plan on, one after another, comma-separated (default: "
+             "the only one)")
+
     compare_parser = commands.add_parser(
         "compare", help="a table and a chart across reports; several reports of one state are "
                         "its trials: medians, intervals and verdicts")
@@ -284,12 +320,19 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def with_topology(arguments: argparse.Namespace) -> int:
-    command = {"status": status, "diagnose": run_diagnose, "matrix": run_matrix,
-               "measure": measure,
-               "campaign": run_campaign, "soak": run_soak,
-               "linktest": run_linktest}[arguments.command]
     with tempfile.TemporaryDirectory(prefix="twinbolt-") as directory:
-        return await command(arguments, Topology.load(Path(directory)))
+        if arguments.command in ("status", "diagnose"):
+            # Every pair, each on its own, unless one is named.
+            command = {"status": status, "diagnose": run_diagnose}[arguments.command]
+            return await command(arguments, Topology.load_pairs(
+                Path(directory), [arguments.pair] if arguments.pair else None))
+        if arguments.command == "campaign":
+            return await run_campaigns(arguments, Topology.load_pairs(
+                Path(directory), arguments.pairs, one=arguments.pairs is None))
+        command = {"matrix": run_matrix, "measure": measure, "soak": run_soak,
+                   "linktest": run_linktest}[arguments.command]
+        return await command(arguments, Topology.load(Path(directory),
+                                                      getattr(arguments, "pair", None)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -203,29 +203,29 @@ def reason(code: int, tail: list[str]) -> str:
     return f"exit code {code}:\n" + last_lines(tail)
 
 
-async def deploy(state: str, timeout: float) -> str:
+async def deploy(state: str, topology: Topology) -> str:
     """
-    Converge the hosts to ``state`` with the operator's own command, within
-    ``timeout`` seconds (:meth:`Topology.deploy_timeout`), or fail with why.
+    Converge ``topology``'s pair to ``state`` with the operator's own command,
+    within its bound (:meth:`Topology.deploy_timeout`), or fail with why.
     """
     code, tail = await run_command(
         f"deploy {state}",
-        [str(Path(sys.executable).with_name("pyinfra")), "-y", "inventory.py", "deploy.py",
-         "--data", f"state={state}"], timeout)
+        [str(Path(sys.executable).with_name("pyinfra")), "-y", *topology.deploy_options,
+         "inventory.py", "deploy.py", "--data", f"state={state}"], topology.deploy_timeout)
     if code != 0:
         raise StepFailed(reason(code, tail))
     return f"pyinfra converged to {state}"
 
 
-async def verify(state: str, timeout: float) -> str:
+async def verify(state: str, topology: Topology) -> str:
     """
-    Prove ``state`` with ``pytest tests/verify``, within ``timeout`` seconds
-    (:meth:`Topology.verify_timeout`), or fail with why.
+    Prove ``topology``'s pair in ``state`` with ``pytest tests/verify``, within
+    its bound (:meth:`Topology.verify_timeout`), or fail with why.
     """
     code, tail = await run_command(
         f"verify {state}",
-        [sys.executable, "-m", "pytest", "tests/verify", "--state", state, "-q",
-         "-p", "no:cacheprovider"], timeout)
+        [sys.executable, "-m", "pytest", "tests/verify", "--state", state,
+         *topology.verify_options, "-q", "-p", "no:cacheprovider"], topology.verify_timeout)
     if code != 0:
         raise StepFailed(reason(code, tail))
     return next((line for line in reversed(tail) if "passed" in line), "passed")
@@ -270,10 +270,10 @@ class Campaign:
         return (await self.verify(BASELINE)) + "; hosts observed in production"
 
     async def deploy(self, state: str) -> str:
-        return await deploy(state, self.topology.deploy_timeout)
+        return await deploy(state, self.topology)
 
     async def verify(self, state: str) -> str:
-        return await verify(state, self.topology.verify_timeout)
+        return await verify(state, self.topology)
 
     async def measure(self, state: str, trial: int) -> str:
         """One trial of ``state``: its report in the trial's own directory."""

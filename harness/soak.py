@@ -212,8 +212,8 @@ async def record_events(topology: Topology, state: State,
 async def restore(topology: Topology) -> str:
     """Production converged and verified with the operator's commands; what happened."""
     try:
-        await campaign.deploy("production", topology.deploy_timeout)
-        await campaign.verify("production", topology.verify_timeout)
+        await campaign.deploy("production", topology)
+        await campaign.verify("production", topology)
     except campaign.StepFailed as error:
         return f"production was NOT restored: {error}"
     return "production was restored and verified"

@@ -9,11 +9,13 @@ deploys to, with the same keys and host-key checking.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from operations import bounds
 from operations.site.hosts import InventoryEntry, in_group, inventory_entries, ssh_config
+from operations.site.model import PAIR_GROUP_PREFIX, pair_group
 from operations.site.settings import GatewaySettings, WorkstationSettings
 from operations.states import State
 
@@ -38,21 +40,68 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class Topology:
-    """The hosts of the inventory: workstations rank 0 first, the gateway, their SSH config."""
+    """
+    One pair of the inventory, as the harness looks at it: its workstations
+    rank 0 first, the gateway, their SSH config, and the pair's name when the
+    inventory has other pairs (``None``: the pair is the site's only one).
+    """
 
     workstations: tuple[InventoryEntry, ...]
     gateway: InventoryEntry | None
     ssh_config: Path
+    pair: str | None = None
 
     @classmethod
-    def load(cls, directory: Path) -> Topology:
-        """Read the inventory and write its SSH config into ``directory``."""
+    def load(cls, directory: Path, pair: str | None = None) -> Topology:
+        """
+        Read the inventory and write its SSH config into ``directory``: the pair
+        ``pair``, which a site of several pairs must name.
+        """
+        (topology,) = cls.load_pairs(directory, [pair] if pair else None, one=pair is None)
+        return topology
+
+    @classmethod
+    def load_pairs(cls, directory: Path, pairs: Sequence[str] | None = None,
+                   one: bool = False) -> list[Topology]:
+        """
+        Each of ``pairs`` (every pair of the inventory by default; ``one``: the
+        inventory must hold only one), reading the inventory once; refused with
+        the pairs there are when one is unknown.
+        """
         entries = inventory_entries()
         path = directory / "ssh_config"
         path.write_text(ssh_config(entries))
         gateways = in_group(entries, "gateway")
-        return cls(tuple(in_group(entries, "workstations")),
-                   gateways[0] if gateways else None, path)
+        found = list(dict.fromkeys(group.removeprefix(PAIR_GROUP_PREFIX)
+                                   for entry in in_group(entries, "workstations")
+                                   for group in entry.groups
+                                   if group.startswith(PAIR_GROUP_PREFIX)))
+        unknown = [pair for pair in pairs or () if pair not in found]
+        if unknown or (one and len(found) > 1):
+            raise ValueError(
+                (f"no pair {', '.join(unknown)} in the inventory" if unknown else
+                 "the inventory has several pairs: name one with --pair (a campaign: --pairs)")
+                + f"; its pairs are {', '.join(found)}")
+        return [cls(tuple(entry for entry in in_group(entries, "workstations")
+                          if pair_group(pair) in entry.groups),
+                    gateways[0] if gateways else None, path,
+                    pair if len(found) > 1 else None)
+                for pair in pairs or found]
+
+    @property
+    def deploy_options(self) -> list[str]:
+        """What ``pyinfra`` is given to move this pair alone (nothing on a one-pair site)."""
+        return ["--limit", pair_group(self.pair)] if self.pair else []
+
+    @property
+    def verify_options(self) -> list[str]:
+        """What ``pytest tests/verify`` is given to check this pair alone (likewise)."""
+        return ["--pair", self.pair] if self.pair else []
+
+    @property
+    def named(self) -> str:
+        """How a report names this pair: ``pair b``, or nothing on a one-pair site."""
+        return f"pair {self.pair}" if self.pair else ""
 
     @property
     def rank0(self) -> InventoryEntry:

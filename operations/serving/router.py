@@ -96,11 +96,16 @@ def fronted_workers(gateway: Host, init_system: InitSystem) -> list[str]:
     (its ``--worker-urls``); none when it is stopped. A pair outside the run
     that it fronts serves ``small``: the run keeps it there.
     """
-    argv = gateway.get_fact(ServiceProcess, service=ROUTER, init_system=init_system)["argv"]
+    return worker_urls(
+        gateway.get_fact(ServiceProcess, service=ROUTER, init_system=init_system)["argv"])
+
+
+def worker_urls(argv: Sequence[str]) -> list[str]:
+    """The workers a router's command line names (its ``--worker-urls``), in order."""
     if WORKER_URLS not in argv:
         return []
     return list(takewhile(lambda word: not word.startswith("--"),
-                          argv[argv.index(WORKER_URLS) + 1:]))
+                          argv[list(argv).index(WORKER_URLS) + 1:]))
 
 
 def router_service(router: Router) -> Service:

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -202,16 +203,23 @@ def test_the_campaign_deploys_within_the_sites_bound(monkeypatch) -> None:
     rank0 = InventoryEntry("wsa", ("workstations",), {})
     topology = Topology((rank0,), None, Path("ssh_config"))
     assert topology.deploy_timeout == bounds.deploy_timeout(WorkstationSettings.of(rank0))
-    given: list[tuple[str, float]] = []
+    given: list[tuple[str, list[str], float | None]] = []
 
-    async def deployed(state: str, timeout: float) -> str:
-        given.append((state, timeout))
-        return "converged"
+    async def ran(label: str, argv: list[str], timeout: float | None = None):
+        given.append((label, argv[2:], timeout))
+        return 0, []
 
-    monkeypatch.setattr(campaign, "deploy", deployed)
-    ran = campaign.Campaign(topology, [], [], WindowSettings(), Path("unused"))
-    asyncio.run(ran.deploy("tp2_e2e"))
-    assert given == [("tp2_e2e", 6600)]
+    monkeypatch.setattr(campaign, "run_command", ran)
+    deploying = campaign.Campaign(topology, [], [], WindowSettings(), Path("unused"))
+    asyncio.run(deploying.deploy("tp2_e2e"))
+    assert given == [("deploy tp2_e2e",
+                      ["inventory.py", "deploy.py", "--data", "state=tp2_e2e"], 6600)]
+    # One pair of several: that pair's group and the gateway alone.
+    given.clear()
+    pair_b = campaign.Campaign(replace(topology, pair="b"), [], [], WindowSettings(),
+                               Path("unused"))
+    asyncio.run(pair_b.deploy("tp2_e2e"))
+    assert given[0][1][:2] == ["--limit", "pair_b"]
 
 
 def test_the_campaign_verifies_within_four_commands_bounds(monkeypatch) -> None:
@@ -272,7 +280,7 @@ def test_a_deploy_past_its_bound_fails_its_step_and_production_is_still_restored
                     '*) exec sleep 30;; esac\n')
     fake.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
-    topology = SimpleNamespace(deploy_timeout=1)
+    topology = SimpleNamespace(deploy_timeout=1, deploy_options=[])
     rehearsal = Rehearsed(topology, campaign.check_plan(["tp2_stock_nospec"]), [],
                           WindowSettings(), tmp_path / "report", linktest_seconds=None)
     result = asyncio.run(rehearsal.run())

@@ -168,6 +168,8 @@ def test_testinfra_checks_a_sudo_host_under_sudo(tmp_path, monkeypatch):
                                                   REPO / "tests" / "verify" / "conftest.py")
     verify = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, verify)
+    # As pytest puts a conftest's directory on the path: its helpers import from there.
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "verify"))
     spec.loader.exec_module(verify)
     for name, data, command in (("ws0", {"sudo": True}, "sudo /bin/sh -c 'id -u'"),
                                 ("ws1", {}, "id -u")):

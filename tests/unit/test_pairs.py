@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from harness import topology
 from operations.part import Part
 from operations.serving import router
 from operations.serving.sglang import Sglang
@@ -115,3 +116,33 @@ def test_the_gateways_part_falls_back_only_when_no_pair_is_left_serving_small(
     part = Part.of(the_gateway, inventory, run, resolve_state(state))
     assert part.router.workers == tuple(url(workstations[name]) for name in workers)
     assert (part.router_runs, part.fallback) == (bool(workers), fallback)
+
+
+def test_the_harness_looks_at_one_pair_at_a_time(site, workstations, monkeypatch,
+                                                 tmp_path) -> None:
+    the_gateway = gateway(site)
+    entries = [*workstations.values(), InventoryEntry(the_gateway.name, the_gateway.groups,
+                                                      the_gateway.data)]
+    monkeypatch.setattr(topology, "inventory_entries", lambda: entries)
+    pair_a, pair_b = topology.Topology.load_pairs(tmp_path)
+    assert [entry.name for entry in pair_a.workstations] == ["wsa", "wsb"]
+    assert [entry.name for entry in pair_b.workstations] == ["wsc", "wsd"]
+    assert pair_b.gateway.name == "gw0" and pair_b.named == "pair b"
+    # Each pair is moved and checked alone, the gateway with it.
+    assert (pair_b.deploy_options, pair_b.verify_options) == (["--limit", "pair_b"],
+                                                              ["--pair", "b"])
+    assert topology.Topology.load(tmp_path, "b") == pair_b
+    with pytest.raises(ValueError, match="several pairs: name one with --pair"):
+        topology.Topology.load(tmp_path)
+    with pytest.raises(ValueError, match="no pair c in the inventory; its pairs are a, b"):
+        topology.Topology.load_pairs(tmp_path, ["a", "c"])
+
+
+def test_a_site_of_one_pair_is_looked_at_as_before(write_site, monkeypatch, tmp_path) -> None:
+    one = load_site(write_site())
+    entries = [InventoryEntry(name, ("workstations", "pair_a"), data)
+               for name, data in one.workstation_hosts()]
+    monkeypatch.setattr(topology, "inventory_entries", lambda: entries)
+    only = topology.Topology.load(tmp_path)
+    assert [entry.name for entry in only.workstations] == ["ws0", "ws1"]
+    assert (only.pair, only.deploy_options, only.verify_options, only.named) == (None, [], [], "")

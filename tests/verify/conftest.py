@@ -2,6 +2,11 @@
 testinfra checks of the live hosts of the inventory, for one declared state:
 
     pytest tests/verify --state tp2_e2e
+    pytest tests/verify --state tp2_e2e --pair b
+
+Every pair is checked in that state, or the one ``--pair`` names, which a run
+limited to it moved (``--limit pair_b``); the gateway then routes as the state
+of that pair and the replicas the router fronts outside it imply.
 
 The hosts come from ``inventory.py`` (the embedded lab, or the site named by
 ``TWINBOLT_SITE``), never from a list typed by hand. testinfra reaches them
@@ -22,8 +27,13 @@ from typing import Any
 
 import pytest
 import testinfra
+from verify_helpers import fact
 
+from operations.services import ServiceProcess
+from operations.serving.router import ROUTER, worker_urls
 from operations.site.hosts import InventoryEntry, in_group, inventory_entries, ssh_config
+from operations.site.model import PAIR_GROUP_PREFIX, pair_group
+from operations.site.settings import GatewaySettings, WorkstationSettings
 from operations.states import STATES, resolve_state
 from operations.states import State as DeclaredState
 
@@ -44,6 +54,8 @@ class InventoryHost:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--state", choices=list(STATES),
                      help="the declared state the live hosts must be in")
+    parser.addoption("--pair", help="the one pair in that state (its group is pair_NAME); "
+                                    "every pair by default")
 
 
 @functools.cache
@@ -52,10 +64,27 @@ def the_inventory() -> tuple[InventoryEntry, ...]:
     return tuple(inventory_entries())
 
 
+def checked_pairs(config: pytest.Config) -> list[str]:
+    """The pair groups in the declared state: the one ``--pair`` names, else every pair."""
+    entries = list(the_inventory())
+    groups = list(dict.fromkeys(group for entry in in_group(entries, "workstations")
+                                for group in entry.groups if group.startswith(PAIR_GROUP_PREFIX)))
+    if (name := config.getoption("--pair")) is None:
+        return groups
+    if pair_group(name) not in groups:
+        names = ", ".join(group.removeprefix(PAIR_GROUP_PREFIX) for group in groups)
+        raise pytest.UsageError(f"--pair {name}: no such pair; the inventory's pairs are {names}")
+    return [pair_group(name)]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    pairs = checked_pairs(metafunc.config)
     if "workstation" in metafunc.fixturenames:
-        names = [entry.name for entry in in_group(list(the_inventory()), "workstations")]
+        names = [entry.name for entry in in_group(list(the_inventory()), "workstations")
+                 if set(entry.groups) & set(pairs)]
         metafunc.parametrize("workstation", names, indirect=True, scope="module")
+    elif "workstations" in metafunc.fixturenames and len(pairs) > 1:
+        metafunc.parametrize("pair", pairs, indirect=True, scope="module")
 
 
 @pytest.fixture(scope="session")
@@ -107,13 +136,45 @@ def workstation(request: pytest.FixtureRequest, inventory: list[InventoryEntry],
     return inventory_host(entry, ssh_config_file)
 
 
-@pytest.fixture(scope="session")
-def workstations(inventory: list[InventoryEntry], ssh_config_file: Path) -> list[InventoryHost]:
-    """Both workstations, rank 0 first."""
+@pytest.fixture(scope="module")
+def pair(request: pytest.FixtureRequest) -> str:
+    """The pair group a check of both workstations looks at (one per pair checked)."""
+    return getattr(request, "param", None) or checked_pairs(request.config)[0]
+
+
+@pytest.fixture(scope="module")
+def workstations(pair: str, inventory: list[InventoryEntry],
+                 ssh_config_file: Path) -> list[InventoryHost]:
+    """The pair's two workstations, rank 0 first."""
     return [inventory_host(entry, ssh_config_file)
-            for entry in in_group(inventory, "workstations")]
+            for entry in in_group(inventory, "workstations") if pair in entry.groups]
+
+
+@pytest.fixture(scope="session")
+def outside(request: pytest.FixtureRequest, inventory: list[InventoryEntry]) -> list[str]:
+    """The replicas of the pairs not checked, by URL: the router may front them in any state."""
+    pairs = set(checked_pairs(request.config))
+    return [WorkstationSettings.of(entry).server_url
+            for entry in in_group(inventory, "workstations") if not set(entry.groups) & pairs]
 
 
 @pytest.fixture(scope="session")
 def gateway(inventory: list[InventoryEntry], ssh_config_file: Path) -> InventoryHost:
     return inventory_host(in_group(inventory, "gateway")[0], ssh_config_file)
+
+
+@pytest.fixture(scope="session")
+def fronted(gateway: InventoryHost) -> list[str]:
+    """The replicas the router fronts now, as it was started; none while it is stopped."""
+    init_system = GatewaySettings.of(gateway).roles.init_system
+    return worker_urls(fact(gateway, ServiceProcess, service=ROUTER,
+                            init_system=init_system)["argv"])
+
+
+@pytest.fixture(scope="session")
+def fallback(state: DeclaredState, fronted: list[str], outside: list[str]) -> bool:
+    """
+    Whether small is on the temporary fallback to large: in a TP state, while
+    the router fronts no replica of a pair outside the ones checked.
+    """
+    return state.gateway_fallback and not set(fronted) & set(outside)

@@ -27,22 +27,23 @@ from operations.gateway.proxy import (
 )
 from operations.gateway.route import RoleAnswers, answer_problems
 from operations.serving.router import Router
+from operations.site.hosts import in_group
 from operations.states import State
 
 TOKENS = 16
 
 
 @pytest.fixture(scope="module")
-def proxy(gateway, workstations) -> Proxy:
-    router = Router.from_hosts(gateway, workstations)
+def proxy(gateway, inventory) -> Proxy:
+    router = Router.from_hosts(gateway, in_group(inventory, "workstations"))
     return Proxy.from_host(gateway, router.served_model_name, router.url)
 
 
-def test_the_config_has_the_fallbacks_the_state_declares(gateway, proxy: Proxy,
-                                                         state: State) -> None:
+def test_the_config_has_the_fallbacks_the_state_declares(gateway, proxy: Proxy, state: State,
+                                                         fallback: bool) -> None:
     config = fact(gateway, ProxyConfig, path=proxy.config_file)
     assert config is not None, f"{gateway.name}: no LiteLLM config at {proxy.config_file}"
-    wanted = wanted_routing(proxy, state.gateway_fallback)
+    wanted = wanted_routing(proxy, fallback)
     assert config["context_window_fallbacks"] == {"small": ["large"]}
     assert config["fallbacks"] == wanted["fallbacks"], (
         f"{proxy.config_file} has the general fallbacks {describe(config['fallbacks'])}; "
@@ -51,7 +52,7 @@ def test_the_config_has_the_fallbacks_the_state_declares(gateway, proxy: Proxy,
 
 
 def test_the_running_proxy_routes_as_its_config_says(gateway, proxy: Proxy,
-                                                     state: State) -> None:
+                                                     fallback: bool) -> None:
     # Asked from here, where clients are: a proxy bound to the gateway's loopback
     # (its own name is 127.0.1.1 on Debian) would look ready from the gateway.
     readiness = httpx.get(f"{proxy.url}/health/readiness", timeout=10)
@@ -59,14 +60,15 @@ def test_the_running_proxy_routes_as_its_config_says(gateway, proxy: Proxy,
         f"{proxy.url}/health/readiness answers {readiness.status_code} here: {readiness.text}"
     live = fact(gateway, LiveRouting, url=proxy.url, master_key_file=proxy.master_key_file)
     assert live is not None, f"{proxy.url} does not answer its API with the master key"
-    assert live == wanted_routing(proxy, state.gateway_fallback), (
+    assert live == wanted_routing(proxy, fallback), (
         f"the running proxy has the general fallbacks {describe(live['fallbacks'])} and the "
         f"context-window fallbacks {describe(live['context_window_fallbacks'])}")
 
 
-def test_in_production_no_general_fallback_exists(gateway, proxy: Proxy, state: State) -> None:
-    if state.gateway_fallback:
-        pytest.skip(f"{state.name} declares the temporary fallback")
+def test_without_the_fallback_no_general_fallback_exists(gateway, proxy: Proxy, state: State,
+                                                         fallback: bool) -> None:
+    if fallback:
+        pytest.skip(f"{state.name} declares the temporary fallback, and no other pair serves")
     config = fact(gateway, ProxyConfig, path=proxy.config_file)
     live = fact(gateway, LiveRouting, url=proxy.url, master_key_file=proxy.master_key_file)
     assert config["fallbacks"] == {} and live["fallbacks"] == {}, (
@@ -76,10 +78,10 @@ def test_in_production_no_general_fallback_exists(gateway, proxy: Proxy, state: 
 
 @pytest.mark.parametrize("role", ROLES)
 def test_a_real_request_through_each_role_is_served_as_the_state_implies(
-        gateway, proxy: Proxy, state: State, role: str) -> None:
+        gateway, proxy: Proxy, fallback: bool, role: str) -> None:
     answer = fact(gateway, RoleAnswers, url=proxy.url, master_key_file=proxy.master_key_file,
                   roles=(role,), tokens=TOKENS)[role]
-    expected = serving_deployments(state.gateway_fallback)[role]
+    expected = serving_deployments(fallback)[role]
     assert answer_problems(role, answer, expected, TOKENS) == []
     if role == "small" and expected == DEPLOYMENTS["large"]:
         assert int(answer.headers.get("x-litellm-attempted-fallbacks", "0")) >= 1

@@ -303,7 +303,8 @@ def test_tp_ranks_talk_over_the_thunderbolt_link_only(workstation, servers,
                                sglang.peer_link_address, sglang.port, sglang.interface) == [], rank
 
 
-def test_clients_servers_answer_real_completions(workstations, gateway, state: State) -> None:
+def test_clients_servers_answer_real_completions(workstations, gateway, state: State,
+                                                 fronted: list[str]) -> None:
     settings = [WorkstationSettings.of(workstation) for workstation in workstations]
     model = settings[0].serving.served_model_name
     if not state.tensor_parallel:
@@ -311,23 +312,36 @@ def test_clients_servers_answer_real_completions(workstations, gateway, state: S
         targets = [each.server_url for each in settings]
         targets.append(GatewaySettings.of(gateway).router_url)
     else:
-        # Rank 0 only: rank 1 serves nothing but a dummy /health.
-        targets = [settings[0].server_url]
+        # Rank 0 only: rank 1 serves nothing but a dummy /health; and the router,
+        # while it fronts other pairs' replicas.
+        targets = [settings[0].server_url, *([GatewaySettings.of(gateway).router_url]
+                                             if fronted else [])]
     problems = [problem for target in targets
                 if (problem := completion_problem(target, model)) is not None]
     assert problems == [], "; ".join(problems)
 
 
-def test_the_router_is_ready_only_in_front_of_replicas(gateway, state: State) -> None:
+def test_the_router_is_ready_only_in_front_of_replicas(gateway, workstations, state: State,
+                                                      fronted: list[str],
+                                                      outside: list[str]) -> None:
     router = processes(gateway, GatewaySettings.of(gateway).roles.init_system, set(),
                        ROUTER)[ROUTER]
+    replicas = [WorkstationSettings.of(workstation).server_url for workstation in workstations]
     if state.tensor_parallel:
-        assert router is None, (
+        # It would count rank 1's dummy /health as a healthy worker.
+        assert not set(fronted) & set(replicas), (
+            f"{gateway.name}: sglang-router fronts {', '.join(fronted)} while "
+            f"{', '.join(replicas)} run a TP group")
+        if router is None:
+            return
+        assert set(fronted) <= set(outside), (
             f"{gateway.name}: sglang-router (pid {router['pid']}) runs while the replicas are "
-            "down; "
-            "it would count rank 1's dummy /health as a healthy worker")
-        return
-    assert router is not None, f"{gateway.name}: sglang-router does not run"
+            f"down, fronting {', '.join(fronted) or 'nothing'}")
+    else:
+        assert router is not None, f"{gateway.name}: sglang-router does not run"
+        assert set(replicas) <= set(fronted), (
+            f"{gateway.name}: sglang-router fronts {', '.join(fronted)}, not every replica "
+            f"of {', '.join(replicas)}")
     # Its /health always says OK; /readiness needs a healthy worker.
     readiness = httpx.get(f"{GatewaySettings.of(gateway).router_url}/readiness", timeout=10)
     assert readiness.status_code == 200, f"{gateway.name}: /readiness: {readiness.text}"
