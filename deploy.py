@@ -72,7 +72,7 @@ run = runs.begin(pyinfra.state, state.name, rollback_keys.lock_inherited)
 in_run = scope.reached(inventory, pyinfra.state.is_host_in_limit)
 # This host's part in the run (operations/part.py); a workstation's own steps are
 # called only where it has one.
-part = Part.of(host, inventory, in_run, state)
+part = Part.of(host, inventory, in_run, state, run)
 workstation = part.workstation
 
 if workstation:

@@ -24,6 +24,8 @@ from operations import bounds
 from operations.gateway import route
 from operations.gateway.proxy import START_TIMEOUT_SECONDS as PROXY_START_TIMEOUT_SECONDS
 from operations.gateway.proxy import Proxy
+from operations.run import Run
+from operations.safety import lock
 from operations.safety.guard import Guard
 from operations.serving import router
 from operations.serving.router import Router
@@ -105,12 +107,15 @@ class Part:
     rollback_bound: int
 
     @classmethod
-    def of(cls, host: Host, inventory: Inventory, in_run: Sequence[Host], state: State) -> Part:
+    def of(cls, host: Host, inventory: Inventory, in_run: Sequence[Host], state: State,
+           run: Run) -> Part:
         """
-        ``host``'s part in a run to ``state`` that reaches ``in_run``, from its
-        final data (--data too). On the gateway of a site whose pairs are not
-        all in the run, this reads which of their replicas the router fronts now:
-        those keep serving ``small`` through it, whatever this run does.
+        ``host``'s part in ``run``, to ``state``, which reaches ``in_run``, from
+        its final data (--data too). On the gateway of a site whose pairs are
+        not all in the run, it holds the gateway's lock first (a run on another
+        pair may be changing the router: :func:`lock.gateway_taken`), then reads
+        which replicas of those pairs the router fronts: they keep serving
+        ``small`` through it, whatever this run does.
         """
         settings: HostSettings
         if "workstations" in host.groups:
@@ -123,9 +128,11 @@ class Part:
         the_router = the_proxy = None
         if "gateway" in host.groups:
             workstations = inventory.get_group("workstations")
-            outside = [member for member in workstations if member not in in_run]
-            fronted = (router.fronted_workers(host, GatewaySettings.of(host).roles.init_system)
-                       if outside else [])
+            fronted = []
+            if any(member not in in_run for member in workstations):
+                lock.gateway_taken(host, settings.run_dir, run, run.attempt.dry,
+                                   bounds.deploy_timeout(WorkstationSettings.of(workstations[0])))
+                fronted = router.fronted_workers(host, GatewaySettings.of(host).roles.init_system)
             the_router = Router.from_hosts(
                 host, [member for member in workstations if member in in_run],
                 router.router_workers(workstations, in_run, not state.tensor_parallel, fronted))

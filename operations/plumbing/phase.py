@@ -10,8 +10,8 @@ when the body runs again at execute time.
 from typing import Any
 
 from pyinfra import host, state
-from pyinfra.api import StringCommand
-from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+from pyinfra.api import Host, StringCommand
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.state import StateStage
 
 
@@ -36,6 +36,16 @@ def connector_arguments() -> dict[str, Any]:
     ...): how :func:`run_now` runs a command, and how a later one on this host must.
     """
     arguments = host.current_op_global_arguments or {}
+    return {key: value for key, value in arguments.items() if key in CONNECTOR_ARGUMENT_KEYS}
+
+
+def planning_arguments(target: Host) -> dict[str, Any]:
+    """
+    How a command on ``target`` runs while the run is still planned, outside any
+    operation: the connector arguments its host data sets (``_sudo`` above all),
+    as pyinfra would give its operations.
+    """
+    arguments, _ = pop_global_arguments(state, target, {})
     return {key: value for key, value in arguments.items() if key in CONNECTOR_ARGUMENT_KEYS}
 
 

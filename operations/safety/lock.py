@@ -45,10 +45,16 @@ from typing import Any, Protocol
 from pyinfra import host, logger
 from pyinfra.api import FactBase, Host, StringCommand
 from pyinfra.api.command import PyinfraCommand
+from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import ctx_host
 
 from operations.plumbing.facts import shell_script
-from operations.plumbing.phase import connector_arguments, executing, run_now
+from operations.plumbing.phase import (
+    connector_arguments,
+    executing,
+    planning_arguments,
+    run_now,
+)
 from operations.site.options import INHERITED_KEY
 from operations.step import Ending, Layer, operation, refuse
 
@@ -345,6 +351,61 @@ def take(run_dir: str, locks: Locks, current: RunOwner | None) -> None:
                        else f"{path} could not be taken: {output.stderr}"])
     # The host itself, not pyinfra's proxy for whichever host is current when released.
     locks.taken.append((ctx_host.get(), run_dir, connector_arguments()))
+
+
+# How often a run waiting for the gateway asks again, and how often it says it still waits.
+GATEWAY_POLL_SECONDS = 2.0
+GATEWAY_REPORT_SECONDS = 30.0
+
+
+class GatewayBusy(PyinfraError):
+    """Another run held the gateway past this run's bound; this one took and changed nothing."""
+
+
+def gateway_taken(gateway: Host, run_dir: str, run: Locking, dry: bool, timeout: float) -> None:
+    """
+    Hold the gateway's lock from the moment this run is planned, once no other
+    live run holds it: a run that leaves pairs out plans the router and the
+    route from what those pairs serve now (:mod:`operations.part`), which a run
+    on another pair changes only while it holds the gateway. So two runs on
+    different pairs plan and run one after the other, and neither can leave
+    the router without a serving pair.
+
+    The wait is said every :data:`GATEWAY_REPORT_SECONDS`; past ``timeout`` the
+    run is refused, having taken nothing. A ``dry`` run waits and takes nothing.
+    Once taken, the lock is the run's like any other: its step finds it held,
+    the run's end or a refusal releases it. A rollback holds its run's already.
+    """
+    path = lock_path(run_dir)
+    started = said = time.monotonic()
+    while True:
+        current = gateway.get_fact(HostLock, run_dir=run_dir)
+        if current == run.owner or isinstance(current, UnreadableLock):
+            # Held already, or a file its step refuses with its own words.
+            return
+        if current is None or current.gone():
+            if dry:
+                return
+            if current is not None:
+                logger.warning(f"{gateway.print_prefix}taking over the stale lock of "
+                               f"{current.describe()}")
+            arguments = planning_arguments(gateway)
+            taken, _ = gateway.run_shell_command(
+                swapped(run_dir, seen_as(current), run.owner.line()), **arguments)
+            if taken:
+                run.locks.taken.append((gateway, run_dir, arguments))
+                return
+            # Another run took it first: wait for that one.
+            continue
+        waited = time.monotonic() - started
+        if waited > timeout:
+            raise GatewayBusy(f"refused: {held_by(path, current)}; this run waited {waited:.0f}s "
+                              "for it, the bound of a run. Nothing was taken or changed")
+        if said == started or time.monotonic() - said >= GATEWAY_REPORT_SECONDS:
+            logger.info(f"{gateway.print_prefix}waiting for the gateway: {held_by(path, current)}"
+                        "; this run is planned once it ends")
+            said = time.monotonic()
+        time.sleep(GATEWAY_POLL_SECONDS)
 
 
 @operation(LAYER, is_idempotent=True)

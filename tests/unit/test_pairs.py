@@ -3,7 +3,7 @@ Runs on a site of two pairs: which replicas the router fronts, and when the
 user's small needs the fallback, for every state of each pair (issue 49).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -11,24 +11,39 @@ import pytest
 
 from harness import topology
 from operations.part import Part
+from operations.run import Run
+from operations.safety import lock
 from operations.serving import router
 from operations.serving.sglang import Sglang
 from operations.site.hosts import InventoryEntry
 from operations.site.model import load_site
 from operations.states import resolve_state
+from operations.step import Attempt
 
 TWO_PAIRS_SITE = (Path(__file__).parent / "two_pairs_site.toml").read_text()
 
 
 @dataclass(frozen=True)
 class Gateway(InventoryEntry):
-    """The gateway, whose running router was started with ``argv``."""
+    """
+    The gateway, whose running router was started with ``argv``, and whose
+    lock is held by each of ``holders`` in turn, one per reading, then by none.
+    """
 
     argv: tuple[str, ...] = field(default=(), hash=False)
+    holders: list[Any] = field(default_factory=list, hash=False)
+    commands: list[str] = field(default_factory=list, hash=False)
+    print_prefix = "gw0: "
 
-    def get_fact(self, fact: type, **arguments: Any) -> dict[str, Any]:
+    def get_fact(self, fact: type, **arguments: Any) -> Any:
+        if fact is lock.HostLock:
+            return self.holders.pop(0) if self.holders else None
         assert fact is router.ServiceProcess and arguments["service"] == router.ROUTER
         return {"running": bool(self.argv), "argv": list(self.argv)}
+
+    def run_shell_command(self, command: Any, **arguments: Any) -> tuple[bool, None]:
+        self.commands.append(str(command))
+        return True, None
 
 
 class Inventory:
@@ -37,6 +52,10 @@ class Inventory:
 
     def get_group(self, group: str) -> list[InventoryEntry]:
         return [host for host in self.hosts if group in host.groups]
+
+
+def a_run(dry: bool = False) -> Run:
+    return Run(owner=lock.this_run("tp2_e2e"), attempt=Attempt(dry=dry))
 
 
 @pytest.fixture
@@ -113,7 +132,7 @@ def test_the_gateways_part_falls_back_only_when_no_pair_is_left_serving_small(
     the_gateway = gateway(site, *router_argv(*(url(workstations[name]) for name in fronted)))
     inventory = Inventory(*workstations.values(), the_gateway)
     run = [*(workstations[name] for name in in_run), the_gateway]
-    part = Part.of(the_gateway, inventory, run, resolve_state(state))
+    part = Part.of(the_gateway, inventory, run, resolve_state(state), a_run(dry=True))
     assert part.router.workers == tuple(url(workstations[name]) for name in workers)
     assert (part.router_runs, part.fallback) == (bool(workers), fallback)
 
@@ -146,3 +165,46 @@ def test_a_site_of_one_pair_is_looked_at_as_before(write_site, monkeypatch, tmp_
     only = topology.Topology.load(tmp_path)
     assert [entry.name for entry in only.workstations] == ["ws0", "ws1"]
     assert (only.pair, only.deploy_options, only.verify_options, only.named) == (None, [], [], "")
+
+
+def test_a_run_leaving_pairs_out_waits_for_the_gateway_then_holds_it_from_its_plan(
+        site, monkeypatch) -> None:
+    """Two runs on different pairs: the second plans once the first has ended, never beside it."""
+    said: list[str] = []
+    monkeypatch.setattr(lock.logger, "info", said.append)
+    monkeypatch.setattr(lock, "planning_arguments", lambda host: {"_sudo": True})
+    monkeypatch.setattr(lock, "GATEWAY_POLL_SECONDS", 0)
+    other = lock.this_run("tp2_e2e")
+    the_gateway = replace(gateway(site), holders=[other, other])
+    run = a_run()
+    lock.gateway_taken(the_gateway, "/run/twinbolt", run, dry=False, timeout=60)
+    # Asked three times: held, held, free; then taken once, by a compare-and-swap.
+    assert the_gateway.holders == []
+    (command,) = the_gateway.commands
+    assert run.owner.line() in command
+    assert run.locks.taken == [(the_gateway, "/run/twinbolt", {"_sudo": True})]
+    # Said once, not at every reading.
+    assert [line.split(";")[0] for line in said] == [
+        f"gw0: waiting for the gateway: another run holds /run/twinbolt/lock: {other.describe()}, "
+        f"for {other.age()}"]
+
+
+def test_a_rollback_holds_the_gateway_already_and_a_dry_run_takes_nothing(site) -> None:
+    run = a_run()
+    held = replace(gateway(site), holders=[run.owner])
+    lock.gateway_taken(held, "/run/twinbolt", run, dry=False, timeout=60)
+    free = gateway(site)
+    lock.gateway_taken(free, "/run/twinbolt", a_run(dry=True), dry=True, timeout=60)
+    assert held.commands == free.commands == []
+
+
+def test_a_gateway_held_past_the_bound_refuses_the_run_having_taken_nothing(
+        site, monkeypatch) -> None:
+    monkeypatch.setattr(lock, "GATEWAY_POLL_SECONDS", 0)
+    other = lock.this_run("tp2_stock")
+    busy = replace(gateway(site), holders=[other] * 1000)
+    run = a_run()
+    with pytest.raises(lock.GatewayBusy, match=r"^refused: another run holds "
+                                               r"/run/twinbolt/lock: .*Nothing was taken"):
+        lock.gateway_taken(busy, "/run/twinbolt", run, dry=False, timeout=0)
+    assert busy.commands == [] and run.locks.taken == []
