@@ -6,15 +6,20 @@ bites its hosts alone. The test leaves the one-pair lab the rest of the suite us
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from collections.abc import Iterator
 
 import pytest
 from lab_helpers import carrier, lab, linked, ssh, wait_until
 
-from lab.topology import REPO, host_named
+from lab import network
+from lab.control import processes
+from lab.topology import EVERY_HOST, PAIRS_FILE, REPO, host_named, pair_named, read_pid
 
 PAIRS = {"a": ("wsa", "wsb"), "b": ("wsc", "wsd")}
+PAIRS_B = pair_named("b").workstations
 # Whether the simulator on a host, asking as it does for its own host, finds the fault on.
 SIMULATOR_SEES = (f"cd {REPO} && PYTHONPATH=. .venv/bin/python -c 'from lab.sglang_sim.knobs "
                   "import Knobs; print(Knobs.from_env().fault_on(\"draft_init_crash\"))'")
@@ -81,3 +86,17 @@ def test_a_fault_on_for_pair_b_bites_pair_bs_simulators_alone() -> None:
         assert seen == {"wsa": "False", "wsd": "True"}
     finally:
         assert lab("fault", "draft_init_crash", "off").returncode == 0
+
+
+def test_a_stale_two_pair_lab_without_its_record_is_rebuilt_as_one_pair() -> None:
+    """A session's processes die, its namespaces survive, and the record of the pairs is gone."""
+    for name in processes(EVERY_HOST):
+        if (pid := read_pid(name)) is not None:
+            os.kill(pid, signal.SIGKILL)
+    PAIRS_FILE.unlink()
+    rebuilt = lab("up")
+    assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+    assert "stale" in rebuilt.stdout and "1 pair)" in rebuilt.stdout, rebuilt.stdout
+    gone = [*(host.name for host in PAIRS_B), *(network.parking(host) for host in PAIRS_B)]
+    assert not [name for name in gone if network.netns_exists(name)]
+    assert not network.link_exists("tblab-wsc")
