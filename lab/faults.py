@@ -47,8 +47,8 @@ FAULTS: dict[str, str] = {
     "sig_enforce": "the workstations' kernels refuse unsigned modules (Secure Boot)",
     "udev_autoload": "udev loads the stock module again about 100 ms after each rmmod",
     "no_network_manager": "nothing but twinbolt applies thunderbolt0's address after a load",
-    "asm4242": "wsb's controller is an ASMedia ASM4242 (NHI 1b21:2425), which never returns "
-               "TX credits: with tx_e2e nothing moves",
+    "asm4242": "each pair's rank 1 (wsb, wsd) has an ASMedia ASM4242 (NHI 1b21:2425), which "
+               "never returns TX credits: with tx_e2e nothing moves",
     "wrong_interface": "NCCL_SOCKET_IFNAME does not reach the TP ranks' NCCL: their traffic "
                        "takes the management network",
 }
