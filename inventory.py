@@ -17,7 +17,6 @@ import os
 
 from operations.plumbing.connect import connection_data
 from operations.site.model import (
-    FIRST_PAIR,
     SITE_ENV,
     load_site,
     pair_group,
@@ -40,7 +39,6 @@ else:
     _CANDIDATE = _lab.STATE / "modules" / "candidate" / "thunderbolt_net.ko"
     _CANDIDATE_SHA256 = _CANDIDATE.with_name(_CANDIDATE.name + ".sha256")
     _SSH_PORT = 22
-    _LINKS = [host.link_address for host in _lab.WORKSTATIONS]
 
     # As on a real site, some hosts are reached as an unprivileged admin account
     # with passwordless sudo (the lab's `twinbolt`, a real sudoers entry), one as root.
@@ -56,10 +54,11 @@ else:
             **connection_data(host.management_address, _SSH_PORT),
         }
 
-    def _lab_workstation(rank: int, host: _lab.LabHost) -> dict[str, object]:
+    def _lab_workstation(pair: _lab.LabPair, rank: int, host: _lab.LabHost) -> dict[str, object]:
+        links = [str(workstation.link_address) for workstation in pair.workstations]
         return {
             **_lab_ssh(host),
-            **tp_group_data(FIRST_PAIR, _LINKS, rank),
+            **tp_group_data(pair.name, links, rank),
             "candidate_path": str(_CANDIDATE),
             "ledger_path": str(_lab.STATE / "ledger.jsonl"),
             # Until the lab has built the candidate there is no checksum; the
@@ -71,11 +70,14 @@ else:
             ),
         }
 
-    workstations = [(host.name, _lab_workstation(rank, host))
-                    for rank, host in enumerate(_lab.WORKSTATIONS)]
-    gateway = [(host.name, _lab_ssh(host)) for host in _lab.HOSTS if not host.workstation]
-    _pairs = {pair_group(FIRST_PAIR): [host.name for host in _lab.HOSTS]}
-    lab = [host.name for host in _lab.HOSTS]
+    # The pairs `python -m lab up --pairs N` built, as the lab records them.
+    workstations = [(host.name, _lab_workstation(pair, rank, host))
+                    for pair in _lab.lab_pairs() for rank, host in enumerate(pair.workstations)]
+    gateway = [(_lab.GATEWAY.name, _lab_ssh(_lab.GATEWAY))]
+    _pairs = {pair_group(pair.name): [*(host.name for host in pair.workstations),
+                                      _lab.GATEWAY.name]
+              for pair in _lab.lab_pairs()}
+    lab = [host.name for host in _lab.hosts()]
 
 # A rollback's --data, carried by the run that started it (operations/site/options.py):
 # host data, which wins over group data as --data does.

@@ -1,6 +1,6 @@
-"""The Thunderbolt cable between the workstations, and the hosts' sleep: what a person does.
+"""The Thunderbolt cable of each pair, and the hosts' sleep: what a person does.
 
-``python -m lab unplug HOST`` pulls the cable out of HOST, ``plug HOST [--rate
+``python -m lab unplug HOST`` pulls HOST's pair's cable out of HOST, ``plug HOST [--rate
 GBPS]`` puts it back, and ``suspend HOST --seconds N`` sleeps HOST for N seconds,
 as ``rtcwake -m mem -s N`` would, and returns once it has woken. Each is a file
 under the lab's state, read by the lab kernel every tick (``lab/kernel.py``), so
@@ -34,13 +34,15 @@ from lab.topology import (
     DEGRADED_SPEED_GBPS,
     LINK_SPEED_GBPS,
     STATE,
-    WORKSTATIONS,
     LabHost,
+    pair_of,
     read_pid,
     replace_text,
+    workstations,
 )
 
-CABLE_FILE = STATE / "cable"
+# One file a pair, by the pair's name: each cable is pulled and trains alone.
+CABLES_DIR = STATE / "cables"
 SUSPENDED_DIR = STATE / "suspended"
 # The rates a USB4 lane trains at: Gen 3 (20 Gb/s) and Gen 2 (10 Gb/s).
 RATES_GBPS = (LINK_SPEED_GBPS, DEGRADED_SPEED_GBPS)
@@ -60,40 +62,44 @@ class Cable:
     unplugged_from: str | None = None
 
 
-def read() -> Cable:
-    """The cable's state; a lab never unplugged has its cable in."""
+def cable_file(pair: str) -> Path:
+    return CABLES_DIR / pair
+
+
+def read(pair: str) -> Cable:
+    """The state of the cable of ``pair`` (a pair's name); a cable never unplugged is in."""
     try:
-        return Cable(**json.loads(CABLE_FILE.read_text()))
+        return Cable(**json.loads(cable_file(pair).read_text()))
     except FileNotFoundError:
         return Cable()
 
 
-def write(cable: Cable) -> None:
-    replace_text(CABLE_FILE, json.dumps(cable.__dict__) + "\n")
+def write(pair: str, cable: Cable) -> None:
+    replace_text(cable_file(pair), json.dumps(cable.__dict__) + "\n")
 
 
 def unplug(host: LabHost) -> Cable:
-    """Pull the cable out of ``host``: the link goes away on both sides."""
+    """Pull its pair's cable out of ``host``: the link goes away on both of the pair's sides."""
     unplugged = Cable(plugged=False, since=time.time(), unplugged_from=host.name)
-    write(unplugged)
+    write(pair_of(host).name, unplugged)
     return unplugged
 
 
 def plug(host: LabHost, rate_gbps: float = LINK_SPEED_GBPS) -> Cable:
-    """Put the cable back into ``host``: the link trains anew at ``rate_gbps``."""
+    """Put its pair's cable back into ``host``: the link trains anew at ``rate_gbps``."""
     if rate_gbps not in RATES_GBPS:
         raise ValueError(f"a USB4 lane trains at {' or '.join(f'{r:g}' for r in RATES_GBPS)} "
                          f"Gb/s, not {rate_gbps:g}")
     plugged = Cable(plugged=True, rate_gbps=rate_gbps, since=time.time())
-    write(plugged)
+    write(pair_of(host).name, plugged)
     return plugged
 
 
 def forget() -> None:
-    """The cable in and nobody asleep: ``lab up`` lays the hosts anew."""
-    CABLE_FILE.unlink(missing_ok=True)
-    for marker in SUSPENDED_DIR.glob("*"):
-        marker.unlink()
+    """Every cable in and nobody asleep: ``lab up`` lays the hosts anew."""
+    for directory in (CABLES_DIR, SUSPENDED_DIR):
+        for marker in directory.glob("*"):
+            marker.unlink()
 
 
 def suspend_marker(host: LabHost) -> Path:
@@ -102,7 +108,7 @@ def suspend_marker(host: LabHost) -> Path:
 
 def suspended() -> list[str]:
     """The workstations asleep now."""
-    return [host.name for host in WORKSTATIONS if suspend_marker(host).exists()]
+    return [host.name for host in workstations() if suspend_marker(host).exists()]
 
 
 def resumed_at(host: LabHost) -> float:

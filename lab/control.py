@@ -23,23 +23,30 @@ from lab.network import in_host
 from lab.topology import (
     BRIDGE,
     CABLE,
-    HOSTS,
+    EVERY_HOST,
+    GATEWAY,
     INIT_FILE,
     LINK_INTERFACE,
     MODULE_NAME,
     OWNER_FILE,
+    PAIRS,
+    PAIRS_FILE,
     PYTHON,
     REPO,
     STATE,
-    WORKSTATIONS,
     LabError,
     LabHost,
     alive,
     host_named,
+    hosts,
     init_system,
+    lab_pairs,
     owner,
+    pair_count,
+    pair_of,
     pid_file,
     read_pid,
+    workstations,
 )
 
 REQUIRED_TOOLS = ("ip", "nsenter", "unshare", "iptables", "tc", "/usr/sbin/sshd", "ssh",
@@ -50,7 +57,6 @@ LOGS = STATE / "logs"
 LAB_KERNEL_LOG = LOGS / "kernel.log"
 # How much of a host's log a boot failure quotes.
 BOOT_LOG_LINES = 8
-PROCESSES = [f"host-{host.name}" for host in HOSTS] + ["kernel"]
 KERNEL_MODULE = ["-m", "lab.kernel"]
 
 
@@ -71,10 +77,15 @@ def missing_tools() -> list[str]:
     return [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
 
 
+def processes(of: tuple[LabHost, ...] | None = None) -> list[str]:
+    """The pid files' names: each host's first process (the lab's, or ``of`` these), the kernel."""
+    return [f"host-{host.name}" for host in (of or hosts())] + ["kernel"]
+
+
 def healthy() -> bool:
-    return (all(read_pid(name) for name in PROCESSES) and network.netns_exists(CABLE)
+    return (all(read_pid(name) for name in processes()) and network.netns_exists(CABLE)
             and all(network.netns_exists(host.name) and private_mounts_in_place(host)
-                    for host in HOSTS))
+                    for host in hosts()))
 
 
 def private_mounts_in_place(host: LabHost) -> bool:
@@ -95,12 +106,14 @@ def private_mounts_in_place(host: LabHost) -> bool:
 
 
 def has_remnants() -> bool:
+    """Anything any lab makes, whatever pairs it had: its record of them may be gone."""
     return (
-        any(network.netns_exists(host.name) for host in HOSTS)
+        any(network.netns_exists(host.name) for host in EVERY_HOST)
         or network.netns_exists(CABLE)
-        or any(network.netns_exists(network.parking(host)) for host in WORKSTATIONS)
+        or any(network.netns_exists(network.parking(host))
+               for host in EVERY_HOST if host.workstation)
         or network.link_exists(BRIDGE)
-        or any(pid_file(name).exists() for name in PROCESSES)
+        or any(pid_file(name).exists() for name in processes(EVERY_HOST))
     )
 
 
@@ -188,38 +201,51 @@ def boot_host(host: LabHost) -> None:
     ])
 
 
-def up(init: str | None = None) -> None:
-    """Bring the lab up, its hosts booting ``init`` (by default what they boot now, or systemd)."""
+def up(init: str | None = None, pairs: int = 1) -> None:
+    """
+    Bring the lab up with ``pairs`` pairs behind one gateway, its hosts booting
+    ``init`` (by default what they boot now, or systemd).
+    """
     missing = missing_tools()
     if missing:
         raise LabError(f"missing tools: {', '.join(missing)}; run `make setup`")
-    if healthy() and init in (None, init_system()):
-        say(f"already up ({init_system()}); nothing changed")
+    if not 1 <= pairs <= len(PAIRS):
+        raise LabError(f"the lab builds 1 to {len(PAIRS)} pairs, not {pairs}")
+    if healthy() and init in (None, init_system()) and pairs == pair_count():
+        say(f"already up ({described()}); nothing changed")
         return
     started = time.monotonic()
     if has_remnants():
         say("found a stale lab (namespaces without their processes, or hosts whose private "
-            "files were unmounted) or one booting another init system: rebuilding")
+            "files were unmounted) or one booting another init system or pair count: "
+            "rebuilding")
         down(quiet=True)
     INIT_FILE.parent.mkdir(parents=True, exist_ok=True)
     INIT_FILE.write_text(f"{init or init_system()}\n")
+    PAIRS_FILE.write_text(f"{pairs}\n")
     modules.build_all()
     ssh.prepare()
-    for host in HOSTS:
+    for host in hosts():
         hostfs.prepare(host)
-    network.create()
-    for host in HOSTS:
+    network.create(lab_pairs(), GATEWAY)
+    for host in hosts():
         boot_host(host)
-    for host in HOSTS:
+    for host in hosts():
         wait_for_boot(host)
-    for host in WORKSTATIONS:
+    for host in workstations():
         boot_workstation_driver(host)
     spawn("kernel", [str(PYTHON), *KERNEL_MODULE])
     OWNER_FILE.parent.mkdir(parents=True, exist_ok=True)
     OWNER_FILE.write_text(f"{STATE}\n")
-    wait_until_linked("after the boot")
-    say(f"up ({init_system()}) in {time.monotonic() - started:.1f}s; "
+    wait_until_linked("after the boot", workstations())
+    say(f"up ({described()}) in {time.monotonic() - started:.1f}s; "
         f"ssh -F {shlex.quote(str(ssh.CLIENT_CONFIG))} wsa")
+
+
+def described() -> str:
+    """The lab's init system and pairs, as ``up`` and ``status`` name them."""
+    count = pair_count()
+    return f"{init_system()}, {count} pair{'s' if count > 1 else ''}"
 
 
 def boot_workstation_driver(host: LabHost) -> None:
@@ -257,36 +283,44 @@ def workstation(name: str) -> LabHost:
     if not healthy():
         raise LabError("the lab is not up; run `python -m lab up`")
     host = host_named(name)
-    if not host.workstation:
-        raise LabError(f"{name} has no Thunderbolt link; name a workstation: "
-                       f"{', '.join(ws.name for ws in WORKSTATIONS)}")
+    if host not in workstations():
+        raise LabError(f"{name} has no Thunderbolt link in this lab; name a workstation: "
+                       f"{', '.join(ws.name for ws in workstations())}")
     return host
 
 
 def unplug(name: str) -> None:
-    """Pull the cable out of a workstation (``lab/cable.py``): the link goes on both sides."""
+    """
+    Pull its pair's cable out of a workstation (``lab/cable.py``): the link goes
+    on both of the pair's sides, and the other pairs' stay.
+    """
     host = workstation(name)
-    if not cable.read().plugged:
-        raise LabError(f"the cable is already unplugged (from {cable.read().unplugged_from})")
+    pair = pair_of(host)
+    if not cable.read(pair.name).plugged:
+        raise LabError(f"pair {pair.name}'s cable is already unplugged "
+                       f"(from {cable.read(pair.name).unplugged_from})")
     started = time.monotonic()
     cable.unplug(host)
-    wait_on_link(f"{LINK_INTERFACE} gone on both workstations",
-                 lambda: not any(LINK_INTERFACE in kernel_devices(ws) for ws in WORKSTATIONS))
+    wait_on_link(f"{LINK_INTERFACE} gone on both of pair {pair.name}'s workstations",
+                 lambda: not any(LINK_INTERFACE in kernel_devices(ws)
+                                 for ws in pair.workstations))
     say(f"cable unplugged from {host.name}: {LINK_INTERFACE} gone on both sides in "
         f"{time.monotonic() - started:.1f}s")
 
 
 def plug(name: str, rate_gbps: float) -> None:
-    """Put the cable back: the link trains at ``rate_gbps``, a new device on each side."""
+    """Put its pair's cable back: the link trains at ``rate_gbps``, a new device on each side."""
     host = workstation(name)
-    if cable.read().plugged:
-        raise LabError("the cable is already plugged in; `python -m lab unplug` it first")
+    pair = pair_of(host)
+    if cable.read(pair.name).plugged:
+        raise LabError(f"pair {pair.name}'s cable is already plugged in; "
+                       "`python -m lab unplug` it first")
     started = time.monotonic()
     try:
         cable.plug(host, rate_gbps)
     except ValueError as error:
         raise LabError(str(error)) from None
-    wait_until_linked("after the plug")
+    wait_until_linked("after the plug", pair.workstations)
     say(f"cable plugged into {host.name}: the link trained at {rate_gbps:g} Gb/s, "
         f"{LINK_INTERFACE} up on both sides in {time.monotonic() - started:.1f}s")
 
@@ -298,7 +332,7 @@ def suspend(name: str, seconds: float) -> None:
         raise LabError(f"--seconds must be positive, not {seconds:g}")
     slept = cable.suspend(host, seconds)
     started = time.monotonic()
-    wait_until_linked("after the wake")
+    wait_until_linked("after the wake", pair_of(host).workstations)
     say(f"{host.name} slept {slept:.1f}s and woke; the link retrained in "
         f"{time.monotonic() - started:.1f}s")
 
@@ -324,10 +358,10 @@ def wait_on_link(what: str, condition: Callable[[], bool]) -> None:
     wait_for(what, kernel_moved_it, timeout=10)
 
 
-def wait_until_linked(when: str) -> None:
-    """Carrier on both sides, and the address where a network manager applies it."""
-    for host in WORKSTATIONS:
-        if faults.is_on("no_network_manager"):
+def wait_until_linked(when: str, linked: tuple[LabHost, ...]) -> None:
+    """Carrier on each of ``linked``, and the address where a network manager applies it."""
+    for host in linked:
+        if faults.is_on("no_network_manager", host.name):
             wait_on_link(f"{LINK_INTERFACE} carrier on {host.name} {when}",
                          lambda host=host: carrier(host))
         else:
@@ -382,23 +416,29 @@ def another_checkouts_kernel() -> int | None:
 
 
 def down(quiet: bool = False) -> None:
+    """
+    Remove everything any lab makes, whatever pairs its record says it has: a
+    session's processes die before CI, its namespaces survive, and the record
+    may be gone or name fewer pairs than the namespaces left.
+    """
     started = time.monotonic()
     removed = []
-    pids = [pid for pid in (read_pid(name) for name in PROCESSES) if pid]
+    pids = [pid for pid in (read_pid(name) for name in processes(EVERY_HOST)) if pid]
     if (foreign := another_checkouts_kernel()) is not None:
         pids.append(foreign)
-    for host in HOSTS:
+    for host in EVERY_HOST:
         pids += network.netns_pids(host.name)
         cut_power(host)
     stop_pids(sorted(set(pids)))
     if pids:
         removed.append(f"{len(set(pids))} processes")
-    removed += cgroups.remove([cgroups.cgroup_name(host) for host in HOSTS])
+    removed += cgroups.remove([cgroups.cgroup_name(host) for host in EVERY_HOST])
     removed += network.destroy()
-    for name in PROCESSES:
+    for name in processes(EVERY_HOST):
         pid_file(name).unlink(missing_ok=True)
-    # A lab brought up again boots systemd unless asked otherwise.
+    # A lab brought up again boots systemd, one pair, unless asked otherwise.
     INIT_FILE.unlink(missing_ok=True)
+    PAIRS_FILE.unlink(missing_ok=True)
     OWNER_FILE.unlink(missing_ok=True)
     faults.clear()
     cable.forget()
@@ -424,28 +464,35 @@ def loaded_driver(host: LabHost) -> str:
 
 
 def status() -> bool:
-    """Print each host's state; return whether the lab is fully up."""
+    """Print each pair (its cable, its hosts), then the gateway; return whether the lab is up."""
     is_up = healthy()
-    say(f"{'up' if is_up else 'down'}; state in {STATE}")
+    say(f"{'up' if is_up else 'down'} ({described()}); state in {STATE}")
     if (state := owner()) not in (None, STATE):
         say(f"  the lab was last brought up from {state}; `up` here rebuilds it as this "
             "checkout's")
-    for host in HOSTS:
-        running = read_pid(f"host-{host.name}") is not None
-        sshd = "up" if running and sshd_answers(host) else "down"
-        line = f"  {host.name:4} {host.management_address:11}  sshd {sshd}"
-        if host.workstation and running:
-            link = "carrier" if carrier(host) else "no carrier"
-            line += f"  {LINK_INTERFACE} {host.link_address} {link}  driver {loaded_driver(host)}"
-        say(line)
+    for pair in lab_pairs():
+        wire = cable.read(pair.name)
+        say(f"  pair {pair.name}: cable plugged, trains at {wire.rate_gbps:g} Gb/s"
+            if wire.plugged else f"  pair {pair.name}: cable unplugged from {wire.unplugged_from}")
+        for host in pair.workstations:
+            say(f"  {host_line(host)}")
+    say(host_line(GATEWAY))
     kernel = read_pid("kernel")
     say(f"  kernel: ticking (pid {kernel})" if kernel
         else f"  kernel: not running (its log: {LAB_KERNEL_LOG})")
-    wire = cable.read()
-    say(f"  cable: plugged, trains at {wire.rate_gbps:g} Gb/s" if wire.plugged
-        else f"  cable: unplugged from {wire.unplugged_from}")
     asleep = cable.suspended()
     if asleep:
         say(f"  asleep: {', '.join(asleep)}")
-    say(f"  faults: {', '.join(faults.active()) or 'none'}")
+    say(f"  faults: {', '.join(faults.described()) or 'none'}")
     return is_up
+
+
+def host_line(host: LabHost) -> str:
+    """One host's line of ``status``: its address, its sshd, a workstation's link and driver."""
+    running = read_pid(f"host-{host.name}") is not None
+    sshd = "up" if running and sshd_answers(host) else "down"
+    line = f"  {host.name:4} {host.management_address:11}  sshd {sshd}"
+    if host.workstation and running:
+        link = "carrier" if carrier(host) else "no carrier"
+        line += f"  {LINK_INTERFACE} {host.link_address} {link}  driver {loaded_driver(host)}"
+    return line

@@ -234,7 +234,7 @@ def prepare(host: LabHost) -> None:
     if host.workstation:
         (host.root / "sys-module" / "thunderbolt").mkdir(parents=True)
         (host.root / "sys-module" / "thunderbolt" / "initstate").write_text("live\n")
-        faults.signature_enforcement(host.root, faults.is_on("sig_enforce"))
+        faults.signature_enforcement(host.root, faults.is_on("sig_enforce", host.name))
         (host.root / "sys-bus" / "thunderbolt" / "devices").mkdir(parents=True)
         nhi = host.root / "sys-bus" / "pci" / "devices" / NHI_SLOT
         (nhi / "domain0").mkdir(parents=True)

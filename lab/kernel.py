@@ -1,7 +1,8 @@
 """The lab kernel: what the Thunderbolt hardware and driver would do, as a loop.
 
 One process for the whole lab reconciles, every tick, what the simulated
-module state asks for with what the network shows:
+module state asks for with what the network shows, on each workstation with its
+own peer across its pair's cable; a fault bites the hosts it is on for:
 
 - an unloaded ``thunderbolt_net`` takes ``thunderbolt0`` away (the peer loses
   carrier); a load creates it anew, without an address, and brings it up
@@ -19,9 +20,10 @@ module state asks for with what the network shows:
   a dock) and, while the peer's driver is loaded, its ``network`` service and
   capabilities (``prtcstns``);
 - each host's controller is a PCI device with a real NHI's ids under
-  ``/sys/bus/pci/devices``, ``domain0`` its child: an Intel JHL8540, or on wsb
-  under ``asm4242`` an ASMedia ASM4242, which never returns TX credits; its host
-  router ``0-0`` shows the NVM firmware it runs (``nvm_version``), which under
+  ``/sys/bus/pci/devices``, ``domain0`` its child: an Intel JHL8540, or on a
+  pair's rank 1 under ``asm4242`` an ASMedia ASM4242, which never returns TX
+  credits; its host router ``0-0`` shows the NVM firmware it runs
+  (``nvm_version``: pair b's a later one than pair a's), which under
   ``tx_credit_stall`` is a firmware of its own that never returns TX credits;
 - each receiver empties its ring of 256 4 KiB frames at the rate its receive
   path drains (:data:`lab.topology.RX_DRAIN_GBPS`, below the trained rate);
@@ -60,11 +62,12 @@ from lab.topology import (
     NHI_SLOT,
     RETRAIN_SECONDS,
     RX_DRAIN_GBPS,
-    WORKSTATIONS,
     LabHost,
     host_named,
+    pair_of,
     read_pid,
     replace_text,
+    workstations,
 )
 
 TICK_SECONDS = 0.1
@@ -142,13 +145,16 @@ class Sending:
     stalled: bool
 
 
-def advertises_e2e(module: ModuleState) -> bool:
-    return module.loaded and module.flag("e2e") and not faults.is_on("peer_no_e2e")
+def advertises_e2e(module: ModuleState, host: LabHost) -> bool:
+    """Whether ``host``, whose module this is, offers E2E to its peer."""
+    return (module.loaded and module.flag("e2e")
+            and not faults.is_on("peer_no_e2e", host.name))
 
 
-def tx_e2e_active(sender: ModuleState, receiver: ModuleState) -> bool:
+def tx_e2e_active(sender: ModuleState, receiver: ModuleState, receiver_host: LabHost) -> bool:
     """The candidate's TX E2E takes effect only with RX E2E on and a peer that has it."""
-    return sender.flag("tx_e2e") and sender.flag("e2e") and advertises_e2e(receiver)
+    return (sender.flag("tx_e2e") and sender.flag("e2e")
+            and advertises_e2e(receiver, receiver_host))
 
 
 def write_if_changed(path: Path, value: str, cache: dict[str, str]) -> None:
@@ -198,6 +204,10 @@ class Controller:
 JHL8540 = Controller("0x8086", "0x1137", {"vendor": "0x8087", "device": "0x1137",
                                           "vendor_name": "Intel", "device_name": "JHL8540"},
                      nvm_version="36.0", stalling_nvm_version="35.0")
+# Pair b's controllers run a later NVM than pair a's: the compatibility ledger's
+# matrix, keyed by controller and firmware, has a row for each pair.
+PAIR_B_JHL8540 = replace(JHL8540, nvm_version="40.0")
+PAIR_CONTROLLERS = {"a": JHL8540, "b": PAIR_B_JHL8540}
 ASM4242 = Controller("0x1b21", "0x2425", {"vendor": "0x1b21", "device": "0x2425",
                                           "vendor_name": "ASMedia", "device_name": "ASM4242"},
                      nvm_version="2.1", stalling_nvm_version="2.0", returns_tx_credits=False)
@@ -205,11 +215,14 @@ ASM4242 = Controller("0x1b21", "0x2425", {"vendor": "0x1b21", "device": "0x2425"
 
 def controller(host: LabHost) -> Controller:
     """
-    The host's controller: rank 1's is an ASM4242 while ``asm4242`` is on; under
-    ``tx_credit_stall`` it runs its firmware that never returns TX credits.
+    The host's controller, its pair's: a rank 1's is an ASM4242 while ``asm4242``
+    is on for it; under ``tx_credit_stall`` it runs its firmware that never
+    returns TX credits.
     """
-    chip = ASM4242 if host is WORKSTATIONS[1] and faults.is_on("asm4242") else JHL8540
-    if faults.is_on("tx_credit_stall"):
+    pair = pair_of(host)
+    chip = (ASM4242 if host == pair.workstations[1] and faults.is_on("asm4242", host.name)
+            else PAIR_CONTROLLERS[pair.name])
+    if faults.is_on("tx_credit_stall", host.name):
         return replace(chip, nvm_version=chip.stalling_nvm_version, returns_tx_credits=False)
     return chip
 
@@ -252,7 +265,8 @@ def write_xdomain(link: HostLink, peer: LabHost, peer_module: ModuleState,
         write_if_changed(device / name, value, link.written)
     service = devices / f"{PEER_DEVICE}.0"
     if peer_module.loaded:
-        capabilities = MATCH_FRAGS_ID | FRAMES_64K | (E2E if advertises_e2e(peer_module) else 0)
+        capabilities = (MATCH_FRAGS_ID | FRAMES_64K
+                        | (E2E if advertises_e2e(peer_module, peer) else 0))
         service_values = {"key": "network", "prtcid": "1", "prtcvers": "1", "prtcrevs": "1",
                           "prtcstns": f"0x{capabilities:08x}"}
         for name, value in service_values.items():
@@ -275,7 +289,7 @@ def sending(link: HostLink, module: ModuleState, peer: LabHost, peer_module: Mod
     hands frames over at about the drain's rate (14 to 16 Gbit/s through the
     cable), so a tbf at the wire's 20 Gb/s would only cost the CPU it needs.
     """
-    credits = tx_e2e_active(module, peer_module)
+    credits = tx_e2e_active(module, peer_module, peer)
     withheld = not (controller(link.host).returns_tx_credits
                     and controller(peer).returns_tx_credits)
     if credits:
@@ -410,7 +424,8 @@ def network_manager(link: HostLink) -> None:
     matched by the interface's name: it applies the address about
     ``MANAGER_SECONDS`` after the link comes up, unless ``no_network_manager``.
     """
-    if (not link.up or link.up_at is None or faults.is_on("no_network_manager")
+    if (not link.up or link.up_at is None
+            or faults.is_on("no_network_manager", link.host.name)
             or time.time() - link.up_at < MANAGER_SECONDS):
         return
     in_netns(link.host.name, "ip", "addr", "replace", f"{link.host.link_address}/{LINK_PREFIX}",
@@ -437,20 +452,24 @@ def device_made_at(link: HostLink, module: ModuleState, peer: LabHost, wire: cab
 
 def tick(links: dict[str, HostLink], speeds: dict[str, float]) -> None:
     modules = {name: ModuleState.read(link.host) for name, link in links.items()}
-    wire, asleep = cable.read(), cable.suspended()
+    wires = {pair: cable.read(pair) for pair in {link.host.pair or "" for link in links.values()}}
+    asleep = cable.suspended()
     now = time.time()
     for name, link in links.items():
         peer = host_named(link.host.peer or "")
         module, peer_module = modules[name], modules[peer.name]
+        wire = wires[link.host.pair or ""]
         made_at = device_made_at(link, module, peer, wire, asleep)
-        connected = wire.plugged and not asleep
-        if link.up and speeds[name] < wire.rate_gbps and not faults.is_on("link_10g"):
+        # A host asleep, or its peer: the pair's link is down, the other pairs' are not.
+        connected = wire.plugged and not {name, peer.name} & set(asleep)
+        ten = faults.is_on("link_10g", name)
+        if link.up and speeds[name] < wire.rate_gbps and not ten:
             link.replugged_at = now
         trained_from = max(made_at or now, link.replugged_at, cable.resumed_at(link.host))
         trained = connected and made_at is not None and now - trained_from >= RETRAIN_SECONDS
         if trained and not link.up:
             # Training happens now, so a fault switched on before it bites here.
-            speeds[name] = DEGRADED_SPEED_GBPS if faults.is_on("link_10g") else wire.rate_gbps
+            speeds[name] = DEGRADED_SPEED_GBPS if ten else wire.rate_gbps
         set_up(link, made_at, trained)
         network_manager(link)
         write_device_routers(link)
@@ -459,15 +478,15 @@ def tick(links: dict[str, HostLink], speeds: dict[str, float]) -> None:
         else:
             remove_peer(link)
         apply_sending(link, sending(link, module, peer, peer_module, speeds[name]))
-        apply_ring(link, overruns=not tx_e2e_active(peer_module, module))
+        apply_ring(link, overruns=not tx_e2e_active(peer_module, module, link.host))
     for link in links.values():
         apply_carrier(link, links[link.host.peer or ""])
         write_statistics(link)
 
 
 def main() -> None:
-    links = {host.name: HostLink(host) for host in WORKSTATIONS}
-    speeds = {host.name: LINK_SPEED_GBPS for host in WORKSTATIONS}
+    links = {host.name: HostLink(host) for host in workstations()}
+    speeds = {host.name: LINK_SPEED_GBPS for host in workstations()}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:
         tick(links, speeds)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -143,7 +144,7 @@ def rmmod(name: str) -> None:
     # The network device goes with the driver; the peer loses carrier at once.
     interface_down()
     shutil.rmtree(module)
-    if faults.is_on("udev_autoload"):
+    if faults.is_on("udev_autoload", socket.gethostname()):
         # The XDomain hotplug event that follows makes udev load the module again.
         subprocess.Popen(["sh", "-c", f"sleep {AUTOLOAD_SECONDS}; exec modprobe {name}"],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

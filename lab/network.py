@@ -5,9 +5,10 @@ the machine's own namespace; the workstations' TP traffic crosses only the
 cable, so a driver reload never cuts the operator's session, as on a real site
 where management has its own network.
 
-The cable is a namespace of its own: each workstation's ``thunderbolt0`` is a
-veth whose other end is a port of the cable's bridge. What a driver decides
-about a frame in flight is shaped there, by :mod:`lab.kernel`:
+The cables are a namespace of their own: each workstation's ``thunderbolt0`` is
+a veth whose other end is a port of its pair's bridge there, one bridge a pair.
+What a driver decides about a frame in flight is shaped there, by
+:mod:`lab.kernel`:
 
 - the sender's side, on its ``thunderbolt0``: the wire's rate, or the pace of
   the credits its peer returns; a queue there is the sender's own, so a full one
@@ -29,18 +30,17 @@ from lab.topology import (
     BRIDGE,
     BRIDGE_ADDRESS,
     CABLE,
-    CABLE_BRIDGE,
+    EVERY_HOST,
     FRAME_BYTES,
-    HOSTS,
     LINK_INTERFACE,
     LINK_PREFIX,
     NAPI_POLL_WEIGHT,
     RING_BYTES,
     RX_DRAIN_GBPS,
     TX_STALL_CHAIN,
-    WORKSTATIONS,
     LabError,
     LabHost,
+    LabPair,
     init_system,
     read_pid,
 )
@@ -172,36 +172,42 @@ def plug(host: LabHost) -> None:
              str(NETNS_DIR / host.name))
 
 
-def create() -> None:
-    """Build namespaces, bridge and links from nothing."""
+def create(pairs: Sequence[LabPair], gateway: LabHost) -> None:
+    """Build namespaces, bridges and links from nothing: each pair's, and the gateway's."""
     run("ip", "link", "add", BRIDGE, "type", "bridge")
     run("ip", "addr", "add", BRIDGE_ADDRESS, "dev", BRIDGE)
     run("ip", "link", "set", BRIDGE, "up")
-    for host in HOSTS:
+    for host in (*(host for pair in pairs for host in pair.workstations), gateway):
         _create_host(host)
-    _create_cable()
-    for host in WORKSTATIONS:
-        run("ip", "netns", "add", parking(host))
-        # Down until the lab kernel sees the peer's link up: the cable's end of
-        # a veth carries the peer's carrier to this one.
-        in_netns(CABLE, "ip", "link", "add", host.cable_port, "mtu", "65520", "type", "veth",
-                 "peer", "name", LINK_INTERFACE, "mtu", "65520",
-                 "netns", f"{NETNS_DIR / host.name}")
-        in_netns(CABLE, "ip", "link", "set", host.cable_port, "master", CABLE_BRIDGE)
-        in_netns(host.name, "ip", "addr", "add", f"{host.link_address}/{LINK_PREFIX}",
-                 "dev", LINK_INTERFACE)
-        in_netns(host.name, "iptables", "-w", "-N", TX_STALL_CHAIN)
-        in_netns(host.name, "iptables", "-w", "-A", "OUTPUT", "-o", LINK_INTERFACE,
-                 "-j", TX_STALL_CHAIN)
+    _create_cables()
+    for pair in pairs:
+        in_netns(CABLE, "ip", "link", "add", pair.cable_bridge, "type", "bridge")
+        in_netns(CABLE, "ip", "link", "set", pair.cable_bridge, "up")
+        for host in pair.workstations:
+            _plug_in(host, pair.cable_bridge)
 
 
-def _create_cable() -> None:
-    """The cable's namespace and bridge; no address, and no IPv6 of its own to talk with."""
+def _plug_in(host: LabHost, cable_bridge: str) -> None:
+    """A workstation's ``thunderbolt0``, a veth whose other end is a port of its cable's bridge."""
+    run("ip", "netns", "add", parking(host))
+    # Down until the lab kernel sees the peer's link up: the cable's end of
+    # a veth carries the peer's carrier to this one.
+    in_netns(CABLE, "ip", "link", "add", host.cable_port, "mtu", "65520", "type", "veth",
+             "peer", "name", LINK_INTERFACE, "mtu", "65520",
+             "netns", f"{NETNS_DIR / host.name}")
+    in_netns(CABLE, "ip", "link", "set", host.cable_port, "master", cable_bridge)
+    in_netns(host.name, "ip", "addr", "add", f"{host.link_address}/{LINK_PREFIX}",
+             "dev", LINK_INTERFACE)
+    in_netns(host.name, "iptables", "-w", "-N", TX_STALL_CHAIN)
+    in_netns(host.name, "iptables", "-w", "-A", "OUTPUT", "-o", LINK_INTERFACE,
+             "-j", TX_STALL_CHAIN)
+
+
+def _create_cables() -> None:
+    """The cables' namespace; no address, and no IPv6 of its own to talk with."""
     run("ip", "netns", "add", CABLE)
     for scope in ("all", "default"):
         in_netns(CABLE, "sysctl", "-qw", f"net.ipv6.conf.{scope}.disable_ipv6=1")
-    in_netns(CABLE, "ip", "link", "add", CABLE_BRIDGE, "type", "bridge")
-    in_netns(CABLE, "ip", "link", "set", CABLE_BRIDGE, "up")
 
 
 def _create_host(host: LabHost) -> None:
@@ -214,8 +220,11 @@ def _create_host(host: LabHost) -> None:
     in_netns(host.name, "ip", "link", "set", "lo", "up")
 
 
-def destroy(hosts: Sequence[LabHost] = HOSTS) -> list[str]:
-    """Remove whatever of the lab's network exists; a half-built lab is fine."""
+def destroy(hosts: Sequence[LabHost] = EVERY_HOST) -> list[str]:
+    """
+    Remove whatever of the lab's network exists, whatever its pairs; a half-built
+    lab is fine.
+    """
     removed = []
     if netns_exists(CABLE):
         # The cable's veths go with it, and so do their ends in the workstations.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from lab.topology import HOSTS, STATE, LabHost
+from lab.topology import STATE, LabHost, hosts
 from operations.site.hosts import ssh_config_word
 
 SSH_DIR = STATE / "ssh"
@@ -59,7 +59,7 @@ def sshd_config(host: LabHost) -> str:
 
 def client_config() -> str:
     blocks = []
-    for host in HOSTS:
+    for host in hosts():
         blocks.append("\n".join([
             f"Host {host.name}",
             f"    HostName {host.management_address}",
@@ -76,7 +76,7 @@ def client_config() -> str:
 
 def known_hosts() -> str:
     lines = []
-    for host in HOSTS:
+    for host in hosts():
         key_type, key = host_key_path(host).with_suffix(".pub").read_text().split()[:2]
         lines.append(f"{host.name},{host.management_address} {key_type} {key}")
     return "\n".join(lines) + "\n"
@@ -85,11 +85,11 @@ def known_hosts() -> str:
 def prepare() -> None:
     """Create keys once and (re)write every config; idempotent."""
     _keygen(CLIENT_KEY, "twinbolt-lab-operator")
-    for host in HOSTS:
+    for host in hosts():
         _keygen(host_key_path(host), f"twinbolt-lab-{host.name}")
         sshd_config_path(host).write_text(sshd_config(host))
     AUTHORIZED_KEYS.write_text(CLIENT_KEY.with_suffix(".pub").read_text())
     KNOWN_HOSTS.write_text(known_hosts())
     CLIENT_CONFIG.write_text(client_config())
-    for private in (CLIENT_KEY, *(host_key_path(host) for host in HOSTS)):
+    for private in (CLIENT_KEY, *(host_key_path(host) for host in hosts())):
         private.chmod(0o600)

@@ -29,11 +29,11 @@ LINK_INTERFACE = "thunderbolt0"
 LINK_PREFIX = 16
 # Where a transmitting side's frames are held back when its TX credits never return.
 TX_STALL_CHAIN = "TBLAB_TX"
-# The cable: a namespace of its own whose bridge joins the workstations'
-# thunderbolt0 veths, so that what happens to a frame on its way (the receiver's
-# ring overrunning) happens neither in the sender's stack nor in the receiver's.
+# The cables: a namespace of their own, where each pair's bridge joins its
+# workstations' thunderbolt0 veths, so that what happens to a frame on its way
+# (the receiver's ring overrunning) happens neither in the sender's stack nor in
+# the receiver's. Each pair's bridge is named with the pair (LabPair).
 CABLE = "tbcable"
-CABLE_BRIDGE = "cable0"
 
 # The field report's link: one USB4 lane trained at 20 Gb/s.
 LINK_SPEED_GBPS = 20.0
@@ -71,7 +71,7 @@ LARGE_BACKEND_SERVICE = "lab-large"
 LARGE_BACKEND_PORT = 31000
 
 # The unprivileged account a site's admin would use: passwordless sudo, nothing
-# else. The inventory reaches wsa and gw as this user, wsb as root.
+# else. The inventory reaches each pair's rank 0 and gw as this user, rank 1 as root.
 OPERATOR = "twinbolt"
 OPERATOR_UID = 2990
 OPERATOR_HOME = "/var/lib/twinbolt-operator"
@@ -92,6 +92,12 @@ def init_system() -> str:
         return "systemd"
 
 
+# How many pairs `python -m lab up --pairs N` built: kept while the lab exists,
+# as the init system is, so that every later command, the lab kernel, the
+# simulators and the inventory know which hosts there are.
+PAIRS_FILE = STATE / "pairs"
+
+
 @dataclass(frozen=True)
 class LabHost:
     """One simulated host: a namespace pair, its management address and its role."""
@@ -103,6 +109,8 @@ class LabHost:
     peer: str | None = None
     unique_id: str = ""
     ssh_user: str = "root"
+    # The pair a workstation belongs to, by name; the gateway's is None.
+    pair: str | None = None
 
     @property
     def root(self) -> Path:
@@ -119,26 +127,87 @@ class LabHost:
         return f"tb-{self.name}"
 
 
-HOSTS: tuple[LabHost, ...] = (
-    LabHost(
-        "wsa", "10.66.0.11", True, "169.254.77.1", "wsb",
-        "d1e5a000-0000-4a00-8000-00000000a0a0", OPERATOR,
-    ),
-    LabHost(
-        "wsb", "10.66.0.12", True, "169.254.77.2", "wsa",
-        "d1e5b000-0000-4b00-8000-00000000b0b0",
-    ),
-    LabHost("gw", "10.66.0.13", False, ssh_user=OPERATOR),
+@dataclass(frozen=True)
+class LabPair:
+    """
+    Two workstations, rank 0 first, and the cable between them: a bridge of its
+    own in the cable's namespace, so that each pair's frames, rings and carrier
+    are its own.
+    """
+
+    name: str
+    workstations: tuple[LabHost, LabHost]
+    cable_bridge: str
+
+
+# As on a real site, some hosts are reached as the operator with sudo (each
+# pair's rank 0, and the gateway), others as root. Each cable is a link network
+# of its own.
+PAIRS: tuple[LabPair, ...] = (
+    LabPair("a", (
+        LabHost("wsa", "10.66.0.11", True, "169.254.77.1", "wsb",
+                "d1e5a000-0000-4a00-8000-00000000a0a0", OPERATOR, "a"),
+        LabHost("wsb", "10.66.0.12", True, "169.254.77.2", "wsa",
+                "d1e5b000-0000-4b00-8000-00000000b0b0", "root", "a"),
+    ), "cable0"),
+    LabPair("b", (
+        LabHost("wsc", "10.66.0.14", True, "169.254.78.1", "wsd",
+                "d1e5c000-0000-4c00-8000-00000000c0c0", OPERATOR, "b"),
+        LabHost("wsd", "10.66.0.15", True, "169.254.78.2", "wsc",
+                "d1e5d000-0000-4d00-8000-00000000d0d0", "root", "b"),
+    ), "cable1"),
 )
-WORKSTATIONS = tuple(host for host in HOSTS if host.workstation)
+GATEWAY = LabHost("gw", "10.66.0.13", False, ssh_user=OPERATOR)
+# Every host any lab has, whatever its pairs: what `down` and the repair of a
+# stale lab look for, since the record of the pairs may be gone or wrong.
+EVERY_HOST: tuple[LabHost, ...] = (
+    *(host for pair in PAIRS for host in pair.workstations), GATEWAY)
+
+
+def pair_count() -> int:
+    """How many pairs the lab has (or will have): one unless `lab up --pairs N` chose more."""
+    try:
+        return int(PAIRS_FILE.read_text())
+    except FileNotFoundError:
+        return 1
+
+
+def lab_pairs(count: int | None = None) -> tuple[LabPair, ...]:
+    """The lab's pairs, or the first ``count`` of those it can build."""
+    return PAIRS[:count or pair_count()]
+
+
+def workstations(count: int | None = None) -> tuple[LabHost, ...]:
+    """The lab's workstations, pair by pair, rank 0 first in each."""
+    return tuple(host for pair in lab_pairs(count) for host in pair.workstations)
+
+
+def hosts(count: int | None = None) -> tuple[LabHost, ...]:
+    """The lab's hosts: its workstations, then the gateway in front of every pair."""
+    return (*workstations(count), GATEWAY)
 
 
 def host_named(name: str) -> LabHost:
     """Look a lab host up by name, with an error that lists the real ones."""
-    for host in HOSTS:
+    for host in EVERY_HOST:
         if host.name == name:
             return host
-    raise KeyError(f"no lab host {name!r}; lab hosts are {', '.join(h.name for h in HOSTS)}")
+    raise KeyError(f"no lab host {name!r}; lab hosts are "
+                   f"{', '.join(h.name for h in EVERY_HOST)}")
+
+
+def pair_named(name: str) -> LabPair:
+    for pair in PAIRS:
+        if pair.name == name:
+            return pair
+    raise KeyError(f"no lab pair {name!r}; lab pairs are {', '.join(p.name for p in PAIRS)}")
+
+
+def pair_of(host: LabHost) -> LabPair:
+    """The pair a workstation belongs to, whose cable it is plugged into."""
+    if host.pair is None:
+        raise LabError(f"{host.name} has no Thunderbolt link; name a workstation")
+    return pair_named(host.pair)
 
 
 def replace_text(path: Path, text: str) -> None:

@@ -2,14 +2,18 @@
 
 Every knob is read once at start and a bad value names its variable, so a typo
 in a run script stops the server instead of silently changing the physics.
-Faults are the exception: they are files, read at the moment they would bite.
+Faults are the exception: they are files, read at the moment they would bite,
+each for the host the simulator runs on (its own name, as a lab host's UTS
+namespace gives it).
 """
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from lab.faults import switched_on
 from lab.sglang_sim import __version__
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,5 +72,5 @@ class Knobs:
         return cls(**values)
 
     def fault_on(self, name: str) -> bool:
-        """Whether the lab has switched fault ``name`` on, as of now."""
-        return (self.faults_dir / name).exists()
+        """Whether the lab has switched fault ``name`` on for this host, as of now."""
+        return switched_on(self.faults_dir, name, socket.gethostname())

@@ -21,10 +21,10 @@ PEER = "/sys/bus/thunderbolt/devices/0-3"
 def cable_back() -> Iterator[None]:
     """The cable in again, whatever the test did (the stock driver is restore_stock's)."""
     yield
-    wire = cable.read()
+    wire = cable.read("a")
     if wire.plugged and wire.rate_gbps != LINK_SPEED_GBPS:
         assert lab("unplug", "wsa").returncode == 0
-    if not cable.read().plugged:
+    if not cable.read("a").plugged:
         assert lab("plug", "wsa").returncode == 0
     for host in ("wsa", "wsb"):
         wait_until(lambda host=host: linked(host), timeout=10, what=f"{host} linked")

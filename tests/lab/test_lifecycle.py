@@ -17,9 +17,9 @@ from pathlib import Path
 from lab_helpers import lab, ssh
 
 from lab import cable, cgroups, network
-from lab.control import PROCESSES
+from lab.control import processes
 from lab.topology import (
-    HOSTS,
+    EVERY_HOST,
     OPERATOR,
     OWNER_FILE,
     PYTHON,
@@ -27,6 +27,7 @@ from lab.topology import (
     STATE,
     alive,
     host_named,
+    hosts,
     read_pid,
 )
 
@@ -36,29 +37,32 @@ NOT_IN_A_CLONE = shutil.ignore_patterns(".git", ".venv*", ".lab", "wheelhouse", 
 
 
 def leftovers() -> list[str]:
-    found = [f"netns {h.name}" for h in HOSTS if network.netns_exists(h.name)]
-    found += [f"netns {network.parking(h)}" for h in HOSTS
-              if h.workstation and network.netns_exists(network.parking(h))]
-    found += [f"link {name}" for name in ["tblab0", *(h.management_veth for h in HOSTS)]
+    """What any lab, of any pairs, made that is still there."""
+    found = [f"netns {h.name}" for h in EVERY_HOST if network.netns_exists(h.name)]
+    found += [f"netns {name}" for name in ["tbcable", *(network.parking(h) for h in EVERY_HOST
+                                                       if h.workstation)]
+              if network.netns_exists(name)]
+    found += [f"link {name}" for name in ["tblab0", *(h.management_veth for h in EVERY_HOST)]
               if network.link_exists(name)]
     found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text()
-              .splitlines() if str(STATE) in line or "/run/netns/" in line.split()[4]]
-    names = [cgroups.cgroup_name(host) for host in HOSTS]
+              .splitlines() if str(STATE) in line or "/run/netns/tb" in line.split()[4]
+              or any(f"/run/netns/{h.name}" == line.split()[4] for h in EVERY_HOST)]
+    names = [cgroups.cgroup_name(host) for host in EVERY_HOST]
     found += [f"cgroup {name}" for name in cgroups.existing(names)]
     return found
 
 
 def test_second_up_changes_nothing() -> None:
-    pids = {name: read_pid(name) for name in PROCESSES}
+    pids = {name: read_pid(name) for name in processes()}
     result = lab("up")
     assert result.returncode == 0
     assert "nothing changed" in result.stdout
-    assert {name: read_pid(name) for name in PROCESSES} == pids
+    assert {name: read_pid(name) for name in processes()} == pids
 
 
 def test_down_leaves_nothing_then_up_rebuilds_a_stale_lab() -> None:
-    pids = [pid for name in PROCESSES if (pid := read_pid(name))]
-    for host in HOSTS:
+    pids = [pid for name in processes() if (pid := read_pid(name))]
+    for host in hosts():
         pids += network.netns_pids(host.name)
     assert lab("down").returncode == 0
     assert leftovers() == []
@@ -67,9 +71,9 @@ def test_down_leaves_nothing_then_up_rebuilds_a_stale_lab() -> None:
 
     assert lab("up").returncode == 0
     # A session ends: its processes die, its namespaces survive.
-    for name in PROCESSES:
+    for name in processes():
         os.kill(read_pid(name), signal.SIGKILL)
-    for host in HOSTS:
+    for host in hosts():
         for pid in network.netns_pids(host.name):
             # A host's processes die with its PID 1: some are gone before their turn.
             with contextlib.suppress(ProcessLookupError):
@@ -133,7 +137,7 @@ def test_reboot_empties_run_kills_the_hosts_processes_and_boots_on_the_stock_dri
     ssh("wsb", "mkdir -p /run/twinbolt && touch /run/twinbolt/lock")
     ssh("wsb", "rmmod thunderbolt_net; modprobe thunderbolt_net")
     ssh("wsb", "sleep 600 >/dev/null 2>&1 &")
-    others = {host.name: read_pid(f"host-{host.name}") for host in HOSTS if host.name != "wsb"}
+    others = {host.name: read_pid(f"host-{host.name}") for host in hosts() if host.name != "wsb"}
     rebooted = lab("reboot", "wsb")
     assert rebooted.returncode == 0, rebooted.stderr
     assert "wsb rebooted" in rebooted.stdout

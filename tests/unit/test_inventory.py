@@ -92,6 +92,26 @@ def test_lab_workstations_know_their_rank_and_the_link(inventory):
         assert data["run_dir"] == "/run/twinbolt"
 
 
+def test_a_lab_of_two_pairs_has_a_group_and_a_tp_group_for_each(inventory, tmp_path):
+    """`python -m lab up --pairs 2` records its pairs; the inventory reads them."""
+    (tmp_path / "pairs").write_text("2\n")
+    hosts = inventory(TWINBOLT_LAB_STATE=str(tmp_path))
+    members = groups(hosts)
+    assert members["workstations"] == ["wsa", "wsb", "wsc", "wsd"]
+    assert (members["pair_a"], members["pair_b"]) == (["wsa", "wsb", "gw"], ["wsc", "wsd", "gw"])
+    assert members["gateway"] == ["gw"]
+    assert members["lab"] == ["wsa", "wsb", "wsc", "wsd", "gw"]
+    tp = [(hosts[name]["data"]["pair"], hosts[name]["data"]["rank"],
+           hosts[name]["data"]["thunderbolt_address"],
+           hosts[name]["data"]["peer_thunderbolt_address"]) for name in members["workstations"]]
+    assert tp == [("a", 0, "169.254.77.1", "169.254.77.2"),
+                  ("a", 1, "169.254.77.2", "169.254.77.1"),
+                  ("b", 0, "169.254.78.1", "169.254.78.2"),
+                  ("b", 1, "169.254.78.2", "169.254.78.1")]
+    assert [hosts[name]["data"]["ssh_user"] for name in ("wsc", "wsd")] == ["twinbolt", "root"]
+    assert hosts["wsc"]["data"]["serving_sglang_module"] == "lab.sglang_sim"
+
+
 def test_lab_overrides_serving(inventory):
     data = inventory()["wsa"]["data"]
     # The init system the lab's hosts boot (systemd unless `lab up --init runit`).

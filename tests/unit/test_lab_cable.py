@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from lab import cable
-from lab.topology import WORKSTATIONS
+from lab.topology import PAIRS
 
 REWRITES = 3000
 
@@ -43,12 +43,12 @@ def polled_while_rewritten(read: Callable[[], object], rewrite: Callable[[], obj
 
 @pytest.fixture(autouse=True)
 def own_state(monkeypatch, tmp_path) -> None:
-    monkeypatch.setattr(cable, "CABLE_FILE", tmp_path / "cable")
+    monkeypatch.setattr(cable, "CABLES_DIR", tmp_path / "cables")
     monkeypatch.setattr(cable, "SUSPENDED_DIR", tmp_path / "suspended")
 
 
 def test_a_wake_time_is_never_read_half_written() -> None:
-    host = WORKSTATIONS[1]
+    host = PAIRS[0].workstations[1]
     cable.mark_resumed(host)
     assert polled_while_rewritten(lambda: cable.resumed_at(host),
                                   lambda: cable.mark_resumed(host)) == []
@@ -56,6 +56,17 @@ def test_a_wake_time_is_never_read_half_written() -> None:
 
 
 def test_the_cable_is_never_read_half_written() -> None:
-    host = WORKSTATIONS[0]
-    assert polled_while_rewritten(cable.read, lambda: cable.plug(host, 10.0)) == []
-    assert (cable.read().plugged, cable.read().rate_gbps) == (True, 10.0)
+    host = PAIRS[0].workstations[0]
+    assert polled_while_rewritten(lambda: cable.read("a"), lambda: cable.plug(host, 10.0)) == []
+    assert (cable.read("a").plugged, cable.read("a").rate_gbps) == (True, 10.0)
+
+
+def test_each_pair_has_a_cable_of_its_own() -> None:
+    """Pulled out of wsc, pair b's cable is out; pair a's stays in at its rate."""
+    wsa, wsc = PAIRS[0].workstations[0], PAIRS[1].workstations[0]
+    cable.plug(wsa, 10.0)
+    cable.unplug(wsc)
+    assert (cable.read("a").plugged, cable.read("a").rate_gbps) == (True, 10.0)
+    assert (cable.read("b").plugged, cable.read("b").unplugged_from) == (False, "wsc")
+    cable.forget()
+    assert cable.read("a") == cable.read("b") == cable.Cable()
