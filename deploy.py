@@ -77,7 +77,8 @@ workstation = part.workstation
 
 if workstation:
     # However the run ends, the compatibility ledger on this machine gets one record.
-    ledger.keep(run, workstation.settings.ledger.path, state.name, state.driver)
+    ledger.keep(run, workstation.settings.ledger.path, state.name, state.driver,
+                workstation.pair)
     ledger.observed(name="Ledger: the controller, kernel and driver this run meets",
                     run=run, module=workstation.settings.candidate.module_name)
 

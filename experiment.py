@@ -329,7 +329,10 @@ async def with_topology(arguments: argparse.Namespace) -> int:
         if arguments.command == "campaign":
             return await run_campaigns(arguments, Topology.load_pairs(
                 Path(directory), arguments.pairs, one=arguments.pairs is None))
-        command = {"matrix": run_matrix, "measure": measure, "soak": run_soak,
+        if arguments.command == "matrix":
+            # One ledger for the site, whichever pair reads it.
+            return await run_matrix(arguments, Topology.load_pairs(Path(directory))[0])
+        command = {"measure": measure, "soak": run_soak,
                    "linktest": run_linktest}[arguments.command]
         return await command(arguments, Topology.load(Path(directory),
                                                       getattr(arguments, "pair", None)))

@@ -22,8 +22,10 @@ from harness import remote
 from harness.topology import Topology, server_url
 from operations.gateway.proxy import SERVICE as PROXY
 from operations.gateway.proxy import LiveRouting, ProxyConfig, fallback_present
+from operations.plumbing import probes
 from operations.safety.guard import GuardState, summary
 from operations.services import RunningServices
+from operations.serving.router import workers_listed
 from operations.serving.sglang import (
     ROUTER,
     SGLANG_SERVICES,
@@ -210,8 +212,9 @@ async def observe(topology: Topology) -> Status:
     if topology.gateway:
         hosts[topology.gateway] = gateway_queries(GatewaySettings.of(topology.gateway))
     urls = [server_url(entry) for entry in topology.workstations]
-    readings, infos = await asyncio.gather(remote.read_all(hosts, topology.ssh_config),
-                                           server_infos(urls))
+    readings, infos, fronted = await asyncio.gather(
+        remote.read_all(hosts, topology.ssh_config), server_infos(urls),
+        asyncio.to_thread(fronted_elsewhere, topology, urls))
     status = Status(layers={})
     for reading in readings.values():
         if reading.error:
@@ -219,10 +222,27 @@ async def observe(topology: Topology) -> Status:
     status.layers["driver"] = driver_layer(topology, readings, status.rows)
     link_rows(topology, readings, status.rows)
     guard_rows(topology, readings, status.rows)
-    status.layers["serving"] = serving_layer(topology, readings, status.rows)
+    status.layers["serving"] = serving_layer(topology, readings, status.rows, fronted)
     status.layers["speculative"] = speculative_layer(topology, infos, status.rows)
     status.layers["gateway_fallback"] = gateway_layer(topology, readings, status.rows)
+    if fronted and status.layers["serving"] == ServingMode.TENSOR_PARALLEL:
+        # Other pairs serve small while this one is out: as good as the fallback.
+        status.rows.append(("gateway", topology.gateway.name,
+                            f"small is served by other pairs' replicas: {', '.join(fronted)}"))
+        status.layers["gateway_fallback"] = True
     return status
+
+
+def fronted_elsewhere(topology: Topology, urls: list[str]) -> list[str]:
+    """
+    The replicas of other pairs the router fronts now (its ``/workers``): none
+    on a site of one pair, or while it is stopped or does not say.
+    """
+    if topology.pair is None or topology.gateway is None:
+        return []
+    listed = workers_listed(probes.get(f"{GatewaySettings.of(topology.gateway).router_url}"
+                                       "/workers"))
+    return [url for url in listed or [] if url not in urls]
 
 
 # Judging each layer
@@ -294,7 +314,7 @@ def guard_rows(topology: Topology, readings: dict[str, remote.Reading],
 
 
 def serving_layer(topology: Topology, readings: dict[str, remote.Reading],
-                  rows: list[tuple[str, str, str]]) -> Any:
+                  rows: list[tuple[str, str, str]], fronted: list[str]) -> Any:
     shape = {}
     for rank, entry in enumerate(topology.workstations):
         reading = readings[entry.name]
@@ -308,10 +328,11 @@ def serving_layer(topology: Topology, readings: dict[str, remote.Reading],
         rows.append(("serving", topology.gateway.name,
                      f"{ROUTER} {'running' if router else 'stopped'}"))
     value = agreed(shape, "serving")
-    # The router belongs to the replicas: it runs with them and only with them.
+    # The router belongs to the replicas: it runs with them and only with them,
+    # though with another pair's (``fronted``) while this one runs a TP group.
     if value == ServingMode.REPLICAS and not router:
         return Unknown(f"replicas without {ROUTER}")
-    if value == ServingMode.TENSOR_PARALLEL and router:
+    if value == ServingMode.TENSOR_PARALLEL and router and not fronted:
         return Unknown(f"TP ranks with {ROUTER} still running")
     return value
 

@@ -352,14 +352,15 @@ def describe_stall(entry: dict[str, Any]) -> str:
 class Observations:
     """
     What a run has seen of each workstation, whether it was forced past a
-    recorded stall, and whether the ledger listens for its ending.
+    recorded stall, and which pairs' records the ledger will write at its ending.
     """
 
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The ledger records of the guard's events this run read, by host.
     guarded: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     forced: bool = False
-    kept: bool = False
+    # The pairs whose record the ledger will write when the run ends.
+    kept: set[tuple[str, ...]] = field(default_factory=set)
 
     def pairing(self, names: list[str]) -> list[Controller] | None:
         """
@@ -381,18 +382,21 @@ class Observing(Protocol):
     attempt: step.Attempt
 
 
-def keep(run: Observing, path: str, state: str, driver: str) -> None:
+def keep(run: Observing, path: str, state: str, driver: str, pair: list[str]) -> None:
     """
     Have the run's ending appended to the ledger at ``path``, with what the run
-    observed; ``deploy.py`` calls this on every host, the first call counts.
+    observed of ``pair``'s workstations: one record a pair, since a record's key
+    is one cable's controllers. ``deploy.py`` calls this on every workstation;
+    the first call of each pair counts.
     """
     observed = run.observed
-    if observed.kept:
+    if tuple(pair) in observed.kept:
         return
-    observed.kept = True
+    observed.kept.add(tuple(pair))
 
     def write(ending: step.Ending) -> None:
-        append(Path(path), record(state, driver, ending.outcome, list(observed.hosts.values()),
+        hosts = [entry for name, entry in observed.hosts.items() if name in pair]
+        append(Path(path), record(state, driver, ending.outcome, hosts,
                                   layer=ending.layer, evidence=ending.evidence,
                                   forced=observed.forced, lost=ending.lost,
                                   interrupted=ending.interrupted))

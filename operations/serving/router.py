@@ -12,18 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import takewhile
 from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import Host
 from pyinfra.api.command import PyinfraCommand
+from pyinfra.api.exceptions import PyinfraError
 
 from operations import services
 from operations.plumbing import probes, venvs
 from operations.plumbing.phase import elsewhere, executing
 from operations.plumbing.probes import Proofs, Proven
-from operations.services import GatewayService, InitSystem, Service, ServiceProcess, log_tails
+from operations.services import GatewayService, Service, ServiceProcess, log_tails
 from operations.serving.sglang import (
     ACCEPTANCE_TOKENS,
     LAYER,
@@ -39,8 +39,6 @@ from operations.step import failing, operation
 # The router twinbolt installs on the gateway; requirements-lab.txt pins the same release.
 # sglang-router, hash-pinned; installed into the router's venv as it is.
 ROUTER_LOCK = Path(__file__).resolve().parents[2] / "requirements-router.lock"
-# The router's option that lists its workers, each URL a word of its own.
-WORKER_URLS = "--worker-urls"
 
 
 @dataclass(frozen=True)
@@ -90,22 +88,38 @@ def router_workers(workstations: Sequence[Host], in_run: Collection[Host],
                  if (run_serves_replicas if workstation in in_run else url in fronted))
 
 
-def fronted_workers(gateway: Host, init_system: InitSystem) -> list[str]:
-    """
-    The workers the router running on ``gateway`` fronts now, as it was started
-    (its ``--worker-urls``); none when it is stopped. A pair outside the run
-    that it fronts serves ``small``: the run keeps it there.
-    """
-    return worker_urls(
-        gateway.get_fact(ServiceProcess, service=ROUTER, init_system=init_system)["argv"])
+class FrontedUnknown(PyinfraError):
+    """The router runs but says not which replicas it fronts; this run changed nothing."""
 
 
-def worker_urls(argv: Sequence[str]) -> list[str]:
-    """The workers a router's command line names (its ``--worker-urls``), in order."""
-    if WORKER_URLS not in argv:
+def fronted_workers(gateway: Host, settings: GatewaySettings) -> list[str]:
+    """
+    The replicas the router on ``gateway`` fronts now, as its own ``/workers``
+    lists them; none while it is stopped. A pair outside the run that it fronts
+    serves ``small``: the run keeps it there. (Its command line cannot say:
+    sglang-router renames its process, so ``/proc`` shows ``sglang::router``.)
+    """
+    process = gateway.get_fact(ServiceProcess, service=ROUTER,
+                               init_system=settings.roles.init_system)
+    if not process["running"]:
         return []
-    return list(takewhile(lambda word: not word.startswith("--"),
-                          argv[list(argv).index(WORKER_URLS) + 1:]))
+    answer = probes.get(f"{settings.router_url}/workers")
+    listed = workers_listed(answer)
+    if listed is None:
+        raise FrontedUnknown(
+            f"{gateway.name}: the router runs (pid {process['pid']}) but its worker list cannot "
+            f"be read: {answer.describe()}; this run must know which pairs it serves. Nothing "
+            "was changed")
+    return listed
+
+
+def workers_listed(answer: probes.Answer) -> list[str] | None:
+    """The worker URLs in a router's ``/workers`` answer, or None if it is no such answer."""
+    body = answer.body if answer.ok else None
+    if not (isinstance(body, dict) and isinstance(body.get("workers"), list)):
+        return None
+    return [worker["url"] for worker in body["workers"]
+            if isinstance(worker, dict) and isinstance(worker.get("url"), str)]
 
 
 def router_service(router: Router) -> Service:
@@ -115,7 +129,7 @@ def router_service(router: Router) -> Service:
         description="sglang-router in front of the SGLang replicas (twinbolt production)",
         command=[
             f"{router.venv}/bin/python", "-m", "sglang_router.launch_router",
-            WORKER_URLS, *router.workers,
+            "--worker-urls", *router.workers,
             "--policy", "cache_aware",
             "--host", router.listen_address,
             "--port", str(router.port),

@@ -50,6 +50,7 @@ from operations.plumbing.probes import Proofs, Proven
 from operations.services import InitSystem, Service, ServiceProcess, log_tails
 from operations.serving import transport
 from operations.site import releases
+from operations.site.model import pair_group
 from operations.site.settings import WorkstationSettings, derived, http_url
 from operations.states import ServingMode, Speculative
 from operations.step import Layer, failing, operation, refuse
@@ -422,8 +423,9 @@ def server_info(url: str, **request: float) -> probes.Answer:
 
 
 def tp_log_tails() -> str:
-    """Every rank's log: a TP failure is often visible only on another rank."""
-    workstations = inventory.get_group("workstations")
+    """Every rank's log of this host's pair: a TP failure is often visible only on another rank."""
+    pair = inventory.get_group(pair_group(WorkstationSettings.of(host).pair))
+    workstations = [member for member in pair if "workstations" in member.groups]
     ranks = [Sglang.from_host(workstation) for workstation in workstations]
     return log_tails([(workstation, rank.tp_rank_name, rank.init_system)
                       for workstation, rank in zip(workstations, ranks, strict=True)])

@@ -148,7 +148,7 @@ def test_an_interrupted_run_concludes_interrupted_and_exits_as_shells_expect(tmp
     run = a_run()
     path = tmp_path / "ledger.jsonl"
     run.observed.hosts["wsa"] = {"host": "wsa"}
-    ledger.keep(run, str(path), "tp2_e2e", "candidate")
+    ledger.keep(run, str(path), "tp2_e2e", "candidate", ["wsa", "wsb"])
     run.attempt.layer_of["driver"] = Layer.DRIVER
     interrupt.react(changing(), run.attempt, signal.SIGINT, now=0)
     run.attempt.rollback_exit, run.attempt.rollback_ending = 0, "accepted"

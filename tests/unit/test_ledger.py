@@ -227,8 +227,8 @@ def test_the_ledger_is_appended_and_read_back(tmp_path) -> None:
 def test_the_run_is_recorded_once_when_it_ends(run, tmp_path) -> None:
     path = tmp_path / "ledger.jsonl"
     run.observed.hosts["wsa"] = host("wsa", INTEL)
-    ledger.keep(run, str(path), "tp2_e2e", "candidate")
-    ledger.keep(run, str(path), "tp2_e2e", "candidate")  # the next host's call
+    ledger.keep(run, str(path), "tp2_e2e", "candidate", ["wsa", "wsb"])
+    ledger.keep(run, str(path), "tp2_e2e", "candidate", ["wsa", "wsb"])  # the next host's call
     run.attempt.end(steps.Ending("rolled_back", "link", NOTHING_CROSSES))
     run.attempt.end(steps.Ending("accepted"))
     [entry] = ledger.read(path)
@@ -237,10 +237,22 @@ def test_the_run_is_recorded_once_when_it_ends(run, tmp_path) -> None:
                                 [host("wsa", INTEL)])
 
 
+def test_a_run_of_two_pairs_is_recorded_once_for_each_pair(run, tmp_path) -> None:
+    """A record's key is one cable's controllers: each pair its own, never all four."""
+    path = tmp_path / "ledger.jsonl"
+    for name in ("wsa", "wsb", "wsc", "wsd"):
+        run.observed.hosts[name] = host(name, INTEL)
+    for pair in (["wsa", "wsb"], ["wsa", "wsb"], ["wsc", "wsd"], ["wsc", "wsd"]):
+        ledger.keep(run, str(path), "production", "stock", pair)
+    run.attempt.end(steps.Ending("accepted"))
+    assert [[each["host"] for each in entry["hosts"]] for entry in ledger.read(path)] == [
+        ["wsa", "wsb"], ["wsc", "wsd"]]
+
+
 def test_a_dry_run_and_a_refusal_in_it_record_nothing(run, tmp_path) -> None:
     path = tmp_path / "ledger.jsonl"
     run.attempt.dry = True
-    ledger.keep(run, str(path), "tp2_e2e", "candidate")
+    ledger.keep(run, str(path), "tp2_e2e", "candidate", ["wsa", "wsb"])
     with pytest.raises(OperationError):
         refused_stock_driver(run)
     assert not path.exists()
@@ -261,7 +273,7 @@ def refused_stock_driver(run: Run) -> None:
 
 def test_a_refusal_is_recorded_with_its_layer(run, tmp_path) -> None:
     path = tmp_path / "ledger.jsonl"
-    ledger.keep(run, str(path), "tp2_e2e", "candidate")
+    ledger.keep(run, str(path), "tp2_e2e", "candidate", ["wsa", "wsb"])
     with pytest.raises(OperationError):
         refused_stock_driver(run)
     [entry] = ledger.read(path)

@@ -70,9 +70,9 @@ def test_serving_is_tp2_only_with_each_rank_on_its_workstation_and_no_router():
     readings = {"wsa": reading("wsa", services=["sglang-tp2-rank0"]),
                 "wsb": reading("wsb", services=["sglang-tp2-rank1"]),
                 "gw": reading("gw", router=[])}
-    assert status.serving_layer(TOPOLOGY, readings, rows) == "tp2"
+    assert status.serving_layer(TOPOLOGY, readings, rows, []) == "tp2"
     readings["wsb"] = reading("wsb", services=["sglang-replica"])
-    value = status.serving_layer(TOPOLOGY, readings, rows)
+    value = status.serving_layer(TOPOLOGY, readings, rows, [])
     assert isinstance(value, Unknown) and "wsa tp2, wsb replicas" in value.reason
 
 
@@ -80,9 +80,17 @@ def test_replicas_without_their_router_are_not_production():
     readings = {"wsa": reading("wsa", services=["sglang-replica"]),
                 "wsb": reading("wsb", services=["sglang-replica"]),
                 "gw": reading("gw", router=["sglang-router"])}
-    assert status.serving_layer(TOPOLOGY, readings, []) == "replicas"
+    assert status.serving_layer(TOPOLOGY, readings, [], []) == "replicas"
     readings["gw"] = reading("gw", router=[])
-    assert "without sglang-router" in status.serving_layer(TOPOLOGY, readings, []).reason
+    assert "without sglang-router" in status.serving_layer(TOPOLOGY, readings, [], []).reason
+
+
+def test_a_pairs_tp_group_beside_a_router_that_fronts_other_pairs_is_tp2():
+    readings = {"wsa": reading("wsa", services=["sglang-tp2-rank0"]),
+                "wsb": reading("wsb", services=["sglang-tp2-rank1"]),
+                "gw": reading("gw", router=["sglang-router"])}
+    assert "still running" in status.serving_layer(TOPOLOGY, readings, [], []).reason
+    assert status.serving_layer(TOPOLOGY, readings, [], ["http://10.0.0.14:30000"]) == "tp2"
 
 
 def test_observed_layers_match_exactly_one_declared_state():

@@ -11,12 +11,14 @@ import pytest
 
 from harness import topology
 from operations.part import Part
+from operations.plumbing import probes
 from operations.run import Run
 from operations.safety import lock
 from operations.serving import router
 from operations.serving.sglang import Sglang
 from operations.site.hosts import InventoryEntry
 from operations.site.model import load_site
+from operations.site.settings import GatewaySettings
 from operations.states import resolve_state
 from operations.step import Attempt
 
@@ -26,11 +28,11 @@ TWO_PAIRS_SITE = (Path(__file__).parent / "two_pairs_site.toml").read_text()
 @dataclass(frozen=True)
 class Gateway(InventoryEntry):
     """
-    The gateway, whose running router was started with ``argv``, and whose
-    lock is held by each of ``holders`` in turn, one per reading, then by none.
+    The gateway, whose router fronts ``workers`` (none: it is stopped), and
+    whose lock is held by each of ``holders`` in turn, one per reading, then by none.
     """
 
-    argv: tuple[str, ...] = field(default=(), hash=False)
+    workers: tuple[str, ...] = field(default=(), hash=False)
     holders: list[Any] = field(default_factory=list, hash=False)
     commands: list[str] = field(default_factory=list, hash=False)
     print_prefix = "gw0: "
@@ -39,7 +41,8 @@ class Gateway(InventoryEntry):
         if fact is lock.HostLock:
             return self.holders.pop(0) if self.holders else None
         assert fact is router.ServiceProcess and arguments["service"] == router.ROUTER
-        return {"running": bool(self.argv), "argv": list(self.argv)}
+        # sglang-router renames its process: its command line names no worker.
+        return {"running": bool(self.workers), "pid": 4242, "argv": ["sglang::router"]}
 
     def run_shell_command(self, command: Any, **arguments: Any) -> tuple[bool, None]:
         self.commands.append(str(command))
@@ -73,15 +76,27 @@ def url(workstation: InventoryEntry) -> str:
     return Sglang.from_host(workstation).url
 
 
-def gateway(site, *argv: str) -> Gateway:
+def gateway(site, *workers: str) -> Gateway:
     ((name, data),) = site.gateway_hosts()
-    return Gateway(name, ("gateway", "pair_a", "pair_b"), data, argv)
+    return Gateway(name, ("gateway", "pair_a", "pair_b"), data, workers)
 
 
-def router_argv(*workers: str) -> tuple[str, ...]:
-    return ("/opt/twinbolt/sglang-router/bin/python", "-m", "sglang_router.launch_router",
-            "--worker-urls", *workers, "--policy", "cache_aware", "--host", "0.0.0.0",
-            "--port", "30080")
+@pytest.fixture
+def routers(monkeypatch) -> dict[str, probes.Answer]:
+    """The answer each router's ``/workers`` gives, by the router's URL; as sglang-router 0.3.2."""
+    answers: dict[str, probes.Answer] = {}
+
+    def get(url: str, timeout: float = 5.0) -> probes.Answer:
+        return answers.get(url.removesuffix("/workers"), probes.Answer(url, error="refused"))
+
+    monkeypatch.setattr(router.probes, "get", get)
+    return answers
+
+
+def listing(the_gateway: Gateway) -> probes.Answer:
+    return probes.Answer("/workers", 200, {"workers": [
+        {"id": "bfb7778b", "url": url, "model_id": "qwen", "is_healthy": True, "load": 0}
+        for url in the_gateway.workers]})
 
 
 # (the run's pairs, its state's replicas serve, what the router fronts now) -> its workers.
@@ -111,11 +126,18 @@ def test_the_router_fronts_the_runs_replicas_in_production_and_the_pairs_that_se
     ) == tuple(url(workstations[name]) for name in expected)
 
 
-def test_the_workers_fronted_now_are_read_from_the_running_routers_command_line(site) -> None:
+def test_the_workers_fronted_now_are_what_the_running_router_lists(site, routers) -> None:
     workers = ("http://10.0.0.11:30000", "http://10.0.0.12:30000")
-    assert router.fronted_workers(gateway(site, *router_argv(*workers)), "systemd") == list(
-        workers)
-    assert router.fronted_workers(gateway(site), "systemd") == []
+    serving = gateway(site, *workers)
+    settings = GatewaySettings.of(serving)
+    routers[settings.router_url] = listing(serving)
+    assert router.fronted_workers(serving, settings) == list(workers)
+    assert router.fronted_workers(gateway(site), settings) == []
+    # Running, yet not saying: the run cannot know which pairs serve, and changes nothing.
+    routers[settings.router_url] = probes.Answer("/workers", 503, "no")
+    with pytest.raises(router.FrontedUnknown, match=r"gw0: the router runs \(pid 4242\) but "
+                                                    r"its worker list cannot be read: .*503"):
+        router.fronted_workers(serving, settings)
 
 
 @pytest.mark.parametrize(("state", "in_run", "fronted", "workers", "fallback"), [
@@ -128,8 +150,9 @@ def test_the_workers_fronted_now_are_read_from_the_running_routers_command_line(
     ("production", PAIR_B, PAIR_A, PAIR_A + PAIR_B, False),
 ])
 def test_the_gateways_part_falls_back_only_when_no_pair_is_left_serving_small(
-        site, workstations, state, in_run, fronted, workers, fallback) -> None:
-    the_gateway = gateway(site, *router_argv(*(url(workstations[name]) for name in fronted)))
+        site, workstations, routers, state, in_run, fronted, workers, fallback) -> None:
+    the_gateway = gateway(site, *(url(workstations[name]) for name in fronted))
+    routers[GatewaySettings.of(the_gateway).router_url] = listing(the_gateway)
     inventory = Inventory(*workstations.values(), the_gateway)
     run = [*(workstations[name] for name in in_run), the_gateway]
     part = Part.of(the_gateway, inventory, run, resolve_state(state), a_run(dry=True))

@@ -29,8 +29,9 @@ import pytest
 import testinfra
 from verify_helpers import fact
 
+from operations.plumbing import probes
 from operations.services import ServiceProcess
-from operations.serving.router import ROUTER, worker_urls
+from operations.serving.router import ROUTER, workers_listed
 from operations.site.hosts import InventoryEntry, in_group, inventory_entries, ssh_config
 from operations.site.model import PAIR_GROUP_PREFIX, pair_group
 from operations.site.settings import GatewaySettings, WorkstationSettings
@@ -75,6 +76,12 @@ def checked_pairs(config: pytest.Config) -> list[str]:
         names = ", ".join(group.removeprefix(PAIR_GROUP_PREFIX) for group in groups)
         raise pytest.UsageError(f"--pair {name}: no such pair; the inventory's pairs are {names}")
     return [pair_group(name)]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A pair that does not exist is a usage error, said once, before any check.
+    if config.getoption("--pair") is not None:
+        checked_pairs(config)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -165,10 +172,15 @@ def gateway(inventory: list[InventoryEntry], ssh_config_file: Path) -> Inventory
 
 @pytest.fixture(scope="session")
 def fronted(gateway: InventoryHost) -> list[str]:
-    """The replicas the router fronts now, as it was started; none while it is stopped."""
-    init_system = GatewaySettings.of(gateway).roles.init_system
-    return worker_urls(fact(gateway, ServiceProcess, service=ROUTER,
-                            init_system=init_system)["argv"])
+    """The replicas the router fronts now, as its ``/workers`` lists them; none while stopped."""
+    settings = GatewaySettings.of(gateway)
+    if not fact(gateway, ServiceProcess, service=ROUTER,
+                init_system=settings.roles.init_system)["running"]:
+        return []
+    answer = probes.get(f"{settings.router_url}/workers")
+    listed = workers_listed(answer)
+    assert listed is not None, f"{gateway.name}: the router's workers: {answer.describe()}"
+    return listed
 
 
 @pytest.fixture(scope="session")
