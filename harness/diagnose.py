@@ -225,7 +225,8 @@ def readable(rung: Rung, topology: Topology,
         yield entry, *read
 
 
-def route_rung(gateway: remote.Reading | None, state: State) -> Rung:
+def route_rung(gateway: remote.Reading | None, fallback: bool) -> Rung:
+    """The user's roles, each served as ``fallback`` (small on large, or on its own) implies."""
     rung = Rung(1, "route")
     if gateway is None:
         rung.saw("the inventory has no gateway", FAIL)
@@ -233,7 +234,7 @@ def route_rung(gateway: remote.Reading | None, state: State) -> Rung:
     if gateway.error:
         rung.saw(gateway.error, FAIL)
         return rung
-    expected = serving_deployments(state.gateway_fallback)
+    expected = serving_deployments(fallback)
     for role, answer in gateway.values["roles"].items():
         found = answer_problems(role, answer, expected[role], PROBE_TOKENS)
         served = answer.headers.get("x-litellm-model-id", "nobody")
@@ -430,7 +431,9 @@ async def diagnose(topology: Topology) -> Diagnosis:
                                     for entry in topology.workstations},
                                    topology.ssh_config)
     rungs = [
-        route_rung(gateway.get(topology.gateway.name) if topology.gateway else None, state),
+        # Small stays on its own deployment while other pairs' replicas serve it.
+        route_rung(gateway.get(topology.gateway.name) if topology.gateway else None,
+                   state.gateway_fallback and not status.fronted_elsewhere),
         serving_rung(answers, state, topology.served_model_name, topology.tp_size),
         ranks_rung(topology, first),
         sockets_rung(topology, state, first, second),

@@ -53,12 +53,15 @@ class Unknown:
 class Status:
     """
     The observed state: ``layers`` (a value or :class:`Unknown` per layer),
-    ``rows`` (section, host, what was seen), and the declared state it matches,
-    or the closest one and its differences.
+    ``rows`` (section, host, what was seen), the replicas of other pairs that
+    serve small beside this one, and the declared state it matches, or the
+    closest one and its differences.
     """
 
     layers: dict[str, Any]
     rows: list[tuple[str, str, str]] = field(default_factory=list)
+    # The replicas of other pairs the router fronts (:func:`fronted_elsewhere`).
+    fronted_elsewhere: list[str] = field(default_factory=list)
 
     def differences(self, declared: State) -> list[str]:
         # All four layers, the derived fallback too: a run cut midway can leave
@@ -215,7 +218,7 @@ async def observe(topology: Topology) -> Status:
     readings, infos, fronted = await asyncio.gather(
         remote.read_all(hosts, topology.ssh_config), server_infos(urls),
         asyncio.to_thread(fronted_elsewhere, topology, urls))
-    status = Status(layers={})
+    status = Status(layers={}, fronted_elsewhere=fronted)
     for reading in readings.values():
         if reading.error:
             status.rows.append(("unreachable", reading.host, reading.error))

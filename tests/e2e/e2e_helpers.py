@@ -175,10 +175,10 @@ def reported_changes(rows: list[dict[str, str]]) -> dict[str, dict[str, str]]:
     return changes
 
 
-def verify(state: str) -> subprocess.CompletedProcess[str]:
-    """``pytest tests/verify --state NAME``, as the operator runs it."""
+def verify(state: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``pytest tests/verify --state NAME`` (``extra``: ``--pair b``), as the operator runs it."""
     return subprocess.run(
-        [str(PYTHON.with_name("pytest")), "tests/verify", "--state", state, "-q", "-p",
+        [str(PYTHON.with_name("pytest")), "tests/verify", "--state", state, *extra, "-q", "-p",
          "no:cacheprovider"], cwd=REPO, capture_output=True, text=True, timeout=600,
     )
 

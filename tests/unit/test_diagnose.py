@@ -133,11 +133,13 @@ def test_the_route_names_who_served_each_role_and_fails_a_missing_fallback() -> 
 
     gateway = Reading("gw", {"roles": {"small": answered("small-router"),
                                        "large": answered("large-backend")}}, 0.0)
-    assert diagnose.route_rung(gateway, PRODUCTION).verdict == diagnose.PASS
-    rung = diagnose.route_rung(gateway, TP2_E2E)
+    assert diagnose.route_rung(gateway, PRODUCTION.gateway_fallback).verdict == diagnose.PASS
+    rung = diagnose.route_rung(gateway, TP2_E2E.gateway_fallback)
     assert rung.verdict == diagnose.FAIL
     assert "FAIL: role small: it was served by deployment 'small-router', not 'large-backend'" \
         in " ".join(rung.evidence)
+    # A pair's TP group while other pairs serve small: small stays on its own deployment.
+    assert diagnose.route_rung(gateway, fallback=False).verdict == diagnose.PASS
 
 
 def test_every_query_of_both_readings_builds_its_command() -> None:

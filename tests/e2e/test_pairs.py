@@ -1,0 +1,200 @@
+"""
+Two pairs behind one gateway (issue 49), in one chain on ``python -m lab up --pairs 2``:
+
+- production on both pairs;
+- ``tp2_e2e`` on pair b alone (``--limit pair_b``) while a client asks ``small``
+  every second: pair a's replicas answer every request, and the proxy never gets
+  the fallback;
+- a fault on pair b (``draft_init_crash``) is rolled back on pair b alone, and
+  pair a's replicas never restart;
+- two runs on different pairs, started together, both end in the state each asked
+  for, one after the other;
+- ``matrix`` shows both pairs' controllers.
+
+It leaves the one-pair lab, in production, as the rest of the suite expects.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+from e2e_helpers import (
+    PYTHON,
+    REPO,
+    SHORT_LINK_WAIT,
+    deploy,
+    inventory,
+    lab,
+    master_key,
+    snapshot,
+    ssh,
+    verify,
+)
+
+from operations.gateway.proxy import DEPLOYMENTS
+from operations.site.hosts import in_group
+from operations.site.settings import GatewaySettings
+
+CONFIG = "/var/lib/twinbolt/litellm.yaml"
+PAIR_A = ("wsa", "wsb")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def two_pairs() -> Iterator[None]:
+    lab("up", "--pairs", "2")
+    inventory.cache_clear()
+    try:
+        yield
+    finally:
+        lab("up")
+        inventory.cache_clear()
+        run = deploy("production")
+        assert run.returncode == 0, run.output[-3000:]
+
+
+def converged(state: str, *extra: str, pair: str | None = None) -> str:
+    """Move the lab (or one pair) to ``state`` and verify it; what the deploy printed."""
+    run = deploy(state, *(("--limit", f"pair_{pair}") if pair else ()), *extra)
+    assert run.returncode == 0, run.output[-4000:]
+    checks = verify(state, *(("--pair", pair) if pair else ()))
+    assert checks.returncode == 0, checks.stdout[-4000:]
+    return run.output
+
+
+def verified(state: str, pair: str) -> None:
+    checks = verify(state, "--pair", pair)
+    assert checks.returncode == 0, checks.stdout[-4000:]
+
+
+def general_fallback_line() -> str:
+    return ssh("gw", f"grep -n '^  fallbacks:' {CONFIG} || true").strip()
+
+
+@dataclass
+class SmallClient:
+    """A user asking ``small`` through the gateway's proxy once a second, from here."""
+
+    url: str
+    key: str
+    answers: list[tuple[int | None, str, float]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def ask(self) -> None:
+        started = time.monotonic()
+        try:
+            response = httpx.post(
+                f"{self.url}/v1/chat/completions", timeout=60,
+                headers={"Authorization": f"Bearer {self.key}"},
+                json={"model": "small", "max_tokens": 8,
+                      "messages": [{"role": "user", "content": "one pair serves"}]})
+            status, model = response.status_code, response.headers.get("x-litellm-model-id", "")
+        except httpx.HTTPError as error:
+            status, model = None, f"{type(error).__name__}: {error}"
+        self.answers.append((status, model, time.monotonic() - started))
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            started = time.monotonic()
+            self.ask()
+            self.stop.wait(max(0.0, 1.0 - (time.monotonic() - started)))
+
+
+def p95(answers: list[tuple[int | None, str, float]]) -> float:
+    seconds = sorted(answer[2] for answer in answers)
+    return seconds[min(len(seconds) - 1, int(len(seconds) * 0.95))]
+
+
+def small_client() -> SmallClient:
+    gateway = in_group(list(inventory()), "gateway")[0]
+    return SmallClient(GatewaySettings.of(gateway).proxy_url, master_key())
+
+
+def pair_a() -> dict[str, str]:
+    """What a run could change on pair a's hosts: a restart shows as a new pid or start."""
+    return {what: value for what, value in snapshot().items()
+            if what.split(":")[0] in PAIR_A}
+
+
+def test_production_on_both_pairs() -> None:
+    converged("production")
+    baseline = small_client()
+    for _ in range(10):
+        baseline.ask()
+    assert all(status == 200 and model == DEPLOYMENTS["small"]
+               for status, model, _ in baseline.answers), baseline.answers
+    print(f"small in production: p95 {p95(baseline.answers):.3f}s over 10 requests")
+
+
+def test_an_experiment_on_pair_b_while_pair_a_serves_small() -> None:
+    before = pair_a()
+    client = small_client()
+    asking = threading.Thread(target=client.run)
+    asking.start()
+    try:
+        time.sleep(3)
+        output = converged("tp2_e2e", pair="b")
+        time.sleep(3)
+    finally:
+        client.stop.set()
+        asking.join()
+    verified("production", "a")
+    # Every request answered, by small's own deployment: pair a's replicas, not large.
+    assert client.answers and all(status == 200 and model == DEPLOYMENTS["small"]
+                                  for status, model, _ in client.answers), client.answers
+    assert general_fallback_line() == "", "the proxy got the fallback though pair a serves"
+    assert "ready with the fallback present" not in output
+    router_url = GatewaySettings.of(in_group(list(inventory()), "gateway")[0]).router_url
+    assert f"the router at {router_url} serves a real completion" in output
+    assert pair_a() == before, "the experiment on pair b touched pair a"
+    print(f"small during pair b's tp2_e2e: {len(client.answers)} requests, "
+          f"p95 {p95(client.answers):.3f}s")
+
+
+def test_a_failure_on_pair_b_is_rolled_back_on_pair_b_alone() -> None:
+    before = pair_a()
+    lab("fault", "draft_init_crash", "on", "--pair", "b")
+    try:
+        run = deploy("tp2_stock", "--limit", "pair_b", *SHORT_LINK_WAIT)
+    finally:
+        lab("fault", "draft_init_crash", "off", "--pair", "b")
+    assert run.returncode != 0
+    assert "production was restored and verified" in run.output, run.output[-4000:]
+    assert "--limit pair_b" in run.output.split("rollback: converging production")[1][:300]
+    verified("production", "b")
+    verified("production", "a")
+    assert pair_a() == before, "pair b's rollback restarted or changed pair a"
+
+
+def test_two_runs_on_different_pairs_started_together_both_end_as_asked() -> None:
+    runs = {pair: subprocess.Popen(
+        [str(PYTHON.with_name("pyinfra")), "-y", "--limit", f"pair_{pair}", "inventory.py",
+         "deploy.py", "--data", f"state={state}"], cwd=REPO, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        for pair, state in (("a", "tp2_stock_nospec"), ("b", "tp2_e2e"))}
+    printed = {pair: run.communicate(timeout=600)[0] for pair, run in runs.items()}
+    assert {pair: run.returncode for pair, run in runs.items()} == {"a": 0, "b": 0}, (
+        printed["a"][-3000:] + printed["b"][-3000:])
+    # One planned only once the other had ended.
+    assert any("waiting for the gateway: another run holds" in text
+               for text in printed.values()), printed
+    verified("tp2_stock_nospec", "a")
+    verified("tp2_e2e", "b")
+    # No pair serves small: the fallback is back.
+    assert general_fallback_line() != ""
+    converged("production")
+
+
+def test_the_matrix_shows_both_pairs_controllers() -> None:
+    shown = subprocess.run([str(PYTHON), "experiment.py", "matrix"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    rows = [line for line in shown.stdout.splitlines() if line.startswith("| 8086")]
+    # Pair a's controllers run NVM 36.0, pair b's 40.0: a row each, never one of four.
+    assert any(row.count("NVM 36.0") == 2 and "NVM 40.0" not in row for row in rows), rows
+    assert any(row.count("NVM 40.0") == 2 and "NVM 36.0" not in row for row in rows), rows
