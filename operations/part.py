@@ -132,7 +132,12 @@ class Part:
             if any(member not in in_run for member in workstations):
                 lock.gateway_taken(host, settings.run_dir, run, run.attempt.dry,
                                    bounds.deploy_timeout(WorkstationSettings.of(workstations[0])))
-                fronted = router.fronted_workers(host, GatewaySettings.of(host))
+                try:
+                    fronted = router.fronted_workers(host, GatewaySettings.of(host))
+                except router.FrontedUnknown:
+                    # The run ends before it begins: nothing of it may stay held.
+                    run.locks.release_taken()
+                    raise
             the_router = Router.from_hosts(
                 host, [member for member in workstations if member in in_run],
                 router.router_workers(workstations, in_run, not state.tensor_parallel, fronted))

@@ -278,8 +278,11 @@ class Locks:
         return host_name in self.holding
 
     def released_if_refused(self, ending: Ending) -> None:
-        if ending.outcome != "refused":
-            return
+        if ending.outcome == "refused":
+            self.release_taken()
+
+    def release_taken(self) -> None:
+        """Release what this run took, newest first: it ends before its release step."""
         while self.taken:
             taken_host, run_dir, arguments = self.taken.pop()
             self.holding.discard(taken_host.name)

@@ -231,3 +231,18 @@ def test_a_gateway_held_past_the_bound_refuses_the_run_having_taken_nothing(
                                                r"/run/twinbolt/lock: .*Nothing was taken"):
         lock.gateway_taken(busy, "/run/twinbolt", run, dry=False, timeout=0)
     assert busy.commands == [] and run.locks.taken == []
+
+
+def test_a_run_that_cannot_read_the_routers_workers_releases_the_gateway_it_took(
+        site, workstations, routers, monkeypatch) -> None:
+    monkeypatch.setattr(lock, "planning_arguments", lambda host: {})
+    the_gateway = gateway(site, url(workstations["wsa"]))
+    routers[GatewaySettings.of(the_gateway).router_url] = probes.Answer("/workers", error="reset")
+    inventory = Inventory(*workstations.values(), the_gateway)
+    run = a_run()
+    with pytest.raises(router.FrontedUnknown):
+        Part.of(the_gateway, inventory, [workstations["wsc"], workstations["wsd"], the_gateway],
+                resolve_state("tp2_e2e"), run)
+    taken, released = the_gateway.commands
+    assert run.owner.line() in taken and "remove" in released
+    assert run.locks.taken == []
