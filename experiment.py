@@ -46,10 +46,10 @@ from harness import (
     matrix,
     report_schema,
 )
-from harness.diagnose import diagnose
+from harness.diagnose import Diagnosis, diagnose
 from harness.measure import NotMeasurable, failures, measure_state
 from harness.soak import Schedule, recorded, soak
-from harness.status import observe
+from harness.status import Status, observe
 from harness.topology import Topology
 from harness.windows import WINDOWS, EndpointDown, WindowSettings
 from operations.safety import ledger
@@ -100,20 +100,9 @@ def headed(topology: Topology, text: str) -> str:
     return f"## {topology.named}\n\n{text}" if topology.pair else text
 
 
-async def status(arguments: argparse.Namespace, topologies: list[Topology]) -> int:
-    observed = [await observe(topology) for topology in topologies]
-    if arguments.json:
-        print(json.dumps({topology.pair or "": each.to_json()
-                          for topology, each in zip(topologies, observed, strict=True)}
-                         if len(topologies) > 1 else observed[0].to_json(), indent=1))
-    else:
-        print("\n\n".join(headed(topology, each.render())
-                           for topology, each in zip(topologies, observed, strict=True)))
-    return 0 if all(each.match for each in observed) else 1
-
-
-async def run_diagnose(arguments: argparse.Namespace, topologies: list[Topology]) -> int:
-    found = [await diagnose(topology) for topology in topologies]
+def print_per_pair(arguments: argparse.Namespace, topologies: list[Topology],
+                   found: list[Status] | list[Diagnosis]) -> None:
+    """Each pair's reading, as text or JSON (keyed by pair on a site of several)."""
     if arguments.json:
         print(json.dumps({topology.pair or "": each.to_json()
                           for topology, each in zip(topologies, found, strict=True)}
@@ -121,6 +110,17 @@ async def run_diagnose(arguments: argparse.Namespace, topologies: list[Topology]
     else:
         print("\n\n".join(headed(topology, each.render())
                            for topology, each in zip(topologies, found, strict=True)))
+
+
+async def status(arguments: argparse.Namespace, topologies: list[Topology]) -> int:
+    observed = [await observe(topology) for topology in topologies]
+    print_per_pair(arguments, topologies, observed)
+    return 0 if all(each.match for each in observed) else 1
+
+
+async def run_diagnose(arguments: argparse.Namespace, topologies: list[Topology]) -> int:
+    found = [await diagnose(topology) for topology in topologies]
+    print_per_pair(arguments, topologies, found)
     return 1 if any(each.cause for each in found) else 0
 
 
