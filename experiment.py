@@ -144,18 +144,26 @@ async def run_campaigns(arguments: argparse.Namespace, topologies: list[Topology
     """
     directory = arguments.out / f"campaign-{stamp()}"
     failed = False
+    parts = []
     for topology in topologies:
         where = directory / f"pair-{topology.pair}" if topology.pair else directory
         result = await campaign.Campaign(
             topology, arguments.plan, arguments.windows or list(WINDOWS),
             window_settings(arguments), where, baseline=arguments.baseline,
             linktest_seconds=arguments.linktest_seconds, trials=arguments.trials).run()
-        print(headed(topology, (where / "campaign.md").read_text()))
+        ended = (f"campaign{' on ' + topology.named if topology.pair else ''}: "
+                 f"{campaign.outcome(result)}; files in {where}")
+        parts.append(headed(topology, f"{(where / 'campaign.md').read_text()}\n{ended}\n"))
+        print(parts[-1])
         if result["chart"]:
             print(f"chart: {where / result['chart']}")
-        print(f"campaign{' on ' + topology.named if topology.pair else ''}: "
-              f"{campaign.outcome(result)}; files in {where}")
         failed = failed or result["failed_step"] is not None
+    if len(topologies) > 1:
+        # One report for the whole campaign: each pair's, in the order they ran.
+        (directory / "campaign.md").write_text(
+            f"# Campaign on pairs {', '.join(str(each.pair) for each in topologies)}\n\n"
+            + "\n".join(parts))
+        print(f"campaign: one report for every pair in {directory / 'campaign.md'}")
     return 1 if failed else 0
 
 

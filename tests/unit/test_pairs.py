@@ -3,12 +3,14 @@ Runs on a site of two pairs: which replicas the router fronts, and when the
 user's small needs the fallback, for every state of each pair (issue 49).
 """
 
+import asyncio
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import experiment
 from harness import topology
 from operations.part import Part
 from operations.plumbing import probes
@@ -246,3 +248,32 @@ def test_a_run_that_cannot_read_the_routers_workers_releases_the_gateway_it_took
     taken, released = the_gateway.commands
     assert run.owner.line() in taken and "remove" in released
     assert run.locks.taken == []
+
+
+def test_a_campaign_on_two_pairs_runs_each_in_turn_into_one_report(
+        site, workstations, monkeypatch, tmp_path, capsys) -> None:
+    ran: list[tuple[str | None, Path]] = []
+
+    class Campaign:
+        def __init__(self, topology, plan, windows, settings, directory, **options) -> None:
+            self.topology, self.directory = topology, directory
+
+        async def run(self) -> dict[str, Any]:
+            ran.append((self.topology.pair, self.directory))
+            self.directory.mkdir(parents=True)
+            (self.directory / "campaign.md").write_text(f"the plan on {self.topology.pair}\n")
+            return {"chart": None, "failed_step": None, "restored": True}
+
+    monkeypatch.setattr(experiment.campaign, "Campaign", Campaign)
+    pairs = [topology.Topology((workstations["wsa"], workstations["wsb"]), None, tmp_path, "a"),
+             topology.Topology((workstations["wsc"], workstations["wsd"]), None, tmp_path, "b")]
+    arguments = experiment.parser().parse_args(["campaign", "--pairs", "a,b",
+                                                "--out", str(tmp_path)])
+    arguments.plan = []
+    assert asyncio.run(experiment.run_campaigns(arguments, pairs)) == 0
+    assert [(pair, directory.name) for pair, directory in ran] == [("a", "pair-a"),
+                                                                   ("b", "pair-b")]
+    report = (ran[0][1].parent / "campaign.md").read_text()
+    assert report.startswith("# Campaign on pairs a, b\n")
+    assert report.index("## pair a\n\nthe plan on a") < report.index("## pair b\n\nthe plan on b")
+    assert "one report for every pair" in capsys.readouterr().out
