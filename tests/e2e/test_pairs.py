@@ -11,7 +11,8 @@ Two pairs behind one gateway (issue 49), in one chain on ``python -m lab up --pa
   for, one after the other;
 - ``matrix`` shows both pairs' controllers.
 
-It leaves the one-pair lab, in production, as the rest of the suite expects.
+It leaves the one-pair lab, in production, as the rest of the suite expects: the
+lab is rebuilt with one pair, and production converged on it.
 """
 
 from __future__ import annotations
@@ -166,8 +167,6 @@ def test_a_failure_on_pair_b_is_rolled_back_on_pair_b_alone() -> None:
     assert run.returncode != 0
     assert "production was restored and verified" in run.output, run.output[-4000:]
     assert "--limit pair_b" in run.output.split("rollback: converging production")[1][:300]
-    verified("production", "b")
-    verified("production", "a")
     assert pair_a() == before, "pair b's rollback restarted or changed pair a"
 
 
@@ -183,11 +182,11 @@ def test_two_runs_on_different_pairs_started_together_both_end_as_asked() -> Non
     # One planned only once the other had ended.
     assert any("waiting for the gateway: another run holds" in text
                for text in printed.values()), printed
+    # Whichever ran second planned from what the first left: no pair serves small, so
+    # the router stopped and the fallback is back. (The module's end restores production.)
     verified("tp2_stock_nospec", "a")
     verified("tp2_e2e", "b")
-    # No pair serves small: the fallback is back.
     assert general_fallback_line() != ""
-    converged("production")
 
 
 def test_the_matrix_shows_both_pairs_controllers() -> None:
