@@ -77,8 +77,10 @@ RUNSV_EXIT = (
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # How much of a service's log an error message quotes.
 LOG_LINES = 15
-# uvicorn's access log, as SGLang (and the lab's simulator) write it.
-ACCESS_LOG_LINE = re.compile(r'"(GET|POST|PUT|DELETE|HEAD|PRI) \S+ HTTP/[\d.]+" \d{3}\s*$')
+# An access log's line: uvicorn's, as SGLang (and the lab's simulator) write it,
+# or gunicorn's, as the gateway's proxy does, with the response's size after it.
+ACCESS_LOG_LINE = re.compile(
+    r'"(GET|POST|PUT|DELETE|HEAD|PRI) \S+ HTTP/[\d.]+" \d{3}( (\d+|-))?\s*$')
 
 
 # One line each: a newline in a word would split ExecStart= or start a directive.
@@ -99,6 +101,9 @@ class Service(BaseModel):
       start-only service that runs only when twinbolt starts it, once (a TP
       rank that comes back alone after a reboot, or restarts without its peer,
       only loops)
+    + reloadable: it reads its configuration again on ``SIGHUP`` without
+      closing its port (the gateway's proxy: gunicorn forks new workers on the
+      socket it keeps), so a new configuration never refuses a client
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -110,6 +115,7 @@ class Service(BaseModel):
     user: AccountName = "root"
     working_directory: AbsolutePath = "/"
     at_boot: bool = True
+    reloadable: bool = False
 
 
 @dataclass(frozen=True)
@@ -190,6 +196,10 @@ class Supervisor:
         """Keep ``service`` running (its file just ``changed`` or not), restarted if asked."""
         raise NotImplementedError
 
+    def reload(self, name: str) -> Iterator[PyinfraCommand]:
+        """Have the running ``reloadable`` service ``name`` read its configuration again."""
+        raise NotImplementedError
+
     def stop(self, name: str) -> Iterator[PyinfraCommand]:
         """Stop the service and keep it from starting again; its file stays."""
         raise NotImplementedError
@@ -265,6 +275,10 @@ class Systemd(Supervisor):
             restarted=changed or restarted, daemon_reload=changed,
         )
 
+    def reload(self, name: str) -> Iterator[PyinfraCommand]:
+        # The unit's ExecReload= sends SIGHUP to its main process.
+        yield from systemd.service._inner(service=f"{name}.service", reloaded=True)
+
     def stop(self, name: str) -> Iterator[PyinfraCommand]:
         yield from systemd.service._inner(service=f"{name}.service", running=False,
                                           enabled=False)
@@ -339,6 +353,10 @@ class Runit(Supervisor):
                                             sourcedir=RUNIT_SOURCEDIR)
         else:
             yield from started_once(service.name, restarted=changed or restarted)
+
+    def reload(self, name: str) -> Iterator[PyinfraCommand]:
+        # runit's "sv reload" sends SIGHUP to the process the run script execs.
+        yield StringCommand(f"SVDIR={RUNIT_SVDIR}", "sv", "reload", QuoteString(name))
 
     def stop(self, name: str) -> Iterator[PyinfraCommand]:
         if name not in host.get_fact(RunitManaged, service=name, svdir=RUNIT_SVDIR):
@@ -491,7 +509,7 @@ class ServiceProcess(EmptyMeansSomething):
 
         {"running": True, "status": "run: sglang-replica: (pid 4242) 73s", "pid": 4242,
          "seconds": 73.2, "argv": ["/opt/sglang/bin/python", "-m", "sglang.launch_server", ...],
-         "environment": {"NCCL_IB_DISABLE": "1", ...}}
+         "environment": {"NCCL_IB_DISABLE": "1", ...}, "children": [4250, 4251]}
 
     A process that exits while it is read keeps its ``pid`` with ``running``
     false: it was there, and is gone.
@@ -510,6 +528,8 @@ class ServiceProcess(EmptyMeansSomething):
             "echo \"started $(sed 's/.*) //' /proc/$pid/stat | cut -d' ' -f20) "
             "$(getconf CLK_TCK) $(cut -d' ' -f1 /proc/uptime)\"; "
             "tr '\\0' '\\n' < \"/proc/$pid/cmdline\" | sed 's/^/arg /'; "
+            # Its children (a gunicorn's workers), which a reload replaces.
+            'echo "children $(cat /proc/$pid/task/*/children 2>/dev/null)"; '
             # Each wanted name (an identifier: no regex syntax), as NUL-separated
             # entries, so that a value holding a newline cannot fake another's.
             'shift; for name in "$@"; do '
@@ -524,7 +544,7 @@ class ServiceProcess(EmptyMeansSomething):
 
     def process(self, output: list[str]) -> dict:
         process: dict = {"running": False, "status": "", "pid": None, "seconds": None,
-                         "argv": [], "environment": {}}
+                         "argv": [], "environment": {}, "children": []}
         for line in output:
             kind, _, value = line.partition(" ")
             if kind == "status":
@@ -537,6 +557,8 @@ class ServiceProcess(EmptyMeansSomething):
                 process["seconds"] = float(uptime) - int(ticks) / int(per_second)
             elif kind == "arg":
                 process["argv"].append(value)
+            elif kind == "children":
+                process["children"] = sorted(int(pid) for pid in value.split())
             elif kind == "env":
                 key, _, val = value.partition("=")
                 process["environment"][key] = val
@@ -640,7 +662,7 @@ class ServiceLog(FactBase):
 
 @operation()
 def present(
-    service: Service, init_system: InitSystem, restarted: bool = False
+    service: Service, init_system: InitSystem, restarted: bool = False, reloaded: bool = False
 ) -> Iterator[PyinfraCommand]:
     """
     Render a service, and keep it running: enabled at boot, or, for a service
@@ -649,12 +671,16 @@ def present(
 
     A running service is restarted when its rendered file changed, or when
     ``restarted`` says the state needs it (say, the link under it was replaced).
+    A ``reloaded`` one, running from an unchanged file, only reads its
+    configuration again (``Service.reloadable``): its port never closes.
 
     + service: the :class:`Service` to run
     + init_system: ``systemd`` (a unit, logs in the journal) or ``runit`` (a run
       script in ``/etc/sv``, linked from ``/etc/service``, logs appended to
       ``/var/log/twinbolt/NAME.log``)
     + restarted: restart it even if its rendered file is unchanged
+    + reloaded: reload it (``SIGHUP``) if it runs from an unchanged file, else
+      start or restart it as its file says
 
     **Example:**
 
@@ -674,6 +700,12 @@ def present(
     if (not restarted and observed.get("file") == digest(render(service, init_system),
                                                          supervisor.mode)
             and supervisor.settled(service, observed)):
+        if reloaded:
+            if not service.reloadable:
+                raise ValueError(f"service {service.name} cannot be reloaded: it does not "
+                                 "read its configuration again on SIGHUP")
+            yield from supervisor.reload(service.name)
+            return
         host.noop(f"service {service.name} runs, {path} unchanged")
         return
     changed = False

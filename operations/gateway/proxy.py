@@ -19,8 +19,13 @@ output, and neither pyinfra nor pytest ever holds it.
 The proxy is judged by what it runs, not by what its file says: its own API
 (``/v1/model/info``, ``/fallback/<role>``) tells which deployments and fallbacks
 the running router has. A proxy whose routing differs from the rendered config
-is restarted, and a restart is waited out until the proxy is ready *with the
-new routing*, so a proof never reaches the process that is shutting down.
+is reloaded, never restarted: it runs under gunicorn, whose master keeps the
+port and, on ``SIGHUP``, forks workers that read the new config before it
+retires the old ones, so no client is refused (a restart closes the port for
+the seconds a new proxy takes to start). A reload is waited out until no
+worker from before it is left and the proxy is ready *with the new routing*,
+so a proof never reaches a worker that is shutting down. Only a change of the
+service itself (its unit or run script) restarts it.
 """
 
 from __future__ import annotations
@@ -79,6 +84,10 @@ SECRETS_LOADER = (
     'export "${1%%=*}=$value"; shift; done; shift; exec "$@"'
 )
 START_TIMEOUT_SECONDS = 120.0
+# Two workers forked by a gunicorn master that keeps the port: a reload forks
+# their replacements before it retires them, and one worker's request in
+# flight never holds up the other's.
+WORKERS = 2
 
 
 # What runs: the site's settings and the service built from them
@@ -146,9 +155,11 @@ def proxy_service(proxy: Proxy) -> Service:
             *(f"{name}={path}" for name, path in proxy.secret_files), "--",
             f"{proxy.venv}/bin/litellm", "--config", proxy.config_file,
             "--host", proxy.listen_address, "--port", str(proxy.port),
+            "--run_gunicorn", "--num_workers", str(WORKERS),
         ],
         environment=OFFLINE_ENVIRONMENT,
         user=proxy.user,
+        reloadable=True,
     )
 
 
@@ -333,12 +344,17 @@ def routing_problems(what: str, observed: dict | None, wanted: dict, why: str) -
     ]
 
 
-def live_problems(proxy: Proxy, fallback: bool, proofs: Proofs) -> list[str]:
+def live_problems(proxy: Proxy, fallback: bool, proofs: Proofs,
+                  retired: frozenset[int] = frozenset()) -> list[str]:
     """
     What keeps the running proxy from routing with the ``fallback`` present or
-    absent: not ready, or routing otherwise; asked once per run of one process.
+    absent: a worker of the ``retired`` (those before a reload) still there,
+    not ready, or routing otherwise; asked once per run of the same workers.
     """
     wanted = wanted_routing(proxy, fallback)
+    if retired and (left := retired & set(proxy_process(proxy)["children"])):
+        return [f"the proxy's workers from before its reload are still there (pids "
+                f"{', '.join(map(str, sorted(left)))}): the reload has not taken yet"]
     # Asked from here, the clients' side: a proxy that listens only on the
     # gateway's loopback would pass a check made on the gateway.
     readiness = probes.get(f"{proxy.url}/health/readiness")
@@ -352,13 +368,22 @@ def live_problems(proxy: Proxy, fallback: bool, proofs: Proofs) -> list[str]:
             return [f"the proxy at {proxy.url} does not answer /v1/model/info with the master "
                     f"key in {proxy.master_key_file}"]
         return routing_problems("the running proxy", live, wanted, "its config has")
-    return proofs.once(routes(fallback), proxy_pid(proxy), routing)
+    return proofs.once(routes(fallback), proxy_workers(proxy), routing)
 
 
-def proxy_pid(proxy: Proxy) -> int | None:
-    """The running proxy's pid, which proofs made in this run are remembered by."""
-    return host.get_fact(services.ServiceProcess, service=SERVICE,
-                         init_system=proxy.init_system)["pid"]
+def proxy_process(proxy: Proxy) -> dict:
+    """The proxy's main process (:class:`~operations.services.ServiceProcess`)."""
+    return host.get_fact(services.ServiceProcess, service=SERVICE, init_system=proxy.init_system)
+
+
+def proxy_workers(proxy: Proxy) -> tuple[int, ...] | None:
+    """
+    The running proxy's main pid and its workers', which proofs made in this run
+    are remembered by: a reload keeps the main process and replaces the workers,
+    and the routing is theirs. ``None`` while no proxy runs.
+    """
+    process = proxy_process(proxy)
+    return (process["pid"], *process["children"]) if process["pid"] else None
 
 
 def routes(fallback: bool) -> Proven:
@@ -383,8 +408,9 @@ def proxy(proxy: Proxy | None, fallback: bool, proofs: Proofs,
 
     Installs ``litellm[proxy]`` into ``proxy.venv`` from its lock, generates the master key on
     the gateway if the site provides none, and renders the config. The proxy is
-    restarted unless it already routes as the config says (asked of its own API,
-    so a proxy left running an older config is caught too).
+    reloaded (new workers on the port it keeps) unless it already routes as the
+    config says (asked of its own API, so a proxy left running an older config is
+    caught too); it is restarted only when its service itself changed.
 
     + proxy: the gateway's :class:`Proxy`; ``None`` elsewhere (a no-op)
     + fallback: whether the general fallback ``small -> large`` is present
@@ -406,8 +432,8 @@ def proxy(proxy: Proxy | None, fallback: bool, proofs: Proofs,
     if elsewhere(proxy, "gateway"):
         return
     wanted = wanted_routing(proxy, fallback)
-    # The pid first: the routing read next is then this process's or a later one's.
-    pid = proxy_pid(proxy)
+    # The workers first: the routing read next is then theirs or later ones'.
+    workers = proxy_workers(proxy)
     live = host.get_fact(LiveRouting, url=proxy.url, master_key_file=proxy.master_key_file)
     yield from venvs.locked._inner(venv=proxy.venv, lock=LITELLM_LOCK,
                                    pip_options=proxy.pip_options)
@@ -418,7 +444,7 @@ def proxy(proxy: Proxy | None, fallback: bool, proofs: Proofs,
         yield master_key_command(proxy.master_key_file)
     if not key or key["user"] != proxy.user or key["mode"] != 600:
         yield from files.file._inner(path=proxy.master_key_file, user=proxy.user, mode="600")
-    # A static config needs a restart to take effect, including the settings
+    # A static config needs new workers to take effect, including the settings
     # the proxy's API does not show (the retry policy).
     config_changed = (host.get_fact(FileDigest, path=proxy.config_file)
                       != digest(render_config(proxy, fallback), "644"))
@@ -428,21 +454,23 @@ def proxy(proxy: Proxy | None, fallback: bool, proofs: Proofs,
     started = False
     for command in services.present._inner(service=proxy_service(proxy),
                                            init_system=proxy.init_system,
-                                           restarted=live != wanted or config_changed):
+                                           reloaded=live != wanted or config_changed):
         started = True
         yield command
     if not started:
-        if pid:
-            proofs.remember(routes(fallback), pid)
+        if workers:
+            proofs.remember(routes(fallback), workers)
         host.noop(f"the proxy routes as its config says, the fallback "
                   f"{'present' if fallback else 'absent'}")
         return
+    # Reloaded, its workers are replaced; started or restarted, they are new anyway.
+    retired = frozenset(workers[1:] if workers else ())
     outcome: dict = {}
     what = (f"the proxy at {proxy.url} ready with the fallback "
             f"{'present' if fallback else 'absent'}")
     yield FunctionCommand(probes.wait_until,
-                          (what, lambda seconds_left: (live_problems(proxy, fallback, proofs),
-                                                       True),
+                          (what, lambda seconds_left: (
+                              live_problems(proxy, fallback, proofs, retired), True),
                            timeout, outcome), {})
     if outcome.get("found"):
         yield failing(LAYER, [*outcome["found"], proxy_log(proxy)])

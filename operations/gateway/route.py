@@ -32,7 +32,7 @@ from operations.gateway.proxy import (
     ProxyConfig,
     authorized_curl,
     live_problems,
-    proxy_pid,
+    proxy_workers,
     routing_problems,
     serving_deployments,
     wanted_routing,
@@ -174,7 +174,7 @@ def large_problems(proxy: Proxy, tokens: int) -> list[str]:
     def check(seconds_left: float) -> tuple[list[str], bool]:
         answer = ask(proxy, ("large",), tokens)["large"]
         found = answer_problems("large", answer, DEPLOYMENTS["large"], tokens)
-        return found, answer.status is None and proxy_pid(proxy) is not None
+        return found, answer.status is None and proxy_workers(proxy) is not None
 
     outcome: dict = {}
     probes.wait_until(f"the large role answers through the proxy at {proxy.url}", check,
@@ -189,7 +189,7 @@ def roles_problems(proxy: Proxy, fallback: bool, tokens: int, proofs: Proofs) ->
     """
     expected = serving_deployments(fallback)
     answered = Proven(host.name, SERVICE, "answers", fallback)
-    return proofs.once(answered, proxy_pid(proxy), lambda: [
+    return proofs.once(answered, proxy_workers(proxy), lambda: [
         problem for role, answer in ask(proxy, ROLES, tokens).items()
         for problem in answer_problems(role, answer, expected[role], tokens)])
 

@@ -148,6 +148,9 @@ def green_health(url: str, timeout: float = 5.0) -> list[str]:
 # (``serves``); the gateway's proxy routes as its config says (``routes``); each
 # public role answered through it from the deployment it should (``answers``).
 Claim = Literal["serves", "routes", "answers"]
+# The process that passed a proof, or a server's processes (its main one and
+# its workers) by their pids.
+Pids = int | tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -167,22 +170,24 @@ class Proven:
 class Proofs:
     """
     The proofs this run has made, each with the pid of the process that passed
-    it. A run proves a server once: verifying it after its acceptance asks again
+    it (or the pids of the processes, for a server whose workers answer: the
+    gateway's proxy). A run proves a server once: verifying it after its acceptance asks again
     only if another process serves now (restarted, replaced, crashed). A run is
     one process, the rollback another, so each starts with none.
     """
 
-    pids: dict[Proven, int] = field(default_factory=dict)
+    pids: dict[Proven, Pids] = field(default_factory=dict)
 
-    def remember(self, proven: Proven, pid: int) -> None:
+    def remember(self, proven: Proven, pid: Pids) -> None:
         """Record that process ``pid`` passed the proof ``proven``."""
         self.pids[proven] = pid
 
-    def made(self, proven: Proven, pid: int | None) -> bool:
+    def made(self, proven: Proven, pid: Pids | None) -> bool:
         """Whether process ``pid`` passed the proof ``proven`` earlier in this run."""
         return pid is not None and self.pids.get(proven) == pid
 
-    def once(self, proven: Proven, pid: int | None, prove: Callable[[], list[str]]) -> list[str]:
+    def once(self, proven: Proven, pid: Pids | None,
+             prove: Callable[[], list[str]]) -> list[str]:
         """
         What ``prove()`` finds wrong, unless process ``pid`` passed ``proven``
         earlier in this run; a proof that finds nothing is remembered for ``pid``.

@@ -14,17 +14,21 @@ import re
 import shlex
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
 
 from operations import services
 from operations.gateway import proxy as gateway
 from operations.safety import guard
 from operations.serving import sglang as serving
-from operations.site.hosts import InventoryEntry, inventory_entries
+from operations.site.hosts import InventoryEntry, in_group, inventory_entries
+from operations.site.settings import GatewaySettings
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = REPO / ".venv" / "bin" / "python"
@@ -476,3 +480,85 @@ def files_under(directory: Path) -> dict[str, str]:
     """Every file below ``directory``, by path, as text (binary files read leniently)."""
     return {str(path): path.read_bytes().decode(errors="replace")
             for path in sorted(directory.rglob("*")) if path.is_file()}
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One request of a :class:`SmallClient`: when it left, how it ended, who served it."""
+
+    started: float
+    status: int | None
+    served_by: str
+    seconds: float
+
+
+@dataclass
+class SmallClient:
+    """
+    A user asking ``small`` through the gateway's proxy, from here, every
+    ``interval`` seconds, with no retry of its own: a refused connection or an
+    error is the user's.
+    """
+
+    url: str
+    key: str
+    interval: float = 0.25
+    answers: list[Asked] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def ask(self) -> None:
+        started = time.monotonic()
+        try:
+            response = httpx.post(
+                f"{self.url}/v1/chat/completions", timeout=60,
+                headers={"Authorization": f"Bearer {self.key}"},
+                json={"model": "small", "max_tokens": 8,
+                      "messages": [{"role": "user", "content": "a user of small"}]})
+            status, served_by = response.status_code, response.headers.get(
+                "x-litellm-model-id", "")
+        except httpx.HTTPError as error:
+            status, served_by = None, f"{type(error).__name__}: {error}"
+        self.answers.append(Asked(started, status, served_by, time.monotonic() - started))
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            started = time.monotonic()
+            self.ask()
+            self.stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+
+    @contextmanager
+    def asking(self) -> Iterator[SmallClient]:
+        """Ask in the background for as long as the ``with`` block lasts."""
+        thread = threading.Thread(target=self.run, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self.stop.set()
+            thread.join()
+
+    def between(self, start: float, end: float = float("inf")) -> list[Asked]:
+        """The requests that left from ``start`` (``time.monotonic()``) until ``end``."""
+        return [answer for answer in self.answers if start <= answer.started < end]
+
+
+def refusals(answers: list[Asked], slowest: float = 5.0) -> list[Asked]:
+    """The requests a user would call failed: not answered 200, or slower than ``slowest``."""
+    return [answer for answer in answers if answer.status != 200 or answer.seconds > slowest]
+
+
+def client_figures(answers: list[Asked]) -> str:
+    """Requests sent, refused, the p99 and the longest answer, for a test's printout."""
+    if not answers:
+        return "no request"
+    seconds = sorted(answer.seconds for answer in answers)
+    p99 = seconds[min(len(seconds) - 1, int(len(seconds) * 0.99))]
+    failed = sum(answer.status != 200 for answer in answers)
+    return (f"{len(answers)} requests, {failed} not answered 200, p99 {p99:.2f}s, "
+            f"longest {seconds[-1]:.2f}s")
+
+
+def small_client(interval: float = 0.25) -> SmallClient:
+    """A user of ``small`` on the lab's gateway (four requests a second by default)."""
+    gateway = in_group(list(inventory()), "gateway")[0]
+    return SmallClient(GatewaySettings.of(gateway).proxy_url, master_key(), interval)

@@ -2,25 +2,53 @@
 
 from __future__ import annotations
 
+import time
+
 from e2e_helpers import (
+    client_figures,
     deploy,
     dry_run,
     fault,
     guard_disarmed,
     pyinfra_table,
+    refusals,
     reported_changes,
+    small_client,
     snapshot,
     ssh,
     verify,
 )
 
+from operations.gateway.proxy import DEPLOYMENTS
+
 
 def test_production_to_tp2_e2e_and_back_each_verified() -> None:
-    for state in ("tp2_e2e", "production"):
-        run = deploy(state)
-        assert run.returncode == 0, run.output[-3000:]
-        checks = verify(state)
-        assert checks.returncode == 0, checks.stdout[-3000:]
+    """
+    A user asking ``small`` four times a second, with no retry of its own, for the
+    whole round trip: every request answered 200 within 5 s, by the deployment each
+    state implies. The proxy's config changes twice (the fallback added, then
+    removed) and its port never closes.
+    """
+    legs = {}
+    with small_client().asking() as client:
+        time.sleep(1)
+        for state in ("tp2_e2e", "production"):
+            started = time.monotonic()
+            run = deploy(state)
+            legs[state] = (started, time.monotonic())
+            assert run.returncode == 0, run.output[-3000:]
+            checks = verify(state)
+            assert checks.returncode == 0, checks.stdout[-3000:]
+        time.sleep(1)
+    to_tp, back = legs["tp2_e2e"], legs["production"]
+    for what, (start, end) in {"to tp2_e2e": to_tp, "back to production": back}.items():
+        print(f"small during the run {what} ({end - start:.1f}s): "
+              f"{client_figures(client.between(start, end))}")
+    assert client.answers and not refusals(client.answers), refusals(client.answers)
+    # Between the legs small is served through the fallback; after, by the replicas again.
+    assert {answer.served_by for answer in client.between(to_tp[1], back[0])} == {
+        DEPLOYMENTS["large"]}
+    assert {answer.served_by for answer in client.between(back[1])} == {DEPLOYMENTS["small"]}
 
 
 def test_a_run_cut_between_the_reload_and_the_address_converges_when_run_again() -> None:

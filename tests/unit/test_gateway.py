@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
@@ -126,7 +127,7 @@ def test_the_service_carries_no_secret_and_reads_its_keys_from_files() -> None:
     assert f"LITELLM_MASTER_KEY={KEY_FILE}" in service.command
     assert service.command[service.command.index("--") + 1:] == [
         "/opt/twinbolt/litellm/bin/litellm", "--config", "/etc/twinbolt/litellm.yaml",
-        "--host", "0.0.0.0", "--port", "4000"]
+        "--host", "0.0.0.0", "--port", "4000", "--run_gunicorn", "--num_workers", "2"]
     assert service.environment["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
     assert service.user == "litellm"
 
@@ -238,7 +239,7 @@ def answering(by_role: dict[str, probes.Answer], forced: probes.Answer | None = 
     def facts(cls: type, kwargs: dict) -> object:
         if cls is services.ServiceProcess:
             assert kwargs["service"] == "litellm"
-            return {"running": True, "pid": proxy_pid}
+            return {"running": True, "pid": proxy_pid, "children": [proxy_pid + 1]}
         assert cls is RoleAnswers, cls
         if asked is not None:
             asked.extend(kwargs["roles"])
@@ -371,7 +372,7 @@ def converged_gateway(fallback: bool, live: dict | None):
         Link: {"link_target": "/etc/sv/litellm"},
         RunitManaged: {"litellm"},
         RunitStatus: {"litellm": True},
-        services.ServiceProcess: {"running": True, "pid": 41},
+        services.ServiceProcess: {"running": True, "pid": 41, "children": [51, 52]},
         services.ServiceSettled: {
             "file": f"755 {sha1[services.run_script_path('litellm')]}",
             "link": "/etc/sv/litellm", "status": "run: /etc/service/litellm: (pid 42) 9s"},
@@ -396,22 +397,59 @@ def test_a_proxy_that_routes_as_its_config_says_is_left_alone() -> None:
                          proxy=PROXY, fallback=True) == []
 
 
-def test_adding_the_fallback_uploads_the_config_restarts_and_waits() -> None:
+def test_adding_the_fallback_uploads_the_config_reloads_and_waits() -> None:
     commands = run_operation(gateway.proxy, converged_gateway(False, wanted_routing(PROXY, False)),
                              proxy=PROXY, fallback=True)
-    assert commands[-2:] == ["SVDIR=/etc/service sv restart litellm", "call wait_until"]
+    assert commands[-2:] == ["SVDIR=/etc/service sv reload litellm", "call wait_until"]
     assert any(command.startswith("upload") and command.endswith(PROXY.config_file)
                for command in commands)
 
 
-def test_a_proxy_left_on_an_older_config_is_restarted_though_its_file_is_current() -> None:
+def test_a_proxy_left_on_an_older_config_is_reloaded_though_its_file_is_current() -> None:
     commands = run_operation(gateway.proxy, converged_gateway(True, wanted_routing(PROXY, False)),
                              proxy=PROXY, fallback=True)
-    assert commands == ["SVDIR=/etc/service sv restart litellm", "call wait_until"]
+    assert commands == ["SVDIR=/etc/service sv reload litellm", "call wait_until"]
 
 
-def test_a_config_change_the_api_does_not_show_restarts_the_proxy() -> None:
-    """The retry policy is in the file only: a new file alone must restart the proxy."""
+def test_a_changed_service_is_restarted_not_reloaded() -> None:
+    """A reload forks workers of the same command: a new command needs a new process."""
+    facts = converged_gateway(True, wanted_routing(PROXY, False))
+
+    def older_run_script(cls: type, kwargs: dict) -> object:
+        if cls is services.ServiceSettled:
+            return {**facts(cls, kwargs), "file": "755 " + "0" * 40}
+        if cls is Sha1File and kwargs["path"] == services.run_script_path("litellm"):
+            return "0" * 40
+        return facts(cls, kwargs)
+    commands = run_operation(gateway.proxy, older_run_script, proxy=PROXY, fallback=True)
+    assert commands[-2:] == ["SVDIR=/etc/service sv restart litellm", "call wait_until"]
+
+
+def test_the_reload_is_waited_out_until_no_worker_from_before_it_is_left(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Until then a request may reach a worker that still routes as before."""
+    monkeypatch.setattr(probes, "get", lambda url, timeout=5.0: probes.Answer(url, 200))
+    wanted = wanted_routing(PROXY, True)
+    workers: list[int] = []
+
+    def facts(cls: type, kwargs: dict) -> object:
+        if cls is services.ServiceProcess:
+            return {"running": True, "pid": 41, "children": workers}
+        assert cls is LiveRouting, cls
+        return wanted
+
+    def judged(proofs: probes.Proofs) -> Iterator[str]:
+        for workers[:] in ([51, 52], [52, 61], [61, 62]):
+            yield "; ".join(gateway.live_problems(PROXY, True, proofs, frozenset({51, 52})))
+    judged._inner = judged  # type: ignore[attr-defined]
+    still = "the proxy's workers from before its reload are still there (pids {}): the reload " \
+            "has not taken yet"
+    assert run_operation(judged, facts) == [
+        repr(still.format("51, 52")), repr(still.format("52")), repr("")]
+
+
+def test_a_config_change_the_api_does_not_show_reloads_the_proxy() -> None:
+    """The retry policy is in the file only: a new file alone must reload the proxy."""
     facts = converged_gateway(True, wanted_routing(PROXY, True))
 
     def older_file(cls: type, kwargs: dict) -> object:
@@ -419,7 +457,7 @@ def test_a_config_change_the_api_does_not_show_restarts_the_proxy() -> None:
             return "0" * 40 if cls is Sha1File else "644 " + "0" * 40
         return facts(cls, kwargs)
     commands = run_operation(gateway.proxy, older_file, proxy=PROXY, fallback=True)
-    assert commands[-2:] == ["SVDIR=/etc/service sv restart litellm", "call wait_until"]
+    assert commands[-2:] == ["SVDIR=/etc/service sv reload litellm", "call wait_until"]
 
 
 def test_during_an_experiment_small_falls_back_without_retrying_its_stopped_backend() -> None:
@@ -463,7 +501,7 @@ def test_verify_reads_the_live_routing_again_only_of_another_proxy_process(
     def facts(cls: type, kwargs: dict) -> object:
         reads.append(cls)
         if cls is services.ServiceProcess:
-            return {"running": True, "pid": pid[0]}
+            return {"running": True, "pid": pid[0], "children": []}
         return routing if cls is ProxyConfig else converged(cls, kwargs)
     run = a_run()
     assert run_operation(gateway.proxy, facts, run=run, proxy=PROXY, fallback=True) == []
@@ -581,7 +619,7 @@ def test_preflight_waits_for_a_proxy_that_runs_but_does_not_listen_yet(
 
     def facts(cls: type, kwargs: dict) -> object:
         if cls is services.ServiceProcess:
-            return {"running": True, "pid": 41}
+            return {"running": True, "pid": 41, "children": []}
         return {"large": answers.pop(0)}
     assert run_operation(gateway_route.admissible, facts, proxy=PROXY, fallback=True) == []
     assert answers == []
@@ -593,7 +631,7 @@ def test_preflight_refuses_at_once_when_no_proxy_runs() -> None:
 
     def facts(cls: type, kwargs: dict) -> object:
         if cls is services.ServiceProcess:
-            return {"running": False, "pid": None}
+            return {"running": False, "pid": None, "children": []}
         return {"large": down}
     with pytest.raises(OperationError, match="role large: no completion"):
         run_operation(gateway_route.admissible, facts, proxy=PROXY, fallback=True)
@@ -644,7 +682,7 @@ def test_verify_names_a_config_that_routes_otherwise_than_the_state_declares(
 
     def facts(cls: type, kwargs: dict) -> object:
         if cls is services.ServiceProcess:
-            return {"running": True, "pid": 41}
+            return {"running": True, "pid": 41, "children": []}
         return {ProxyConfig: on_disk, LiveRouting: live}[cls]
     assert run_operation(gateway_route.verified, facts, proxy=PROXY, fallback=True) == [
         f"fail: gateway layer: the config {PROXY.config_file} has fallbacks none, but the "

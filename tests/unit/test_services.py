@@ -127,13 +127,14 @@ def test_a_unit_that_needs_quoting_is_read_by_systemd_as_written(tmp_path: Path)
 def test_service_process_reads_argv_and_environment() -> None:
     process = ServiceProcess().process([
         "status run: sglang-replica: (pid 42) 7s", "pid 42", "started 1000 100 17.5",
-        "arg /usr/bin/python", "arg -m", "arg lab.sglang_sim",
+        "arg /usr/bin/python", "arg -m", "arg lab.sglang_sim", "children 51 44",
         "env NCCL_SOCKET_IFNAME==thunderbolt0", "env HOME=/root",
     ])
     assert process == {
         "running": True, "status": "run: sglang-replica: (pid 42) 7s", "pid": 42,
         "seconds": 7.5, "argv": ["/usr/bin/python", "-m", "lab.sglang_sim"],
         "environment": {"NCCL_SOCKET_IFNAME": "=thunderbolt0", "HOME": "/root"},
+        "children": [44, 51],
     }
     stopped = ServiceProcess().process(["status down: sglang-replica: 3s, normally up"])
     assert stopped["running"] is False and stopped["pid"] is None
@@ -305,6 +306,32 @@ def test_a_settled_service_is_left_alone_after_one_read(service: Service, init_s
     assert commands(services.present, host, service=service, init_system=init_system) == []
     path = services.rendered_path("echo", init_system)
     assert host.noops == [f"service echo runs, {path} unchanged"]
+
+
+RELOADABLE = TRICKY.model_copy(update={"reloadable": True})
+
+
+def test_only_a_reloadable_unit_says_how_to_reload_it() -> None:
+    assert "ExecReload=/bin/kill -HUP $MAINPID" in render(RELOADABLE, "systemd")
+    assert "ExecReload" not in render(TRICKY, "systemd")
+
+
+@pytest.mark.parametrize(("init_system", "observed", "reload"), [
+    ("runit", SETTLED_RUNIT, "SVDIR=/etc/service sv reload echo"),
+    ("systemd", {"active": "active", "enabled": "enabled"}, "systemctl reload echo.service"),
+])
+def test_a_settled_reloadable_service_asked_to_reload_gets_a_reload_not_a_restart(
+        init_system: str, observed: dict[str, str], reload: str) -> None:
+    host = settled_host(RELOADABLE, init_system, **observed)
+    host.facts[SystemdStatus] = {"echo.service": True}
+    assert commands(services.present, host, service=RELOADABLE, init_system=init_system,
+                    reloaded=True) == [reload]
+
+
+def test_a_service_that_cannot_reload_is_not_asked_to() -> None:
+    host = settled_host(TRICKY, "runit", **SETTLED_RUNIT)
+    with pytest.raises(ValueError, match="cannot be reloaded"):
+        commands(services.present, host, service=TRICKY, init_system="runit", reloaded=True)
 
 
 @pytest.mark.parametrize(("service", "init_system", "change"), [
