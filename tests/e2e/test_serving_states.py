@@ -7,7 +7,20 @@ from __future__ import annotations
 import subprocess
 import time
 
-from e2e_helpers import INIT_SCRIPT, PYINFRA, REPO, deploy, fault, lab, part, ssh, verify
+from e2e_helpers import (
+    INIT_SCRIPT,
+    PYINFRA,
+    REPO,
+    client_figures,
+    deploy,
+    fault,
+    lab,
+    part,
+    refusals,
+    small_client,
+    ssh,
+    verify,
+)
 
 from operations import services
 
@@ -60,11 +73,18 @@ def test_an_old_sglang_is_refused_before_any_change_naming_host_and_versions() -
 
 
 def test_a_rank_crashing_while_the_draft_loads_fails_the_deploy_at_once() -> None:
+    """
+    ...and is rolled back, while a user asking ``small`` four times a second, with
+    no retry of its own, has every request answered within 5 s.
+    """
     started = time.monotonic()
-    with fault("draft_init_crash"):
+    with small_client().asking() as client, fault("draft_init_crash"):
         run = deploy("tp2_stock")
     elapsed = time.monotonic() - started
+    print(f"small during the failed run and its rollback ({elapsed:.1f}s): "
+          f"{client_figures(client.answers)}")
     try:
+        assert client.answers and not refusals(client.answers), refusals(client.answers)
         assert run.returncode != 0
         assert "wsa: serving layer: TP rank 0" in run.output, run.output[-4000:]
         assert "exited and was restarted" in run.output or "is not running" in run.output, \

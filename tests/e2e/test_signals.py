@@ -10,7 +10,15 @@ import signal
 import time
 from functools import partial
 
-from e2e_helpers import deploy, deploy_meanwhile, ssh, verify
+from e2e_helpers import (
+    client_figures,
+    deploy,
+    deploy_meanwhile,
+    refusals,
+    small_client,
+    ssh,
+    verify,
+)
 
 from operations.safety import ledger
 
@@ -50,13 +58,19 @@ def test_a_signal_mid_transition_ends_in_a_verified_production_and_exits_as_shel
     in the driver step, then SIGTERM in the serving step: each run skips the rest
     of its attempt, rolls back, exits 130 or 143, leaves no candidate loaded
     and production verified, and records ``interrupted`` at that step. Each ends
-    in production, where the next starts.
+    in production, where the next starts. A user asking ``small`` four times a
+    second, with no retry of its own, has every request answered within 5 s.
     """
     own_ledger = ("--data", f"ledger_path={tmp_path / 'ledger.jsonl'}")
     for signum, step in ((signal.SIGINT, AT_THE_DRIVER), (signal.SIGTERM, AT_THE_RANKS)):
         name, sent = signal.Signals(signum).name, []
-        run = deploy_meanwhile("tp2_e2e", f"Starting operation: {step}",
-                               partial(send, signum, sent), *own_ledger)
+        started = time.monotonic()
+        with small_client().asking() as client:
+            run = deploy_meanwhile("tp2_e2e", f"Starting operation: {step}",
+                                   partial(send, signum, sent), *own_ledger)
+        print(f"small during the run {name} interrupted and its rollback "
+              f"({time.monotonic() - started:.1f}s): {client_figures(client.answers)}")
+        assert client.answers and not refusals(client.answers), refusals(client.answers)
         assert run.returncode == 128 + signum, (name, run.output[-3000:])
         landed = next((where for where in LANDS_IN[step]
                        if f"interrupted by {name} during {where!r}" in run.output), None)
