@@ -200,6 +200,10 @@ class Supervisor:
         """Have the running ``reloadable`` service ``name`` read its configuration again."""
         raise NotImplementedError
 
+    def reread(self) -> Iterator[PyinfraCommand]:
+        """Have the init system read a rewritten file before the service's next start."""
+        raise NotImplementedError
+
     def stop(self, name: str) -> Iterator[PyinfraCommand]:
         """Stop the service and keep it from starting again; its file stays."""
         raise NotImplementedError
@@ -274,6 +278,9 @@ class Systemd(Supervisor):
             service=f"{service.name}.service", running=True, enabled=service.at_boot,
             restarted=changed or restarted, daemon_reload=changed,
         )
+
+    def reread(self) -> Iterator[PyinfraCommand]:
+        yield from systemd.daemon_reload._inner()
 
     def reload(self, name: str) -> Iterator[PyinfraCommand]:
         # The unit's ExecReload= sends SIGHUP to its main process.
@@ -353,6 +360,10 @@ class Runit(Supervisor):
                                             sourcedir=RUNIT_SOURCEDIR)
         else:
             yield from started_once(service.name, restarted=changed or restarted)
+
+    def reread(self) -> Iterator[PyinfraCommand]:
+        # runsv runs the run script afresh at each start.
+        yield from ()
 
     def reload(self, name: str) -> Iterator[PyinfraCommand]:
         # runit's "sv reload" sends SIGHUP to the process the run script execs.
@@ -718,6 +729,37 @@ def present(
         changed = True
         yield command
     yield from supervisor.start(service, changed, restarted)
+
+
+@operation()
+def rendered(service: Service, init_system: InitSystem) -> Iterator[PyinfraCommand]:
+    """
+    Render a service's file without touching the running process: what it would
+    run after its next start, for a service that took the change live through
+    its own API (the router's workers). systemd is told to read the unit again.
+
+    + service: the :class:`Service` whose file to write
+    + init_system: ``systemd`` or ``runit``
+
+    **Example:**
+
+    .. code:: python
+
+        services.rendered(
+            name="The router's unit names the workers it fronts now",
+            service=router_service(router),
+            init_system="systemd",
+        )
+    """
+    supervisor = SUPERVISORS[init_system]
+    changed = False
+    for command in files.template._inner(src=str(supervisor.template),
+                                         dest=supervisor.rendered_path(service.name),
+                                         mode=supervisor.mode, **template_context(service)):
+        changed = True
+        yield command
+    if changed:
+        yield from supervisor.reread()
 
 
 def account_present(user: str) -> Iterator[PyinfraCommand]:

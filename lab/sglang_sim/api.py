@@ -16,6 +16,7 @@ import argparse
 import logging
 import threading
 import time
+from datetime import UTC, datetime
 
 from lab.sglang_sim.args import context_length
 from lab.sglang_sim.engine import ProfileRequest, Scheduler, Sequence
@@ -106,6 +107,7 @@ class Leader:
             "/model_info": {"GET": self.model_info},
             "/get_model_info": {"GET": self.model_info},
             "/v1/models": {"GET": self.models},
+            "/v1/loads": {"GET": self.loads},
             "/v1/chat/completions": {"POST": self._when_ready(self.chat_completions)},
             "/v1/completions": {"POST": self._when_ready(self.completions)},
             "/generate": {"POST": self._when_ready(self.generate)},
@@ -209,6 +211,22 @@ class Leader:
             "id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
             "root": name, "max_model_len": context_length(self._args),
         }]})
+
+    def loads(self, request: Request) -> Response:
+        """
+        SGLang's ``/v1/loads`` (0.5.9 and 0.5.23), its core figures: the requests
+        its one scheduler runs and holds waiting, live, and their aggregate. What
+        a drain waits on before the server stops.
+        """
+        running, waiting = self._scheduler.load()
+        load = {"dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": waiting,
+                "num_total_reqs": running + waiting}
+        return json_response({
+            "timestamp": datetime.now(UTC).isoformat(), "version": self._knobs.version,
+            "dp_rank_count": 1, "loads": [load],
+            "aggregate": {"total_running_reqs": running, "total_waiting_reqs": waiting,
+                          "total_reqs": running + waiting},
+        })
 
     def metrics(self, request: Request) -> Response:
         text = self._stats.prometheus(self._args.served_model_name,

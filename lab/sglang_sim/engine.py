@@ -213,6 +213,10 @@ class Scheduler:
                                f"{PROFILE_WAIT_SECONDS:g} s")
         return request.answer
 
+    def load(self) -> tuple[int, int]:
+        """The requests being prefilled or decoded, and those waiting to be admitted."""
+        return self._running, self._waiting.qsize()
+
     def flush_cache(self) -> bool:
         """
         Forget every cached prefix, as SGLang's ``/flush_cache`` does; refused

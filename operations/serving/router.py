@@ -6,21 +6,33 @@ gone, and on their port rank 1's dummy ``/health`` would answer 200 and draw
 traffic it cannot serve. It is accepted only by ``/readiness`` (its ``/health``
 always says OK) and a real completion through it. sglang-router comes from its
 own hash-pinned lock, installed into the router's venv on the gateway.
+
+Its workers change through its own API, never by a restart: ``POST /workers``
+registers a replica (in the background: the run waits until the router lists
+it healthy), ``DELETE /workers/{id}`` removes one. sglang-router does not
+drain, so a removed replica is waited on until its own ``/v1/loads`` counts no
+request, before its server stops. The unit's ``--worker-urls`` is rewritten to
+the live list without a restart, so that a router restarted by a reboot or a
+crash comes back to the same workers; the router restarts only when the rest
+of its unit changes.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Collection, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import Host
+from pyinfra.api import FactBase, FunctionCommand, Host, StringCommand
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.exceptions import PyinfraError
 
 from operations import services
 from operations.plumbing import probes, venvs
+from operations.plumbing.facts import FileDigest, digest, shell_script
 from operations.plumbing.phase import elsewhere, executing
 from operations.plumbing.probes import Proofs, Proven
 from operations.services import GatewayService, Service, ServiceProcess, log_tails
@@ -39,6 +51,11 @@ from operations.step import failing, operation
 # The router twinbolt installs on the gateway; requirements-lab.txt pins the same release.
 # sglang-router, hash-pinned; installed into the router's venv as it is.
 ROUTER_LOCK = Path(__file__).resolve().parents[2] / "requirements-router.lock"
+# How long a removed replica may take to finish what it answers before its server
+# stops anyway: longer than the longest answer a user of small waits for.
+DRAIN_TIMEOUT_SECONDS = 60.0
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -123,19 +140,135 @@ def workers_listed(answer: probes.Answer) -> list[str] | None:
 
 
 def router_service(router: Router) -> Service:
-    """sglang-router in front of the replicas; only replicas are ever its workers."""
+    """
+    sglang-router in front of the replicas; only replicas are ever its workers,
+    in a stable order, so that the same workers render the same unit.
+    """
     return Service(
         name=ROUTER,
         description="sglang-router in front of the SGLang replicas (twinbolt production)",
         command=[
             f"{router.venv}/bin/python", "-m", "sglang_router.launch_router",
-            "--worker-urls", *router.workers,
+            "--worker-urls", *sorted(router.workers),
             "--policy", "cache_aware",
             "--host", router.listen_address,
             "--port", str(router.port),
         ],
         user=router.user,
     )
+
+
+class RouterWorkers(FactBase):
+    """
+    The workers the router at ``url`` fronts, as its own ``GET /workers`` lists
+    them, asked on the gateway; ``None`` while it does not answer.
+
+    .. code:: python
+
+        [{"id": "6562bd21-b1d5-4ab0-90c7-2d950633f5bc", "url": "http://10.66.0.11:30000",
+          "is_healthy": True, "load": 0}]
+    """
+
+    def requires_command(self, url: str) -> str:
+        return "curl"
+
+    def command(self, url: str) -> StringCommand:
+        return shell_script('curl -s -m 5 -w "\\n%{http_code}" "$1/workers"; true', url)
+
+    def process(self, output: list[str]) -> list[dict] | None:
+        if not output or output[-1].strip() != "200":
+            return None
+        listed = json.loads("\n".join(output[:-1])).get("workers")
+        if not isinstance(listed, list):
+            return None
+        return [{key: worker.get(key) for key in ("id", "url", "is_healthy", "load")}
+                for worker in listed if isinstance(worker, dict)]
+
+
+def worker_removed(router_url: str, worker_id: str) -> StringCommand:
+    """Have the router stop sending anything to one worker (``DELETE /workers/{id}``)."""
+    return shell_script('curl -sS -f -m 10 -o /dev/null -X DELETE "$1/workers/$2"',
+                        router_url, worker_id)
+
+
+def worker_added(router_url: str, worker_url: str) -> StringCommand:
+    """Have the router register one worker, in the background (``POST /workers``, 202)."""
+    return shell_script(
+        'curl -sS -f -m 10 -o /dev/null -H "Content-Type: application/json" '
+        '-X POST -d "$2" "$1/workers"', router_url, json.dumps({"url": worker_url}))
+
+
+def workers_problems(router: Router) -> list[str]:
+    """How the router's live workers differ from ``router.workers``, healthy each."""
+    live = host.get_fact(RouterWorkers, url=router.url)
+    if live is None:
+        return [f"the router at {router.url} does not answer /workers"]
+    urls = {worker["url"] for worker in live}
+    found = [f"the router does not list {url} yet" for url in sorted(set(router.workers) - urls)]
+    found += [f"the router still lists {url}" for url in sorted(urls - set(router.workers))]
+    found += [f"the router lists {worker['url']} as unhealthy" for worker in live
+              if worker["url"] in router.workers and not worker["is_healthy"]]
+    return found
+
+
+def drain_problems(removed: Collection[str]) -> list[str]:
+    """
+    The removed replicas still answering a request, by their own ``/v1/loads``:
+    sglang-router does not drain. A server that does not answer has nothing left
+    to finish.
+    """
+    found = []
+    for url in sorted(removed):
+        answer = probes.get(f"{url}/v1/loads?include=core")
+        body = answer.body if answer.ok and isinstance(answer.body, dict) else {}
+        left = (body.get("aggregate") or {}).get("total_reqs") or 0
+        if left:
+            found.append(f"{url} still answers {left} request(s)")
+    return found
+
+
+def drained(removed: Collection[str], timeout: float) -> bool:
+    """
+    Wait, bounded, until the ``removed`` replicas answer nothing; a drain that
+    runs out is said, not failed: the server stops, as it did before drains.
+    """
+    outcome: dict = {}
+    probes.wait_until("the replicas the router no longer fronts finished their requests",
+                      lambda seconds_left: (drain_problems(removed), True), timeout, outcome)
+    if outcome["found"]:
+        logger.warning(f"    [{host.name}] stopping them anyway: {'; '.join(outcome['found'])}")
+    return True
+
+
+def unit_digest(router: Router, workers: Collection[str]) -> str:
+    """The digest of the router's rendered file, were it to front ``workers``."""
+    service = router_service(replace(router, workers=tuple(workers)))
+    return digest(services.render(service, router.init_system),
+                  services.SUPERVISORS[router.init_system].mode)
+
+
+def workers_changed(router: Router, live: list[dict]) -> Iterator[PyinfraCommand]:
+    """
+    Move the running router's workers from ``live`` to ``router.workers`` through
+    its API: register the new ones, remove the old ones, wait until it lists
+    exactly the wanted ones healthy, then until the removed ones are drained.
+    """
+    urls = {worker["url"] for worker in live}
+    for url in sorted(set(router.workers) - urls):
+        yield worker_added(router.url, url)
+    removed = {worker["url"] for worker in live if worker["url"] not in router.workers}
+    for worker in sorted(live, key=lambda worker: worker["url"]):
+        if worker["url"] in removed:
+            yield worker_removed(router.url, worker["id"])
+    outcome: dict = {}
+    yield FunctionCommand(probes.wait_until, (
+        f"the router at {router.url} fronts {', '.join(sorted(router.workers)) or 'no worker'}",
+        lambda seconds_left: (workers_problems(router), True),
+        router.start_timeout_seconds, outcome), {})
+    if outcome.get("found"):
+        yield failing(LAYER, [*outcome["found"], log_tails([(host, ROUTER, router.init_system)])])
+    if removed:
+        yield FunctionCommand(drained, (removed, DRAIN_TIMEOUT_SECONDS), {})
 
 
 def router_check(router: Router, tokens: int, proofs: Proofs) -> Check:
@@ -167,6 +300,10 @@ def router(router: Router | None, present: bool = True) -> Iterator[PyinfraComma
     Install and run sglang-router on the gateway with the replicas as its workers,
     or stop it.
 
+    A running router whose unit differs only in its workers keeps running: they
+    change through its API (new ones registered and waited for, removed ones
+    drained), and its file is rewritten to them. Stopping drains every worker first.
+
     + router: the gateway's :class:`Router` settings and workers; ``None`` elsewhere (a no-op)
     + present: whether the router should run
 
@@ -181,14 +318,31 @@ def router(router: Router | None, present: bool = True) -> Iterator[PyinfraComma
     """
     if elsewhere(router, "gateway"):
         return
+    process = host.get_fact(ServiceProcess, service=ROUTER, init_system=router.init_system)
+    live = host.get_fact(RouterWorkers, url=router.url) if process["running"] else None
     if not present:
+        if live:
+            # Drained before it stops: what it answers now finishes first.
+            yield from workers_changed(replace(router, workers=()), live)
         yield from services.absent._inner(service=ROUTER, init_system=router.init_system)
         return
     yield from venvs.locked._inner(venv=router.venv, lock=ROUTER_LOCK,
                                    pip_options=router.pip_options)
     yield from services.account_present(router.user)
-    yield from services.present._inner(service=router_service(router),
-                                       init_system=router.init_system)
+    service = router_service(router)
+    on_disk = host.get_fact(FileDigest, path=services.rendered_path(ROUTER, router.init_system))
+    live_urls = {worker["url"] for worker in live or ()}
+    # The same unit but for its workers: they change through the API, and the file
+    # follows them without a restart.
+    # The file first: a run cut between the two leaves a unit naming the wanted
+    # workers, which the next run recognises and changes through the API too.
+    if live is not None and on_disk in (unit_digest(router, live_urls),
+                                        unit_digest(router, router.workers)):
+        yield from services.rendered._inner(service=service, init_system=router.init_system)
+        if live_urls != set(router.workers):
+            yield from workers_changed(router, live)
+        return
+    yield from services.present._inner(service=service, init_system=router.init_system)
 
 
 @operation(LAYER, is_idempotent=True)

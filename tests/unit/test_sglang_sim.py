@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -406,6 +407,23 @@ def test_metrics_use_sglang_names(launch):
         assert f'{name}{{' in text, name
     assert 'sglang:generation_tokens_total{model_name="qwen"} 3.0' in text
     assert launch().wait_ready().get("/metrics").status_code == 404
+
+
+def test_loads_count_the_requests_in_flight_as_sglangs_v1_loads_does(launch):
+    """What a drain waits on: a request being decoded counts until it is answered."""
+    sim = launch().wait_ready()
+    idle = sim.get("/v1/loads").json()
+    assert idle["aggregate"] == {"total_running_reqs": 0, "total_waiting_reqs": 0,
+                                 "total_reqs": 0}
+    assert idle["dp_rank_count"] == 1 and idle["loads"][0]["num_total_reqs"] == 0
+    answered = threading.Thread(target=chat, args=(sim, "a long answer", 400))
+    answered.start()
+    try:
+        wait_for(lambda: sim.get("/v1/loads").json()["aggregate"]["total_reqs"] == 1, 5,
+                 "the request counted")
+    finally:
+        answered.join()
+    assert sim.get("/v1/loads").json()["aggregate"]["total_reqs"] == 0
 
 
 def test_gpu_memory_file_is_written_and_removed_on_sigterm(launch, lab_dirs):
