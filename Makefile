@@ -102,8 +102,12 @@ demo: root lab  ## the experiment on the lab: the link alone, then production, t
 		--trials 3 $(DEMO_WINDOWS)
 	$(PY) experiment.py matrix
 
-lint: root setup  ## ruff
+# import-linter's contracts are pyproject.toml's [tool.importlinter]: the layers
+# of operations/, the lab and the harness kept out of them. It reads the packages
+# from the working directory (the repository root), and caches nothing.
+lint: root setup  ## ruff, and the layering (import-linter)
 	$(LAB_VENV)/bin/ruff check .
+	$(LAB_VENV)/bin/lint-imports --no-cache
 
 # Every test. Each kind of interruption is here once (tests/e2e/test_signals.py:
 # SIGINT, SIGTERM and SIGKILL on the way to tp2_e2e, SIGINT on the way back);
