@@ -31,6 +31,7 @@ gateway_roles_init_system = _INIT_SYSTEM
 # downloaded once, so a converge sends nothing to a package registry.
 gateway_roles_router_venv = "/var/lib/twinbolt/venvs/sglang-router"
 gateway_roles_router_user = "root"
+gateway_roles_router_key_file = "/var/lib/twinbolt/router_control_key"
 gateway_roles_pip_options = ["--no-index", "--find-links",
                              str(Path(__file__).resolve().parents[1] / "wheelhouse")]
 

@@ -22,10 +22,9 @@ from harness import remote
 from harness.topology import Topology, server_url
 from operations.gateway.proxy import SERVICE as PROXY
 from operations.gateway.proxy import LiveRouting, ProxyConfig, fallback_present
-from operations.plumbing import probes
 from operations.safety.guard import GuardState, summary
 from operations.services import RunningServices
-from operations.serving.router import workers_listed
+from operations.serving.router import RouterWorkers
 from operations.serving.sglang import (
     ROUTER,
     SGLANG_SERVICES,
@@ -167,6 +166,9 @@ def gateway_queries(settings: GatewaySettings) -> list[remote.Query]:
             "master_key_file": roles.master_key_file,
         }),
         remote.Query("config", ProxyConfig(), {"path": roles.litellm_config_file}),
+        # Which replicas the router fronts: other pairs' keep serving small.
+        remote.Query("workers", RouterWorkers(), {
+            "url": settings.router_url, "key_file": roles.router_key_file}),
     ]
 
 
@@ -215,9 +217,9 @@ async def observe(topology: Topology) -> Status:
     if topology.gateway:
         hosts[topology.gateway] = gateway_queries(GatewaySettings.of(topology.gateway))
     urls = [server_url(entry) for entry in topology.workstations]
-    readings, infos, fronted = await asyncio.gather(
-        remote.read_all(hosts, topology.ssh_config), server_infos(urls),
-        asyncio.to_thread(fronted_elsewhere, topology, urls))
+    readings, infos = await asyncio.gather(remote.read_all(hosts, topology.ssh_config),
+                                           server_infos(urls))
+    fronted = fronted_elsewhere(topology, readings, urls)
     status = Status(layers={}, fronted_elsewhere=fronted)
     for reading in readings.values():
         if reading.error:
@@ -236,16 +238,18 @@ async def observe(topology: Topology) -> Status:
     return status
 
 
-def fronted_elsewhere(topology: Topology, urls: list[str]) -> list[str]:
+def fronted_elsewhere(topology: Topology, readings: dict[str, remote.Reading],
+                      urls: list[str]) -> list[str]:
     """
-    The replicas of other pairs the router fronts now (its ``/workers``): none
-    on a site of one pair, or while it is stopped or does not say.
+    The replicas of other pairs the router fronts now (its ``/workers``, read
+    with its key on the gateway): none on a site of one pair, or while it is
+    stopped or does not say.
     """
     if topology.pair is None or topology.gateway is None:
         return []
-    listed = workers_listed(probes.get(f"{GatewaySettings.of(topology.gateway).router_url}"
-                                       "/workers"))
-    return [url for url in listed or [] if url not in urls]
+    reading = readings[topology.gateway.name]
+    listed = None if reading.error else reading.values.get("workers")
+    return [worker["url"] for worker in listed or [] if worker["url"] not in urls]
 
 
 # Judging each layer

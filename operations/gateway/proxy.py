@@ -40,11 +40,10 @@ from pyinfra import host
 from pyinfra.api import FactBase, FunctionCommand, Host, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.util import get_template
-from pyinfra.facts.files import File
 from pyinfra.operations import files
 
 from operations import services
-from operations.plumbing import probes, venvs
+from operations.plumbing import keys, probes, venvs
 from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest, shell_script
 from operations.plumbing.phase import elsewhere
 from operations.plumbing.probes import Proofs, Proven
@@ -163,16 +162,6 @@ def proxy_service(proxy: Proxy) -> Service:
     )
 
 
-def master_key_command(path: str) -> StringCommand:
-    """Generate a master key into ``path`` on the gateway itself: it never crosses the wire."""
-    script = (
-        '(umask 022; mkdir -p "$(dirname "$1")") && (umask 077; '
-        'printf "sk-%s\\n" "$(od -An -tx1 -N24 /dev/urandom | tr -d " \\n")" > "$1.new") && '
-        'mv "$1.new" "$1"'
-    )
-    return shell_script(script, path)
-
-
 def template_context(proxy: Proxy, fallback: bool) -> dict[str, object]:
     return {"small": proxy.small, "large": proxy.large, "fallback": fallback}
 
@@ -243,37 +232,6 @@ class ProxyConfig(EmptyMeansSomething):
         return routing(yaml.safe_load("\n".join(output)) or {})
 
 
-def authorized_curl(script: str) -> str:
-    """
-    A shell script that has ``$1`` name the master key file and defines ``ask
-    CURL_ARGS…``: curl with the key's ``Authorization`` header given on its stdin,
-    so it appears in no command line.
-    """
-    return (
-        'key=$(cat "$1" 2>/dev/null) || { echo "keyfile-unreadable $1"; exit 0; }; '
-        "ask() { printf 'Authorization: Bearer %s\\n' \"$key\" | curl -H @- \"$@\"; }; "
-        + script
-    )
-
-
-class HoldsKey(EmptyMeansSomething):
-    """
-    Whether the file at ``path`` holds a key: anything but blanks. A file that
-    holds only a newline is no key, and the proxy would start with an empty
-    master key. Only ``yes`` is printed, never the content.
-
-    .. code:: python
-
-        True
-    """
-
-    def command(self, path: str) -> StringCommand:
-        return shell_script('grep -q "[^[:space:]]" "$1" 2>/dev/null && echo yes', path)
-
-    def process(self, output: list[str]) -> bool:
-        return bool(output) and output[0].strip() == "yes"
-
-
 class LiveRouting(FactBase):
     """
     What the running proxy routes where, asked of its own API (``/v1/model/info``
@@ -288,7 +246,7 @@ class LiveRouting(FactBase):
         # The five requests at once, each into its own file; then one line each,
         # in order: a tag, the body on one line, the HTTP status.
         kinds = " ".join(FALLBACK_KINDS.values())
-        script = authorized_curl(
+        script = keys.keyed_curl(
             'url=$2; shift 2; out=$(mktemp -d) || exit 1; trap \'rm -rf "$out"\' EXIT; '
             'ask -s -m 5 -w " %{http_code}" "$url/v1/model/info" > "$out/models" & '
             f'for role in "$@"; do for kind in {kinds}; do '
@@ -438,12 +396,7 @@ def proxy(proxy: Proxy | None, fallback: bool, proofs: Proofs,
     yield from venvs.locked._inner(venv=proxy.venv, lock=LITELLM_LOCK,
                                    pip_options=proxy.pip_options)
     yield from services.account_present(proxy.user)
-    key = host.get_fact(File, path=proxy.master_key_file)
-    # Blank (whitespace only) is replaced as missing is.
-    if not key or not key["size"] or not host.get_fact(HoldsKey, path=proxy.master_key_file):
-        yield master_key_command(proxy.master_key_file)
-    if not key or key["user"] != proxy.user or key["mode"] != 600:
-        yield from files.file._inner(path=proxy.master_key_file, user=proxy.user, mode="600")
+    yield from keys.key_present(proxy.master_key_file, proxy.user)
     # A static config needs new workers to take effect, including the settings
     # the proxy's API does not show (the retry policy).
     config_changed = (host.get_fact(FileDigest, path=proxy.config_file)

@@ -30,14 +30,13 @@ from operations.gateway.proxy import (
     START_TIMEOUT_SECONDS,
     Proxy,
     ProxyConfig,
-    authorized_curl,
     live_problems,
     proxy_workers,
     routing_problems,
     serving_deployments,
     wanted_routing,
 )
-from operations.plumbing import probes
+from operations.plumbing import keys, probes
 from operations.plumbing.facts import EmptyMeansSomething, shell_script
 from operations.plumbing.phase import elsewhere, executing
 from operations.plumbing.probes import Proofs, Proven
@@ -81,7 +80,7 @@ class RoleAnswers(EmptyMeansSomething):
         # The roles first, so that an error before any request is each role's.
         # Then every request at once, each into its own file (headers, the body,
         # the status and time, and curl's own error, if any), and each file in order.
-        script = f"echo {shlex.quote('@@roles ' + ' '.join(roles))}; " + authorized_curl(
+        script = f"echo {shlex.quote('@@roles ' + ' '.join(roles))}; " + keys.keyed_curl(
             'm=$2; url=$3; shift 3; out=$(mktemp -d) || exit 1; trap \'rm -rf "$out"\' EXIT; '
             'while [ $# -ge 2 ]; do '
             'ask -sS -m "$m" -D - -H "Content-Type: application/json" --data-binary "$2" '

@@ -31,7 +31,7 @@ from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.exceptions import PyinfraError
 
 from operations import services
-from operations.plumbing import probes, venvs
+from operations.plumbing import keys, probes, venvs
 from operations.plumbing.facts import FileDigest, digest, shell_script
 from operations.plumbing.phase import elsewhere, executing
 from operations.plumbing.probes import Proofs, Proven
@@ -66,6 +66,7 @@ class Router(GatewayService):
     every replica's URL, model and start's bound.
     """
 
+    key_file: str
     workers: tuple[str, ...]
     served_model_name: str
     start_timeout_seconds: float
@@ -120,23 +121,23 @@ def fronted_workers(gateway: Host, settings: GatewaySettings) -> list[str]:
                                init_system=settings.roles.init_system)
     if not process["running"]:
         return []
-    answer = probes.get(f"{settings.router_url}/workers")
-    listed = workers_listed(answer)
+    listed = gateway.get_fact(RouterWorkers, url=settings.router_url,
+                              key_file=settings.roles.router_key_file)
     if listed is None:
         raise FrontedUnknown(
             f"{gateway.name}: the router runs (pid {process['pid']}) but its worker list cannot "
-            f"be read: {answer.describe()}; this run must know which pairs it serves. Nothing "
-            "was changed")
-    return listed
+            f"be read at {settings.router_url}/workers with the key in "
+            f"{settings.roles.router_key_file}; this run must know which pairs it serves. "
+            "Nothing was changed")
+    return [worker["url"] for worker in listed]
 
 
-def workers_listed(answer: probes.Answer) -> list[str] | None:
-    """The worker URLs in a router's ``/workers`` answer, or None if it is no such answer."""
-    body = answer.body if answer.ok else None
-    if not (isinstance(body, dict) and isinstance(body.get("workers"), list)):
-        return None
-    return [worker["url"] for worker in body["workers"]
-            if isinstance(worker, dict) and isinstance(worker.get("url"), str)]
+# The router's key for its worker API, as its --control-plane-api-keys takes it
+# (id:name:role:key); read from its file as it starts, so no unit holds it.
+CONTROL_KEY_LOADER = (
+    'key=$(cat "$1") || exit 1; shift; '
+    'exec "$@" --control-plane-api-keys "twinbolt:twinbolt:admin:$key"'
+)
 
 
 def router_service(router: Router) -> Service:
@@ -148,6 +149,7 @@ def router_service(router: Router) -> Service:
         name=ROUTER,
         description="sglang-router in front of the SGLang replicas (twinbolt production)",
         command=[
+            "/bin/sh", "-c", CONTROL_KEY_LOADER, ROUTER, router.key_file,
             f"{router.venv}/bin/python", "-m", "sglang_router.launch_router",
             "--worker-urls", *sorted(router.workers),
             "--policy", "cache_aware",
@@ -161,7 +163,8 @@ def router_service(router: Router) -> Service:
 class RouterWorkers(FactBase):
     """
     The workers the router at ``url`` fronts, as its own ``GET /workers`` lists
-    them, asked on the gateway; ``None`` while it does not answer.
+    them, asked on the gateway with the key in ``key_file`` (on curl's stdin);
+    ``None`` while it does not answer, or refuses the key.
 
     .. code:: python
 
@@ -169,11 +172,12 @@ class RouterWorkers(FactBase):
           "is_healthy": True, "load": 0}]
     """
 
-    def requires_command(self, url: str) -> str:
+    def requires_command(self, url: str, key_file: str) -> str:
         return "curl"
 
-    def command(self, url: str) -> StringCommand:
-        return shell_script('curl -s -m 5 -w "\\n%{http_code}" "$1/workers"; true', url)
+    def command(self, url: str, key_file: str) -> StringCommand:
+        return shell_script(keys.keyed_curl('ask -s -m 5 -w "\\n%{http_code}" "$2/workers"; true'),
+                            key_file, url)
 
     def process(self, output: list[str]) -> list[dict] | None:
         if not output or output[-1].strip() != "200":
@@ -185,24 +189,27 @@ class RouterWorkers(FactBase):
                 for worker in listed if isinstance(worker, dict)]
 
 
-def worker_removed(router_url: str, worker_id: str) -> StringCommand:
+def worker_removed(router: Router, worker_id: str) -> StringCommand:
     """Have the router stop sending anything to one worker (``DELETE /workers/{id}``)."""
-    return shell_script('curl -sS -f -m 10 -o /dev/null -X DELETE "$1/workers/$2"',
-                        router_url, worker_id)
+    return shell_script(keys.keyed_curl(
+        'ask -sS -f -m 10 -o /dev/null -X DELETE "$2/workers/$3"'),
+        router.key_file, router.url, worker_id)
 
 
-def worker_added(router_url: str, worker_url: str) -> StringCommand:
+def worker_added(router: Router, worker_url: str) -> StringCommand:
     """Have the router register one worker, in the background (``POST /workers``, 202)."""
-    return shell_script(
-        'curl -sS -f -m 10 -o /dev/null -H "Content-Type: application/json" '
-        '-X POST -d "$2" "$1/workers"', router_url, json.dumps({"url": worker_url}))
+    return shell_script(keys.keyed_curl(
+        'ask -sS -f -m 10 -o /dev/null -H "Content-Type: application/json" '
+        '-X POST -d "$3" "$2/workers"'),
+        router.key_file, router.url, json.dumps({"url": worker_url}))
 
 
 def workers_problems(router: Router) -> list[str]:
     """How the router's live workers differ from ``router.workers``, healthy each."""
-    live = host.get_fact(RouterWorkers, url=router.url)
+    live = host.get_fact(RouterWorkers, url=router.url, key_file=router.key_file)
     if live is None:
-        return [f"the router at {router.url} does not answer /workers"]
+        return [f"the router at {router.url} does not answer /workers with the key in "
+                f"{router.key_file}"]
     urls = {worker["url"] for worker in live}
     found = [f"the router does not list {url} yet" for url in sorted(set(router.workers) - urls)]
     found += [f"the router still lists {url}" for url in sorted(urls - set(router.workers))]
@@ -255,11 +262,11 @@ def workers_changed(router: Router, live: list[dict]) -> Iterator[PyinfraCommand
     """
     urls = {worker["url"] for worker in live}
     for url in sorted(set(router.workers) - urls):
-        yield worker_added(router.url, url)
+        yield worker_added(router, url)
     removed = {worker["url"] for worker in live if worker["url"] not in router.workers}
     for worker in sorted(live, key=lambda worker: worker["url"]):
         if worker["url"] in removed:
-            yield worker_removed(router.url, worker["id"])
+            yield worker_removed(router, worker["id"])
     outcome: dict = {}
     yield FunctionCommand(probes.wait_until, (
         f"the router at {router.url} fronts {', '.join(sorted(router.workers)) or 'no worker'}",
@@ -319,7 +326,8 @@ def router(router: Router | None, present: bool = True) -> Iterator[PyinfraComma
     if elsewhere(router, "gateway"):
         return
     process = host.get_fact(ServiceProcess, service=ROUTER, init_system=router.init_system)
-    live = host.get_fact(RouterWorkers, url=router.url) if process["running"] else None
+    live = (host.get_fact(RouterWorkers, url=router.url, key_file=router.key_file)
+            if process["running"] else None)
     if not present:
         if live:
             # Drained before it stops: what it answers now finishes first.
@@ -329,6 +337,11 @@ def router(router: Router | None, present: bool = True) -> Iterator[PyinfraComma
     yield from venvs.locked._inner(venv=router.venv, lock=ROUTER_LOCK,
                                    pip_options=router.pip_options)
     yield from services.account_present(router.user)
+    # A key it did not start with is read only by a new start.
+    key_changed = False
+    for command in keys.key_present(router.key_file, router.user):
+        key_changed = True
+        yield command
     service = router_service(router)
     on_disk = host.get_fact(FileDigest, path=services.rendered_path(ROUTER, router.init_system))
     live_urls = {worker["url"] for worker in live or ()}
@@ -336,13 +349,14 @@ def router(router: Router | None, present: bool = True) -> Iterator[PyinfraComma
     # follows them without a restart.
     # The file first: a run cut between the two leaves a unit naming the wanted
     # workers, which the next run recognises and changes through the API too.
-    if live is not None and on_disk in (unit_digest(router, live_urls),
-                                        unit_digest(router, router.workers)):
+    if not key_changed and live is not None and on_disk in (
+            unit_digest(router, live_urls), unit_digest(router, router.workers)):
         yield from services.rendered._inner(service=service, init_system=router.init_system)
         if live_urls != set(router.workers):
             yield from workers_changed(router, live)
         return
-    yield from services.present._inner(service=service, init_system=router.init_system)
+    yield from services.present._inner(service=service, init_system=router.init_system,
+                                       restarted=key_changed)
 
 
 @operation(LAYER, is_idempotent=True)

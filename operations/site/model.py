@@ -280,7 +280,9 @@ class Serving(_Section):
     dist_init_port: Port = 5757
     python: AbsolutePath
     sglang_module: ModuleName = "sglang.launch_server"
-    # The release the SGLang facts in REFERENCE.md (NEXTN flags, /server_info) hold for.
+    # The release the SGLang facts twinbolt relies on (NEXTN flags, /server_info;
+    # docs/serving.md) hold for: tests/conformance parses the rendered command
+    # lines with this release's own parser.
     min_sglang_version: Version = "0.5.9"
     # Never root (operations/site/syntax.py says why).
     user: ServiceAccount
@@ -358,6 +360,9 @@ class GatewayRoles(_Section):
     # NFS and user namespaces cannot map (systemd: "Special user nobody configured,
     # this is not safe!"): an unprivileged account of its own, created if missing.
     router_user: ServiceAccount = "sglang-router"
+    # A path on the gateway: the key the router's worker API (/workers) asks of
+    # every caller, generated there if missing, readable by router_user alone.
+    router_key_file: AbsolutePath = "/etc/twinbolt/router_control_key"
     large: LargeBackend
 
     @model_validator(mode="after")

@@ -113,8 +113,9 @@ def test_the_lab_gateway_snapshot_watches_the_files_the_inventory_names(lab_host
     gw = watched(lab_hosts["gw"])
     # group_data/lab.py keeps them in /var/lib/twinbolt, not /etc/twinbolt.
     assert "/var/lib/twinbolt/litellm.yaml" in gw.files
-    assert gw.secrets == ("/var/lib/twinbolt/litellm_master_key",)
-    assert "/var/lib/twinbolt/litellm_master_key" not in gw.files
+    secrets = ("/var/lib/twinbolt/litellm_master_key", "/var/lib/twinbolt/router_control_key")
+    assert gw.secrets == secrets
+    assert not set(secrets) & set(gw.files)
     assert {"/run/twinbolt", "/var/lib/twinbolt"} <= set(gw.directories)
     init = init_system()  # the lab's hosts boot systemd unless `lab up --init runit`
     assert {rendered_path("sglang-router", init), rendered_path("litellm", init)} <= set(gw.files)

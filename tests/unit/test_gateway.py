@@ -33,7 +33,7 @@ from operations.gateway.proxy import (
     wanted_routing,
 )
 from operations.gateway.route import RoleAnswers, parse_answer
-from operations.plumbing import probes
+from operations.plumbing import keys, probes
 from operations.plumbing.facts import FileDigest
 from operations.plumbing.venvs import InstalledVersions, lock_pins
 from operations.states import STATES
@@ -147,7 +147,7 @@ def test_the_secrets_loader_exports_each_file_and_runs_the_rest(tmp_path: Path) 
 
 def test_the_master_key_is_generated_on_the_host_into_a_private_file(tmp_path: Path) -> None:
     path = tmp_path / "etc" / "twinbolt" / "litellm_master_key"
-    command = gateway.master_key_command(str(path)).get_raw_value()
+    command = keys.generated_key_command(str(path)).get_raw_value()
     subprocess.run(["sh", "-c", command], check=True)
     key = path.read_text().strip()
     assert key.startswith("sk-") and len(key) == 51
@@ -367,7 +367,7 @@ def converged_gateway(fallback: bool, live: dict | None):
     values = {
         InstalledVersions: lock_pins(LITELLM_LOCK),
         services.AccountExists: True,
-        gateway.HoldsKey: True,
+        keys.HoldsKey: True,
         Directory: {"mode": 755},
         Link: {"link_target": "/etc/sv/litellm"},
         RunitManaged: {"litellm"},
@@ -644,19 +644,19 @@ def test_the_key_fact_tells_a_blank_key_file_from_a_key_and_never_prints_it(
     path = tmp_path / "litellm_master_key"
     if content is not None:
         path.write_text(content)
-    command = gateway.HoldsKey().command(str(path)).get_raw_value()
+    command = keys.HoldsKey().command(str(path)).get_raw_value()
     result = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
     assert "sk-" not in result.stdout + result.stderr
-    assert gateway.HoldsKey().process(result.stdout.splitlines()) is holds
+    assert keys.HoldsKey().process(result.stdout.splitlines()) is holds
 
 
 def test_a_blank_master_key_file_is_replaced_like_a_missing_one() -> None:
     facts = converged_gateway(True, wanted_routing(PROXY, True))
 
     def blank(cls: type, kwargs: dict) -> object:
-        return False if cls is gateway.HoldsKey else facts(cls, kwargs)
+        return False if cls is keys.HoldsKey else facts(cls, kwargs)
     commands = run_operation(gateway.proxy, blank, proxy=PROXY, fallback=True)
-    assert commands[0] == gateway.master_key_command(KEY_FILE).get_raw_value()
+    assert commands[0] == keys.generated_key_command(KEY_FILE).get_raw_value()
 
 
 # The routing and answer judges, branch by branch (issue 29 part 5)

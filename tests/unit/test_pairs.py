@@ -13,7 +13,6 @@ import pytest
 import experiment
 from harness import topology
 from operations.part import Part
-from operations.plumbing import probes
 from operations.run import Run
 from operations.safety import lock
 from operations.serving import router
@@ -37,11 +36,19 @@ class Gateway(InventoryEntry):
     workers: tuple[str, ...] = field(default=(), hash=False)
     holders: list[Any] = field(default_factory=list, hash=False)
     commands: list[str] = field(default_factory=list, hash=False)
+    # The router lists its workers when asked with its key; False: it does not answer.
+    answers: bool = field(default=True, hash=False)
     print_prefix = "gw0: "
 
     def get_fact(self, fact: type, **arguments: Any) -> Any:
         if fact is lock.HostLock:
             return self.holders.pop(0) if self.holders else None
+        if fact is router.RouterWorkers:
+            settings = GatewaySettings.of(self)
+            assert arguments == {"url": settings.router_url,
+                                 "key_file": settings.roles.router_key_file}
+            return [{"id": "bfb7778b", "url": url, "is_healthy": True, "load": 0}
+                    for url in self.workers] if self.answers else None
         assert fact is router.ServiceProcess and arguments["service"] == router.ROUTER
         # sglang-router renames its process: its command line names no worker.
         return {"running": bool(self.workers), "pid": 4242, "argv": ["sglang::router"]}
@@ -83,24 +90,6 @@ def gateway(site, *workers: str) -> Gateway:
     return Gateway(name, ("gateway", "pair_a", "pair_b"), data, workers)
 
 
-@pytest.fixture
-def routers(monkeypatch) -> dict[str, probes.Answer]:
-    """The answer each router's ``/workers`` gives, by the router's URL; as sglang-router 0.3.2."""
-    answers: dict[str, probes.Answer] = {}
-
-    def get(url: str, timeout: float = 5.0) -> probes.Answer:
-        return answers.get(url.removesuffix("/workers"), probes.Answer(url, error="refused"))
-
-    monkeypatch.setattr(router.probes, "get", get)
-    return answers
-
-
-def listing(the_gateway: Gateway) -> probes.Answer:
-    return probes.Answer("/workers", 200, {"workers": [
-        {"id": "bfb7778b", "url": url, "model_id": "qwen", "is_healthy": True, "load": 0}
-        for url in the_gateway.workers]})
-
-
 # (the run's pairs, its state's replicas serve, what the router fronts now) -> its workers.
 PAIR_A, PAIR_B = ("wsa", "wsb"), ("wsc", "wsd")
 
@@ -128,18 +117,18 @@ def test_the_router_fronts_the_runs_replicas_in_production_and_the_pairs_that_se
     ) == tuple(url(workstations[name]) for name in expected)
 
 
-def test_the_workers_fronted_now_are_what_the_running_router_lists(site, routers) -> None:
+def test_the_workers_fronted_now_are_what_the_running_router_lists(site) -> None:
     workers = ("http://10.0.0.11:30000", "http://10.0.0.12:30000")
     serving = gateway(site, *workers)
     settings = GatewaySettings.of(serving)
-    routers[settings.router_url] = listing(serving)
     assert router.fronted_workers(serving, settings) == list(workers)
     assert router.fronted_workers(gateway(site), settings) == []
     # Running, yet not saying: the run cannot know which pairs serve, and changes nothing.
-    routers[settings.router_url] = probes.Answer("/workers", 503, "no")
+    silent = replace(serving, answers=False)
     with pytest.raises(router.FrontedUnknown, match=r"gw0: the router runs \(pid 4242\) but "
-                                                    r"its worker list cannot be read: .*503"):
-        router.fronted_workers(serving, settings)
+                                                    r"its worker list cannot be read at "
+                                                    r"http://.*/workers with the key in /"):
+        router.fronted_workers(silent, settings)
 
 
 @pytest.mark.parametrize(("state", "in_run", "fronted", "workers", "fallback"), [
@@ -152,9 +141,8 @@ def test_the_workers_fronted_now_are_what_the_running_router_lists(site, routers
     ("production", PAIR_B, PAIR_A, PAIR_A + PAIR_B, False),
 ])
 def test_the_gateways_part_falls_back_only_when_no_pair_is_left_serving_small(
-        site, workstations, routers, state, in_run, fronted, workers, fallback) -> None:
+        site, workstations, state, in_run, fronted, workers, fallback) -> None:
     the_gateway = gateway(site, *(url(workstations[name]) for name in fronted))
-    routers[GatewaySettings.of(the_gateway).router_url] = listing(the_gateway)
     inventory = Inventory(*workstations.values(), the_gateway)
     run = [*(workstations[name] for name in in_run), the_gateway]
     part = Part.of(the_gateway, inventory, run, resolve_state(state), a_run(dry=True))
@@ -236,10 +224,9 @@ def test_a_gateway_held_past_the_bound_refuses_the_run_having_taken_nothing(
 
 
 def test_a_run_that_cannot_read_the_routers_workers_releases_the_gateway_it_took(
-        site, workstations, routers, monkeypatch) -> None:
+        site, workstations, monkeypatch) -> None:
     monkeypatch.setattr(lock, "planning_arguments", lambda host: {})
-    the_gateway = gateway(site, url(workstations["wsa"]))
-    routers[GatewaySettings.of(the_gateway).router_url] = probes.Answer("/workers", error="reset")
+    the_gateway = replace(gateway(site, url(workstations["wsa"])), answers=False)
     inventory = Inventory(*workstations.values(), the_gateway)
     run = a_run()
     with pytest.raises(router.FrontedUnknown):

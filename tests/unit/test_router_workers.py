@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import subprocess
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from operation_harness import run_operation
@@ -19,7 +22,7 @@ from pyinfra.facts.server import TmpDir
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from operations import services
-from operations.plumbing import probes
+from operations.plumbing import keys, probes
 from operations.plumbing.facts import FileDigest
 from operations.plumbing.venvs import InstalledVersions, lock_pins
 from operations.serving import router as serving_router
@@ -27,9 +30,10 @@ from operations.serving.router import ROUTER_LOCK, Router, RouterWorkers, router
 
 A, B, C = "http://10.66.0.11:30000", "http://10.66.0.12:30000", "http://10.66.0.21:30000"
 IDS = {A: "id-a", B: "id-b", C: "id-c"}
+KEY_FILE = "/var/lib/twinbolt/router_control_key"
 ROUTER = Router(address="10.66.0.13", listen_address="0.0.0.0", port=30080,
-                venv="/var/lib/twinbolt/venvs/router", user="nobody", init_system="runit",
-                pip_options=(), workers=(A, B), served_model_name="qwen",
+                venv="/var/lib/twinbolt/venvs/router", user="sglang-router", init_system="runit",
+                pip_options=(), key_file=KEY_FILE, workers=(A, B), served_model_name="qwen",
                 start_timeout_seconds=60)
 URL = "http://10.66.0.13:30080"
 
@@ -58,6 +62,7 @@ def gateway(router: Router, live: list[dict] | None, unit_workers: tuple[str, ..
         RouterWorkers: live,
         InstalledVersions: lock_pins(ROUTER_LOCK),
         services.AccountExists: True,
+        keys.HoldsKey: True,
         services.ServiceSettled: {"file": f"{mode} {sha1}", "link": "/etc/sv/sglang-router",
                                   "status": "run: /etc/service/sglang-router: (pid 42) 9s"
                                   if live is not None else "down: /etc/service/sglang-router",
@@ -74,26 +79,25 @@ def gateway(router: Router, live: list[dict] | None, unit_workers: tuple[str, ..
     def facts(cls: type, kwargs: dict) -> object:
         if cls is FileDigest:
             return f"{mode} {sha1}" if kwargs["path"] == path else None
+        if cls is File and kwargs["path"] == KEY_FILE:
+            return {"size": 52, "mode": 600, "user": "sglang-router", "group": "root"}
         if cls is File:
             return {"size": len(text), "mode": int(mode), "user": "root", "group": "root"} \
                 if kwargs["path"] == path else None
         if cls is Sha1File:
             return sha1 if kwargs["path"] == path else None
         if cls is RouterWorkers:
-            assert kwargs == {"url": URL}
+            assert kwargs == {"url": URL, "key_file": KEY_FILE}
         return values[cls]
     return facts
 
 
 def added(url: str) -> str:
-    return (f"sh -c 'curl -sS -f -m 10 -o /dev/null -H \"Content-Type: application/json\" "
-            f"-X POST -d \"$2\" \"$1/workers\"' - {URL} "
-            f"'{json.dumps({'url': url})}'")
+    return serving_router.worker_added(ROUTER, url).get_raw_value()
 
 
 def removed(url: str) -> str:
-    return (f"sh -c 'curl -sS -f -m 10 -o /dev/null -X DELETE \"$1/workers/$2\"' - {URL} "
-            f"{IDS[url]}")
+    return serving_router.worker_removed(ROUTER, IDS[url]).get_raw_value()
 
 
 UNIT = ["upload /etc/sv/sglang-router/run", "chmod 755 /etc/sv/sglang-router/run"]
@@ -168,7 +172,7 @@ def test_the_routers_own_list_is_read_from_its_answer_or_is_none() -> None:
     ((A,), listed(A, B), [f"the router still lists {B}"]),
     ((A,), [{**listed(A)[0], "is_healthy": False}], [f"the router lists {A} as unhealthy"]),
     ((A, B), listed(B, A), []),
-    ((), None, [f"the router at {URL} does not answer /workers"]),
+    ((), None, [f"the router at {URL} does not answer /workers with the key in {KEY_FILE}"]),
 ])
 def test_the_wait_ends_when_the_router_lists_exactly_the_wanted_workers_healthy(
         wanted: tuple[str, ...], live: list[dict] | None, found: list[str]) -> None:
@@ -194,3 +198,50 @@ def test_a_drain_waits_on_the_removed_replicas_own_count(
     assert serving_router.drain_problems([A, B, C]) == [f"{A} still answers 2 request(s)"]
     counts[A] = 0
     assert serving_router.drain_problems([A, B, C]) == []
+
+
+@pytest.fixture
+def fake_curl(tmp_path, monkeypatch) -> Path:
+    """A curl on PATH that writes its arguments and its stdin where the test reads them."""
+    curl = tmp_path / "bin" / "curl"
+    curl.parent.mkdir()
+    curl.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$CURL_ARGS"; cat > "$CURL_STDIN"\n'
+                    'printf \'{"workers": []}\\n200\'\n')
+    curl.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{curl.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("CURL_ARGS", str(tmp_path / "args"))
+    monkeypatch.setenv("CURL_STDIN", str(tmp_path / "stdin"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("command", [
+    lambda router: serving_router.worker_added(router, C),
+    lambda router: serving_router.worker_removed(router, "id-b"),
+    lambda router: RouterWorkers().command(url=router.url, key_file=router.key_file),
+], ids=["add", "remove", "list"])
+def test_the_worker_api_is_asked_with_the_key_on_stdin_never_in_a_command_line(
+        fake_curl: Path, command) -> None:
+    key_file = fake_curl / "router_control_key"
+    key_file.write_text("sk-0123456789abcdef\n")
+    router = replace(ROUTER, key_file=str(key_file))
+    result = subprocess.run(command(router).get_raw_value(), shell=True, capture_output=True,
+                            text=True, check=True)
+    arguments = (fake_curl / "args").read_text()
+    assert "sk-0123456789abcdef" not in arguments + result.stdout + result.stderr
+    assert (fake_curl / "stdin").read_text() == "Authorization: Bearer sk-0123456789abcdef\n"
+    assert f"{URL}/workers" in arguments
+    if "POST" in arguments:
+        assert json.dumps({"url": C}) in arguments.splitlines()
+
+
+def test_the_router_reads_its_key_from_its_file_as_it_starts(tmp_path: Path) -> None:
+    """The unit holds the key file's path, never the key; the loader hands it on."""
+    key_file = tmp_path / "router_control_key"
+    key_file.write_text("sk-0123456789abcdef\n")
+    service = router_service(replace(ROUTER, key_file=str(key_file)))
+    assert "sk-" not in services.render(service, "systemd") + services.render(service, "runit")
+    loader = service.command[:service.command.index(str(key_file)) + 1]
+    started = subprocess.run([*loader, "printf", "%s\\n"], capture_output=True, text=True,
+                             check=True)
+    assert started.stdout.splitlines() == ["--control-plane-api-keys",
+                                           "twinbolt:twinbolt:admin:sk-0123456789abcdef"]

@@ -148,13 +148,16 @@ def test_the_router_fronts_only_the_replicas_with_cache_aware_policy() -> None:
     router = Router(address="10.66.0.13", listen_address="0.0.0.0", port=30080,
                     venv="/opt/twinbolt/sglang-router",
                     user="nobody", init_system="systemd", pip_options=(),
-                    workers=("http://10.66.0.11:30000", "http://10.66.0.12:30000"),
+                    key_file="/etc/twinbolt/router_control_key",
+                    workers=("http://10.66.0.12:30000", "http://10.66.0.11:30000"),
                     served_model_name="qwen", start_timeout_seconds=900)
     service = router_service(router)
-    assert service.command[:3] == ["/opt/twinbolt/sglang-router/bin/python", "-m",
-                                   "sglang_router.launch_router"]
-    parsed = parse_router_args(service.command[3:])
-    assert parsed.worker_urls == list(router.workers)
+    # Its control key read from its file as it starts (test_router_workers.py), then:
+    program = service.command.index("/opt/twinbolt/sglang-router/bin/python")
+    assert service.command[program:program + 3] == [
+        "/opt/twinbolt/sglang-router/bin/python", "-m", "sglang_router.launch_router"]
+    parsed = parse_router_args(service.command[program + 3:])
+    assert parsed.worker_urls == sorted(router.workers)
     # It binds the listening address, never the gateway's name (127.0.1.1 on Debian).
     assert (parsed.policy, parsed.host, parsed.port) == ("cache_aware", "0.0.0.0", 30080)
 

@@ -29,9 +29,8 @@ import pytest
 import testinfra
 from verify_helpers import fact
 
-from operations.plumbing import probes
 from operations.services import ServiceProcess
-from operations.serving.router import ROUTER, workers_listed
+from operations.serving.router import ROUTER, RouterWorkers
 from operations.site.hosts import InventoryEntry, in_group, inventory_entries, ssh_config
 from operations.site.model import PAIR_GROUP_PREFIX, pair_group
 from operations.site.settings import GatewaySettings, WorkstationSettings
@@ -177,10 +176,12 @@ def fronted(gateway: InventoryHost) -> list[str]:
     if not fact(gateway, ServiceProcess, service=ROUTER,
                 init_system=settings.roles.init_system)["running"]:
         return []
-    answer = probes.get(f"{settings.router_url}/workers")
-    listed = workers_listed(answer)
-    assert listed is not None, f"{gateway.name}: the router's workers: {answer.describe()}"
-    return listed
+    listed = fact(gateway, RouterWorkers, url=settings.router_url,
+                  key_file=settings.roles.router_key_file)
+    assert listed is not None, (f"{gateway.name}: the router at {settings.router_url} does not "
+                                f"list its workers with the key in "
+                                f"{settings.roles.router_key_file}")
+    return [worker["url"] for worker in listed]
 
 
 @pytest.fixture(scope="session")

@@ -347,6 +347,33 @@ def test_the_router_is_ready_only_in_front_of_replicas(gateway, workstations, st
     assert readiness.status_code == 200, f"{gateway.name}: /readiness: {readiness.text}"
 
 
+# What a caller without the key tries: list the workers, add one of its own (which
+# would receive users' prompts), remove one (192.0.2.1 is TEST-NET-1: nowhere).
+WORKER_API_CALLS = (("GET", "/workers", None),
+                    ("POST", "/workers", {"url": "http://192.0.2.1:30000"}),
+                    ("DELETE", "/workers/00000000-0000-0000-0000-000000000000", None))
+
+
+def test_the_routers_worker_api_refuses_a_caller_without_its_key(gateway) -> None:
+    """
+    From outside, in every state: a running router answers its worker API 401
+    without the key (the ``fronted`` fixture reads it with the key, on the
+    gateway); a stopped one takes no connection at all.
+    """
+    settings = GatewaySettings.of(gateway)
+    running = processes(gateway, settings.roles.init_system, set(), ROUTER)[ROUTER] is not None
+    for method, path, body in WORKER_API_CALLS:
+        try:
+            answer = httpx.request(method, f"{settings.router_url}{path}", json=body, timeout=10)
+        except httpx.ConnectError as error:
+            assert not running, f"{gateway.name}: the running router refused {method} {path}: " \
+                                f"{error}"
+            continue
+        assert answer.status_code == 401, (
+            f"{gateway.name}: sglang-router answered {method} {path} without its key "
+            f"{answer.status_code}: {answer.text[:200]}")
+
+
 def test_rank0_reports_the_declared_parallelism_and_speculation(workstations,
                                                                 state: State) -> None:
     if not state.tensor_parallel:
