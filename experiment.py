@@ -13,7 +13,8 @@ The experiment, from the operator's chair:
     python experiment.py compare A.json B.json ... [--baseline STATE]
 
 Window sizes default to the field report's (512 tokens single, 6 x 256 concurrent, a
-120K prefix, a 200K long input); ``--single-tokens`` and friends shorten them.
+120K prefix; docs/field-report.md) and a 200K long input; ``--single-tokens`` and
+friends shorten them.
 ``prefix`` and ``long`` are cold; ``prefix_warm`` and ``long_warm`` prime, then
 measure; a campaign plans both temperatures of each prefill window named.
 ``sweep`` measures each level of ``--concurrency`` (default 1,2,4,8,16) as a window

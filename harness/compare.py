@@ -21,12 +21,12 @@ the measurements reproduce, and which it never made.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import intervals, server_stats, sweep
+from harness import field_report, intervals, server_stats, sweep
 from harness.counters import combined
+from harness.field_report import NOT_REPORTED, Reported
 from harness.report import headline, number, percent, replaced, table
 from operations.states import STATES, layers_changed
 
@@ -101,33 +101,21 @@ DIGITS = {key: digits for key, _, digits, _ in (*FIGURES, *COLD_AND_WARM)} | dic
 # candidate with tx_e2e=1, both with TP2 and NEXTN.
 CONTROL, CANDIDATE = "tp2_stock", "tp2_e2e"
 
-
-@dataclass(frozen=True)
-class Reported:
-    """One figure of the field report: its value where a ratio can use it, and its words."""
-
-    value: float | None
-    text: str
-
-
-NOT_REPORTED = "not reported"
-# Every model-workload figure the field report gives for (CONTROL, CANDIDATE), as
-# shared/REFERENCE.md ("The field report's figures") lists them; None where it gives
-# none, so a comparison says "not reported" only there.
+# Every model-workload figure the field report gives for (CONTROL, CANDIDATE), by
+# headline key (harness/field_report.py, listed in docs/field-report.md); None
+# where it gives none, so a comparison says "not reported" only there.
 FIELD_REPORT: dict[str, tuple[Reported | None, Reported | None]] = {
-    "single_tok_s": (Reported(48.4, "48.4"), Reported(77.1, "77.1")),
-    # Six concurrent requests: 1,536 tokens in 8.89 s; the candidate's "about 15%
-    # above stock" is the report's 199.6, which it warns is not a per-request rate.
-    "aggregate_tok_s": (Reported(172.9, "172.9"), Reported(199.6, "199.6")),
-    "accept_length": (Reported(None, "about 2 to 3"), Reported(None, "3.83 to 4.00")),
-    # One six-request sample: one receiver added 109 errors; under the candidate
-    # both receivers kept zero.
-    "receiver_errors": (Reported(109, "109 (one receiver)"), Reported(0, "0 (both)")),
+    "single_tok_s": (field_report.STOCK_SINGLE_TOK_S, field_report.CANDIDATE_SINGLE_TOK_S),
+    "aggregate_tok_s": (field_report.STOCK_AGGREGATE_TOK_S,
+                        field_report.CANDIDATE_AGGREGATE_TOK_S),
+    "accept_length": (field_report.STOCK_ACCEPT_LENGTH, field_report.CANDIDATE_ACCEPT_LENGTH),
+    "receiver_errors": (field_report.STOCK_RECEIVER_ERRORS,
+                        field_report.CANDIDATE_RECEIVER_ERRORS),
     # Per host, asymmetric; the sum is what this table's host-wide column adds up.
-    "retransmissions": (Reported(239 + 1787, "2,026 (239 + 1,787)"),
-                        Reported(529 + 318, "847 (529 + 318)")),
-    # 5.58 GiB each way for 1,536 output tokens; the candidate's window gives no token count.
-    "gib_per_1k_tokens": (Reported(3.6, "about 3.6"), None),
+    "retransmissions": (field_report.STOCK_RETRANSMISSIONS,
+                        field_report.CANDIDATE_RETRANSMISSIONS),
+    # The candidate's window gives no token count.
+    "gib_per_1k_tokens": (field_report.STOCK_GIB_PER_1K_TOKENS, None),
 }
 # (headline key, what the row measures), in the order the report gives them.
 SIDE_BY_SIDE = (
@@ -141,7 +129,7 @@ SIDE_BY_SIDE = (
 )
 SIDE_BY_SIDE_NOTE = (
     f"× : {CANDIDATE} / {CONTROL}, the ratio of their geometric means, its 95% interval and the "
-    "verdict. *Field*: the field report's figures (shared/REFERENCE.md), one hardware pair, "
+    f"verdict. *Field*: the field report's figures ({field_report.PAGE}), one hardware pair, "
     "each of them one observation: controlled observations rather than a benchmark, with no "
     "interval; 'not reported' only where it gives none. *Receiver errors*: `rx_errors` of "
     "the link on both workstations, over every window, totalled over the trials with each "

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.compare import NOT_REPORTED, Reported, axis_top
+from harness import field_report
+from harness.compare import axis_top
 from harness.counters import combined
+from harness.field_report import NOT_REPORTED, Reported
 from harness.linktest import FLOW_COUNTS, FORMAT
 from harness.report import number, replaced, table, write_text
 from operations.states import Driver
@@ -30,23 +32,27 @@ class FieldColumn:
     figures: dict[str, Reported]
 
 
-# shared/REFERENCE.md, "Network only", by the driver each part measured.
+# The field report's network-only figures (harness/field_report.py, listed in
+# docs/field-report.md), by the driver each part measured.
 FIELD_NETWORK: dict[Driver, FieldColumn] = {
     Driver.STOCK: FieldColumn("stock-direction control", {
-        "gbit_s_4_flows": Reported(15.249, "15.249"),
-        "retransmissions": Reported(25717, "25,717"),
-        "receiver_errors": Reported(4346, "4,346"),
+        "gbit_s_4_flows": field_report.STOCK_LINK_GBIT_S,
+        "retransmissions": field_report.STOCK_LINK_RETRANSMISSIONS,
+        "receiver_errors": field_report.STOCK_LINK_RECEIVER_ERRORS,
     }),
     Driver.STOCK_E2E_OFF: FieldColumn("stock, receive-side E2E off (e2e=0)", {
-        # Words, not a count: "did not remove the errors and could make the path worse".
-        "receiver_errors": Reported(None, "not removed (no count given)"),
+        # Words, not a count.
+        "receiver_errors": field_report.E2E_OFF_RECEIVER_ERRORS,
     }),
     Driver.CANDIDATE: FieldColumn("candidate (tx_e2e=1)", {
-        "probe_loss": Reported(0.0, "0 (100 each way)"),
-        "probe_mean_ms": Reported(0.285, "about 0.28 to 0.29"),
-        "loaded_probe_loss": Reported(0.0, "0"),
+        "probe_loss": field_report.CANDIDATE_PROBE_LOSS,
+        "probe_mean_ms": field_report.CANDIDATE_PROBE_MEAN_MS,
+        "loaded_probe_loss": field_report.CANDIDATE_LOADED_PROBE_LOSS,
     }),
 }
+FIELD_NOTE = (f"*Field*: the field report's network-only figures ({field_report.PAGE}), one "
+              "hardware pair, each of them one observation, with no interval; 'not reported' "
+              "only where it gives none.")
 # (figure, what the row measures, digits)
 FIGURES = (
     ("gbit_s_4_flows", "Gbit/s delivered, 4 flows (mean of the directions)", 3),
@@ -112,8 +118,8 @@ def beside_the_field(report: dict[str, Any]) -> list[str]:
         field = column.figures.get(key)
         body.append([title, number(row[key], digits), field.text if field else NOT_REPORTED,
                      ratio(row[key], field)])
-    return table(["measure", f"lab ({row['state']})", f"field, {column.label}", "lab / field"],
-                 body)
+    return [*table(["measure", f"lab ({row['state']})", f"field, {column.label}",
+                    "lab / field"], body), "", FIELD_NOTE]
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -57,7 +57,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, field_validator
 
-from harness import counters, profile, server_stats, sweep
+from harness import counters, field_report, profile, server_stats, sweep
 from harness.client import Sample, rate, session, span, stream_generate
 from harness.profile import PROFILE
 from harness.progress import reporting, say, where
@@ -83,7 +83,10 @@ LinkSnapshots = Callable[[], Awaitable[dict[str, counters.LinkSnapshot]]]
 
 class WindowSettings(BaseModel):
     """
-    The sizes of the windows; the defaults are the field report's, the CLI may shorten them.
+    The sizes of the windows, which the CLI may shorten. The single and
+    concurrent windows, the prefix and the long window's output default to the
+    field report's request shapes (:mod:`harness.field_report`); its long input
+    was 199,860 tokens, here about 200K.
 
     + single_tokens: output tokens of the single-stream request
     + concurrent_requests, concurrent_tokens: the concurrent window's requests and their length
@@ -99,16 +102,16 @@ class WindowSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    single_tokens: PositiveInt = 512
-    concurrent_requests: PositiveInt = 6
-    concurrent_tokens: PositiveInt = 256
+    single_tokens: PositiveInt = field_report.SINGLE_OUTPUT_TOKENS.value
+    concurrent_requests: PositiveInt = field_report.CONCURRENT_REQUESTS.value
+    concurrent_tokens: PositiveInt = field_report.CONCURRENT_OUTPUT_TOKENS.value
     concurrency: tuple[PositiveInt, ...] = (1, 2, 4, 8, 16)
     sweep_tokens: PositiveInt = 256
     profile_tokens: PositiveInt = 128
-    prefix_tokens: PositiveInt = 120_000
+    prefix_tokens: PositiveInt = field_report.PREFIX_TOKENS.value
     prefix_output_tokens: PositiveInt = 16
     long_tokens: PositiveInt = 200_000
-    long_output_tokens: PositiveInt = 64
+    long_output_tokens: PositiveInt = field_report.LONG_OUTPUT_TOKENS.value
     request_timeout_seconds: PositiveFloat = 600.0
 
     @field_validator("concurrency")
