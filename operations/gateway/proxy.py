@@ -20,11 +20,11 @@ The proxy is judged by what it runs, not by what its file says: its own API
 (``/v1/model/info``, ``/fallback/<role>``) tells which deployments and fallbacks
 the running router has. A proxy whose routing differs from the rendered config
 is reloaded, never restarted: it runs under gunicorn, whose master keeps the
-port and, on ``SIGHUP``, forks workers that read the new config before it
-retires the old ones, so no client is refused (a restart closes the port for
-the seconds a new proxy takes to start). A reload is waited out until no
-worker from before it is left and the proxy is ready *with the new routing*,
-so a proof never reaches a worker that is shutting down. Only a change of the
+port and, on ``SIGHUP``, forks workers that read the new config and retires
+the old ones, which take no new connection, so no client is refused (a
+restart closes the port for the seconds a new proxy takes to start). A reload
+is waited out until its new workers are there and the proxy is ready *with
+the new routing*, so a proof never reaches a worker that is shutting down. Only a change of the
 service itself (its unit or run script) restarts it.
 """
 
@@ -306,13 +306,20 @@ def live_problems(proxy: Proxy, fallback: bool, proofs: Proofs,
                   retired: frozenset[int] = frozenset()) -> list[str]:
     """
     What keeps the running proxy from routing with the ``fallback`` present or
-    absent: a worker of the ``retired`` (those before a reload) still there,
-    not ready, or routing otherwise; asked once per run of the same workers.
+    absent: fewer than its workers forked since a reload (``retired``: those
+    before it), not ready, or routing otherwise; asked once per run of the same
+    workers.
+
+    The retired workers are not waited for: gunicorn signals them as it forks
+    their successors, and they take no connection from then on, but one may
+    stay to finish an answer, or for good: a worker forked from LiteLLM's
+    master can hang in its start (the master runs a thread of its own), takes
+    no connection either, and gunicorn kills it at its own timeout.
     """
     wanted = wanted_routing(proxy, fallback)
-    if retired and (left := retired & set(proxy_process(proxy)["children"])):
-        return [f"the proxy's workers from before its reload are still there (pids "
-                f"{', '.join(map(str, sorted(left)))}): the reload has not taken yet"]
+    if retired and len(fresh := set(proxy_process(proxy)["children"]) - retired) < WORKERS:
+        return [f"the proxy has {len(fresh)} of its {WORKERS} workers forked since its reload: "
+                "the reload has not taken yet"]
     # Asked from here, the clients' side: a proxy that listens only on the
     # gateway's loopback would pass a check made on the gateway.
     readiness = probes.get(f"{proxy.url}/health/readiness")
