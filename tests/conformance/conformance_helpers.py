@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -127,13 +128,18 @@ def systemd_complaints(service: Service, root: Path) -> list[str]:
     assert analyze, "systemd-analyze is missing: `make setup` installs Debian's systemd"
     if not (root / SYSTEM_UNITS.relative_to("/")).exists():
         shutil.copytree(SYSTEM_UNITS, root / SYSTEM_UNITS.relative_to("/"), symlinks=True)
-    program = root / service.command[0].lstrip("/")
-    program.parent.mkdir(parents=True, exist_ok=True)
-    program.touch(mode=0o755)
+    rendered = services.render(service, "systemd")
+    # Every program an Exec*= line starts (the service's own, and /bin/kill for
+    # a reloadable one's ExecReload=), at its path under the root.
+    for line in rendered.splitlines():
+        if line.startswith("Exec") and "=" in line:
+            program = root / shlex.split(line.partition("=")[2])[0].lstrip("-@:+!").lstrip("/")
+            program.parent.mkdir(parents=True, exist_ok=True)
+            program.touch(mode=0o755)
     path = services.unit_path(service.name)
     unit = root / path.lstrip("/")
     unit.parent.mkdir(parents=True, exist_ok=True)
-    unit.write_text(services.render(service, "systemd"))
+    unit.write_text(rendered)
     result = subprocess.run([analyze, f"--root={root}", "verify", path],
                             capture_output=True, text=True, timeout=60)
     complaints = [line for line in result.stderr.splitlines() if unit.name in line]
