@@ -481,13 +481,30 @@ def render(service: Service, init_system: InitSystem, log_dir: str = LOG_DIR) ->
         template_context(service, log_dir))
 
 
+def rendered_digest(service: Service, init_system: InitSystem) -> str:
+    """The mode and SHA-1 of the file :func:`present` writes, as :class:`FileDigest` reads one."""
+    return digest(render(service, init_system), SUPERVISORS[init_system].mode)
+
+
 def rendered_differs(service: Service, init_system: InitSystem) -> bool:
     """
     Whether the host's rendered file is missing or not what :func:`present`
     would write: its content or its mode, as :func:`present` compares them.
     """
     return (host.get_fact(FileDigest, path=rendered_path(service.name, init_system))
-            != digest(render(service, init_system), SUPERVISORS[init_system].mode))
+            != rendered_digest(service, init_system))
+
+
+def observed(service: Service, init_system: InitSystem) -> tuple[str | None, bool]:
+    """
+    In one read: the digest of the host's rendered file for ``service`` (``None``
+    without one), and whether the init system runs it as :func:`present` would
+    leave it, its file aside (running, and enabled at boot or start-only as declared).
+    """
+    supervisor = SUPERVISORS[init_system]
+    seen = host.get_fact(ServiceSettled, service=service.name,
+                         path=supervisor.rendered_path(service.name), init_system=init_system)
+    return seen.get("file"), supervisor.settled(service, seen)
 
 
 # Facts
@@ -706,11 +723,8 @@ def present(
     """
     supervisor = SUPERVISORS[init_system]
     path = supervisor.rendered_path(service.name)
-    observed = host.get_fact(ServiceSettled, service=service.name, path=path,
-                             init_system=init_system)
-    if (not restarted and observed.get("file") == digest(render(service, init_system),
-                                                         supervisor.mode)
-            and supervisor.settled(service, observed)):
+    on_disk, settled = observed(service, init_system)
+    if not restarted and on_disk == rendered_digest(service, init_system) and settled:
         if reloaded:
             if not service.reloadable:
                 raise ValueError(f"service {service.name} cannot be reloaded: it does not "

@@ -24,8 +24,8 @@ port and, on ``SIGHUP``, forks workers that read the new config and retires
 the old ones, which take no new connection, so no client is refused (a
 restart closes the port for the seconds a new proxy takes to start). A reload
 is waited out until its new workers are there and the proxy is ready *with
-the new routing*, so a proof never reaches a worker that is shutting down. Only a change of the
-service itself (its unit or run script) restarts it.
+the new routing*, so a proof never reaches a worker that is shutting down.
+Only a change of the service itself (its unit or run script) restarts it.
 """
 
 from __future__ import annotations
@@ -317,7 +317,9 @@ def live_problems(proxy: Proxy, fallback: bool, proofs: Proofs,
     no connection either, and gunicorn kills it at its own timeout.
     """
     wanted = wanted_routing(proxy, fallback)
-    if retired and len(fresh := set(proxy_process(proxy)["children"]) - retired) < WORKERS:
+    # The workers first, read once: the routing read next is then theirs or later ones'.
+    workers = proxy_workers(proxy)
+    if retired and len(fresh := set(workers[1:] if workers else ()) - retired) < WORKERS:
         return [f"the proxy has {len(fresh)} of its {WORKERS} workers forked since its reload: "
                 "the reload has not taken yet"]
     # Asked from here, the clients' side: a proxy that listens only on the
@@ -333,12 +335,7 @@ def live_problems(proxy: Proxy, fallback: bool, proofs: Proofs,
             return [f"the proxy at {proxy.url} does not answer /v1/model/info with the master "
                     f"key in {proxy.master_key_file}"]
         return routing_problems("the running proxy", live, wanted, "its config has")
-    return proofs.once(routes(fallback), proxy_workers(proxy), routing)
-
-
-def proxy_process(proxy: Proxy) -> dict:
-    """The proxy's main process (:class:`~operations.services.ServiceProcess`)."""
-    return host.get_fact(services.ServiceProcess, service=SERVICE, init_system=proxy.init_system)
+    return proofs.once(routes(fallback), workers, routing)
 
 
 def proxy_workers(proxy: Proxy) -> tuple[int, ...] | None:
@@ -347,7 +344,8 @@ def proxy_workers(proxy: Proxy) -> tuple[int, ...] | None:
     are remembered by: a reload keeps the main process and replaces the workers,
     and the routing is theirs. ``None`` while no proxy runs.
     """
-    process = proxy_process(proxy)
+    process = host.get_fact(services.ServiceProcess, service=SERVICE,
+                            init_system=proxy.init_system)
     return (process["pid"], *process["children"]) if process["pid"] else None
 
 

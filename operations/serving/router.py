@@ -32,7 +32,7 @@ from pyinfra.api.exceptions import PyinfraError
 
 from operations import services
 from operations.plumbing import keys, probes, venvs
-from operations.plumbing.facts import FileDigest, digest, shell_script
+from operations.plumbing.facts import shell_script
 from operations.plumbing.phase import elsewhere, executing
 from operations.plumbing.probes import Proofs, Proven
 from operations.services import GatewayService, Service, ServiceProcess, log_tails
@@ -249,9 +249,8 @@ def drained(removed: Collection[str], timeout: float) -> bool:
 
 def unit_digest(router: Router, workers: Collection[str]) -> str:
     """The digest of the router's rendered file, were it to front ``workers``."""
-    service = router_service(replace(router, workers=tuple(workers)))
-    return digest(services.render(service, router.init_system),
-                  services.SUPERVISORS[router.init_system].mode)
+    return services.rendered_digest(router_service(replace(router, workers=tuple(workers))),
+                                    router.init_system)
 
 
 def workers_changed(router: Router, live: list[dict]) -> Iterator[PyinfraCommand]:
@@ -343,13 +342,13 @@ def router(router: Router | None, present: bool = True) -> Iterator[PyinfraComma
         key_changed = True
         yield command
     service = router_service(router)
-    on_disk = host.get_fact(FileDigest, path=services.rendered_path(ROUTER, router.init_system))
+    on_disk, settled = services.observed(service, router.init_system)
     live_urls = {worker["url"] for worker in live or ()}
-    # The same unit but for its workers: they change through the API, and the file
-    # follows them without a restart.
+    # The same unit but for its workers, run as declared (enabled at boot): the
+    # workers change through the API, and the file follows them without a restart.
     # The file first: a run cut between the two leaves a unit naming the wanted
     # workers, which the next run recognises and changes through the API too.
-    if not key_changed and live is not None and on_disk in (
+    if not key_changed and live is not None and settled and on_disk in (
             unit_digest(router, live_urls), unit_digest(router, router.workers)):
         yield from services.rendered._inner(service=service, init_system=router.init_system)
         if live_urls != set(router.workers):

@@ -483,7 +483,8 @@ def test_a_proxy_ready_only_on_the_gateways_loopback_fails_verify_from_the_clien
     routing = wanted_routing(PROXY, True)
 
     def facts(cls: type, kwargs: dict) -> object:
-        return {ProxyConfig: routing, LiveRouting: routing}[cls]
+        return {ProxyConfig: routing, LiveRouting: routing,
+                services.ServiceProcess: {"running": True, "pid": 41, "children": [51, 52]}}[cls]
     [failure] = run_operation(gateway_route.verified, facts, proxy=PROXY, fallback=True)
     assert asked == ["http://10.66.0.13:4000/health/readiness"]
     assert failure.startswith("fail: gateway layer: the proxy at http://10.66.0.13:4000 does "

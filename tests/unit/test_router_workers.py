@@ -138,6 +138,22 @@ def test_systemd_reads_the_rewritten_unit_again_and_restarts_nothing() -> None:
         removed(B), "call wait_until", "call drained"]
 
 
+def test_a_router_not_run_as_declared_goes_through_present_not_the_api() -> None:
+    """Running but disabled at boot: a reboot would lose it, so present enables it."""
+    router = replace(ROUTER, init_system="systemd", workers=(A,))
+    facts = gateway(router, listed(A, B), (A, B))
+
+    def disabled(cls: type, kwargs: dict) -> object:
+        if cls is services.ServiceSettled:
+            return {**facts(cls, kwargs), "enabled": "disabled"}
+        if cls is SystemdEnabled:
+            return {"sglang-router.service": False}
+        return facts(cls, kwargs)
+    commands = router_commands(router, disabled)
+    assert not any("/workers" in command for command in commands)
+    assert "systemctl enable sglang-router.service" in commands
+
+
 def test_a_unit_that_changed_otherwise_restarts_the_router() -> None:
     commands = router_commands(ROUTER, gateway(ROUTER, listed(A, B), (A, B),
                                                extra_argument="--old"))
