@@ -61,6 +61,7 @@ else:
             **tp_group_data(pair.name, links, rank),
             "candidate_path": str(_CANDIDATE),
             "ledger_path": str(_lab.STATE / "ledger.jsonl"),
+            **{f"serving_{name}": str(path) for name, path in _lab.SGLANG_KEYS.items()},
             # Until the lab has built the candidate there is no checksum; the
             # driver layer reports that, the inventory must still load.
             "candidate_sha256": (

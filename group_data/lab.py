@@ -24,6 +24,8 @@ serving_init_system = _INIT_SYSTEM
 serving_working_directory = str(Path(__file__).resolve().parents[1])
 # The simulator loads in seconds; a lab start that takes a minute has failed.
 serving_start_timeout_seconds = 60
+# A lab host's /etc is the machine's own: the keys' file is in its private /var/lib.
+serving_keys_file = "/var/lib/twinbolt/sglang_keys.yaml"
 
 gateway_roles_init_system = _INIT_SYSTEM
 # The gateway makes its own venvs, in its private /var/lib, from the locks, as a
@@ -32,6 +34,8 @@ gateway_roles_init_system = _INIT_SYSTEM
 gateway_roles_router_venv = "/var/lib/twinbolt/venvs/sglang-router"
 gateway_roles_router_user = "root"
 gateway_roles_router_key_file = "/var/lib/twinbolt/router_control_key"
+gateway_roles_router_worker_key_file = "/var/lib/twinbolt/router_worker_key"
+gateway_roles_litellm_small_key_file = "/var/lib/twinbolt/litellm_small_key"
 gateway_roles_pip_options = ["--no-index", "--find-links",
                              str(Path(__file__).resolve().parents[1] / "wheelhouse")]
 

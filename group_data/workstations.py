@@ -35,6 +35,9 @@ serving_working_directory = DEFAULTS["serving_working_directory"]
 serving_start_timeout_seconds = DEFAULTS["serving_start_timeout_seconds"]
 serving_foreign_gpu_memory_mib = DEFAULTS["serving_foreign_gpu_memory_mib"]
 serving_gpu_memory_bandwidth_gb_s = DEFAULTS["serving_gpu_memory_bandwidth_gb_s"]
+serving_api_key_file = DEFAULTS["serving_api_key_file"]
+serving_admin_api_key_file = DEFAULTS["serving_admin_api_key_file"]
+serving_keys_file = DEFAULTS["serving_keys_file"]
 
 ledger_path = DEFAULTS["ledger_path"]
 

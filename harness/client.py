@@ -133,13 +133,15 @@ def time_per_output_token(seconds: float | None, ttft: float | None,
     return (seconds - ttft) / (tokens - 1)
 
 
-def session(concurrency: int, timeout: float) -> httpx.AsyncClient:
+def session(concurrency: int, timeout: float,
+            headers: dict[str, str] | None = None) -> httpx.AsyncClient:
     """
     An HTTP client for one window: a connection per concurrent request, and a
     read bound of ``timeout`` seconds, the longest a cold prefill may take
-    before its first byte.
+    before its first byte; ``headers`` (the servers' key) on every request.
     """
     return httpx.AsyncClient(
+        headers=headers,
         timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_SECONDS),
         limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
     )

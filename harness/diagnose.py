@@ -200,9 +200,12 @@ async def server_probes(topology: Topology, state: State) -> dict[str, tuple[Any
     elif topology.gateway:
         urls.append(GatewaySettings.of(topology.gateway).router_url)
 
+    headers = topology.headers
+
     def probe(url: str) -> tuple[Any, Any]:
-        answer = probes.chat_completion(url, model, PROBE_TOKENS, timeout=PROBE_TIMEOUT_SECONDS)
-        info = (server_info(url, timeout=PROBE_TIMEOUT_SECONDS)
+        answer = probes.chat_completion(url, model, PROBE_TOKENS, timeout=PROBE_TIMEOUT_SECONDS,
+                                        headers=headers)
+        info = (server_info(url, headers, timeout=PROBE_TIMEOUT_SECONDS)
                 if state.tensor_parallel else None)
         return answer, info
 

@@ -65,9 +65,18 @@ class ServerSnapshot:
         return self.generation_tokens / self.avg_spec_accept_length
 
 
+# A key on a command line: SGLang 0.5.23's launch_command is its argv after
+# --config's YAML was merged in, keys included.
+KEY_FLAG = re.compile(r"(--[\w-]*(?:key|secret|password|token)[ =])\S+", re.IGNORECASE)
+
+
 def redact(info: dict[str, Any]) -> dict[str, Any]:
-    """``/server_info`` without credentials (``api_key`` and the like)."""
-    return {key: REDACTED if SECRET.search(key) and value is not None else value
+    """
+    ``/server_info`` without credentials: the values of ``api_key`` and the like,
+    and any key flag's value in a command line it quotes.
+    """
+    return {key: REDACTED if SECRET.search(key) and value is not None
+            else KEY_FLAG.sub(rf"\1{REDACTED}", value) if isinstance(value, str) else value
             for key, value in info.items()}
 
 

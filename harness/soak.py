@@ -62,7 +62,7 @@ class Traffic:
 
     async def run(self, stop: asyncio.Event) -> None:
         body = probes.chat_body(self.endpoint.model, REQUEST_TOKENS)
-        async with httpx.AsyncClient(timeout=self.timeout) as client:
+        async with httpx.AsyncClient(timeout=self.timeout, headers=self.endpoint.headers) as client:
             while not stop.is_set():
                 try:
                     response = await client.post(f"{self.endpoint.url}/v1/chat/completions",

@@ -200,12 +200,13 @@ def guard_fired(guards: dict[str, dict[str, Any]]) -> list[str]:
     return found
 
 
-async def server_infos(urls: list[str]) -> dict[str, dict | None]:
+async def server_infos(urls: list[str], headers: dict[str, str]) -> dict[str, dict | None]:
     """
     Each server's ``/server_info``, or ``None`` where none answers (rank 1, a
-    stopped one): asked as the serving layer asks it, all at once.
+    stopped one): asked as the serving layer asks it, with the servers' key, all at once.
     """
-    answers = await asyncio.gather(*(asyncio.to_thread(server_info, url) for url in urls))
+    answers = await asyncio.gather(*(asyncio.to_thread(server_info, url, headers)
+                                     for url in urls))
     return {url: answer.body if answer.ok and isinstance(answer.body, dict) else None
             for url, answer in zip(urls, answers, strict=True)}
 
@@ -218,7 +219,7 @@ async def observe(topology: Topology) -> Status:
         hosts[topology.gateway] = gateway_queries(GatewaySettings.of(topology.gateway))
     urls = [server_url(entry) for entry in topology.workstations]
     readings, infos = await asyncio.gather(remote.read_all(hosts, topology.ssh_config),
-                                           server_infos(urls))
+                                           server_infos(urls, topology.headers))
     fronted = fronted_elsewhere(topology, readings, urls)
     status = Status(layers={}, fronted_elsewhere=fronted)
     for reading in readings.values():

@@ -10,10 +10,11 @@ deploys to, with the same keys and host-key checking.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from operations import bounds
+from operations.plumbing import keys
 from operations.site.hosts import InventoryEntry, in_group, inventory_entries, ssh_config
 from operations.site.model import PAIR_GROUP_PREFIX, pair_group
 from operations.site.settings import GatewaySettings, WorkstationSettings
@@ -30,12 +31,17 @@ class Endpoint:
     + servers: the SGLang servers whose ``/server_info`` and ``/metrics`` count
       (rank 0 only: rank 1 serves nothing but a dummy ``/health``)
     + route: a human name for ``url``
+    + headers: what every request shows the servers and the router: their key
+    + admin_headers: what SGLang's admin endpoints (``/flush_cache``,
+      ``/start_profile``) ask instead
     """
 
     url: str
     model: str
     servers: tuple[str, ...]
     route: str
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+    admin_headers: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -128,17 +134,30 @@ class Topology:
         """The model every server serves: a site-wide setting, read from any workstation."""
         return WorkstationSettings.of(self.rank0).serving.served_model_name
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """What the SGLang servers and the router ask of a caller: the servers' key."""
+        return keys.bearer(WorkstationSettings.of(self.rank0).serving.api_key_file)
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """What the SGLang servers' admin endpoints ask instead: their admin key."""
+        return keys.bearer(WorkstationSettings.of(self.rank0).serving.admin_api_key_file)
+
     def endpoint(self, state: State) -> Endpoint:
         """The serving endpoint of ``state``, from the inventory's addresses and ports."""
         model = self.served_model_name
+        credentials = {"headers": self.headers, "admin_headers": self.admin_headers}
         if state.tensor_parallel:
             rank0 = server_url(self.rank0)
-            return Endpoint(rank0, model, (rank0,), f"TP rank 0 on {self.rank0.name}")
+            return Endpoint(rank0, model, (rank0,), f"TP rank 0 on {self.rank0.name}",
+                            **credentials)
         servers = tuple(server_url(entry) for entry in self.workstations)
         if self.gateway is None:
             raise ValueError("the inventory has no gateway: production is served by its router")
         router = GatewaySettings.of(self.gateway).router_url
-        return Endpoint(router, model, servers, f"sglang-router on {self.gateway.name}")
+        return Endpoint(router, model, servers, f"sglang-router on {self.gateway.name}",
+                        **credentials)
 
 
 def server_url(workstation: InventoryEntry) -> str:

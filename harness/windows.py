@@ -496,11 +496,15 @@ async def flush_caches(measurement: Measurement) -> dict[str, str]:
 
 async def post_all(measurement: Measurement, path: str, body: dict[str, Any] | None,
                    done: str) -> dict[str, str]:
-    """``path`` posted to every server: ``done`` from each that answered 200, else why not."""
+    """
+    ``path``, one of SGLang's admin endpoints, posted to every server with its
+    admin key: ``done`` from each that answered 200, else why not.
+    """
     answers = {}
     for url in measurement.endpoint.servers:
         try:
-            response = await measurement.client.post(f"{url}/{path}", json=body)
+            response = await measurement.client.post(f"{url}/{path}", json=body,
+                                                     headers=measurement.endpoint.admin_headers)
         except httpx.HTTPError as error:
             answers[url] = f"{type(error).__name__}: {error}"
             continue
@@ -557,7 +561,7 @@ async def run(endpoint: Endpoint, names: list[str], settings: WindowSettings,
     # /server_info and /metrics of every server at once.
     concurrency = max(settings.concurrent_requests, *settings.concurrency,
                       2 * len(endpoint.servers))
-    async with session(concurrency, settings.request_timeout_seconds) as client:
+    async with session(concurrency, settings.request_timeout_seconds, endpoint.headers) as client:
         first = await server_stats.read_server(client, endpoint.servers[0])
         if first.error:
             raise EndpointDown(f"{endpoint.servers[0]}/server_info: {first.error}")

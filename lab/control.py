@@ -211,6 +211,8 @@ def up(init: str | None = None, pairs: int = 1) -> None:
         raise LabError(f"missing tools: {', '.join(missing)}; run `make setup`")
     if not 1 <= pairs <= len(PAIRS):
         raise LabError(f"the lab builds 1 to {len(PAIRS)} pairs, not {pairs}")
+    # The operator's side: a lab brought up before the servers had keys gets them too.
+    ssh.sglang_keys()
     if healthy() and init in (None, init_system()) and pairs == pair_count():
         say(f"already up ({described()}); nothing changed")
         return

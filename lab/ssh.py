@@ -1,4 +1,4 @@
-"""The lab's own SSH keys, daemon configs and client config.
+"""The lab's own SSH keys, daemon configs and client config, and its SGLang keys.
 
 Nothing here reads or writes ``~/.ssh`` or ``/etc/ssh``: the lab pins each
 host's key in a known_hosts file of its own and checks it strictly, so the
@@ -7,10 +7,12 @@ project's SSH code runs as it would against a real site.
 
 from __future__ import annotations
 
+import os
+import secrets
 import subprocess
 from pathlib import Path
 
-from lab.topology import STATE, LabHost, hosts
+from lab.topology import SGLANG_KEYS, STATE, LabHost, hosts
 from operations.site.hosts import ssh_config_word
 
 SSH_DIR = STATE / "ssh"
@@ -80,6 +82,16 @@ def known_hosts() -> str:
         key_type, key = host_key_path(host).with_suffix(".pub").read_text().split()[:2]
         lines.append(f"{host.name},{host.management_address} {key_type} {key}")
     return "\n".join(lines) + "\n"
+
+
+def sglang_keys() -> None:
+    """The SGLang servers' keys, made once, as docs/site.md has a site make them."""
+    for path in SGLANG_KEYS.values():
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as key:
+                key.write(f"sk-{secrets.token_hex(24)}\n")
 
 
 def prepare() -> None:

@@ -81,6 +81,10 @@ OPERATOR_HOME = "/var/lib/twinbolt-operator"
 # `python -m lab up --init runit` chose runit. Kept while the lab exists, so the
 # lab's group data tells twinbolt what the hosts run.
 INIT_SYSTEMS = ("systemd", "runit")
+# The SGLang servers' keys on the operator's side, as a site keeps them
+# ([serving] api_key_file and admin_api_key_file); `up` makes them.
+SGLANG_KEYS = {"api_key_file": STATE / "keys" / "sglang_api_key",
+               "admin_api_key_file": STATE / "keys" / "sglang_admin_key"}
 INIT_FILE = STATE / "init"
 
 

@@ -141,7 +141,8 @@ class Part:
             the_router = Router.from_hosts(
                 host, [member for member in workstations if member in in_run],
                 router.router_workers(workstations, in_run, not state.tensor_parallel, fronted))
-            the_proxy = Proxy.from_host(host, the_router.served_model_name, the_router.url)
+            the_proxy = Proxy.from_host(host, the_router.served_model_name, the_router.url,
+                                       the_router.api_key_file)
         rollback_timeout = bounds.rollback_timeout(
             WorkstationSettings.of(inventory.get_group("workstations")[0]))
         return cls(

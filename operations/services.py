@@ -666,6 +666,17 @@ class RunningServices(FactBase):
 WHOLE_LOG_LINES = 1_000_000
 
 
+# A key in a log line, as SGLang prints its arguments at start (``api_key='sk-…'``,
+# ``admin_api_key=…``) or a command line shows one (``--api-key sk-…``): the
+# value is replaced on the host, so that no output of pyinfra's holds it.
+REDACT_KEYS = r"""s#(api[_-]key['"]?[:=]? *['"]?)[A-Za-z0-9._~+/=-]{8,}#\1<redacted>#g"""
+
+
+def redacted(command: StringCommand) -> StringCommand:
+    """``command``'s output with every key in it replaced (:data:`REDACT_KEYS`)."""
+    return StringCommand("(", command, ")", "|", "sed", "-E", QuoteString(REDACT_KEYS))
+
+
 class ServiceLog(FactBase):
     """
     The last lines a service logged: its runit log file, or its systemd journal.
@@ -678,7 +689,7 @@ class ServiceLog(FactBase):
     default = list
 
     def command(self, service: str, init_system: InitSystem, lines: int = 20) -> StringCommand:
-        return SUPERVISORS[init_system].log_command(service, lines)
+        return redacted(SUPERVISORS[init_system].log_command(service, lines))
 
     def process(self, output: list[str]) -> list[str]:
         # Colour codes (sglang-router logs in colour) only garble an error message.
@@ -862,5 +873,5 @@ class ServiceLogMatches(ServiceLog):
     def command(self, service: str, init_system: InitSystem, text: str,
                 lines: int = 40) -> StringCommand:
         whole = SUPERVISORS[init_system].log_command(service, WHOLE_LOG_LINES)
-        return StringCommand("(", whole, ")", "|", "grep", "-F", "--", QuoteString(text), "|",
-                             "tail", "-n", str(int(lines)))
+        return redacted(StringCommand("(", whole, ")", "|", "grep", "-F", "--",
+                                      QuoteString(text), "|", "tail", "-n", str(int(lines))))

@@ -20,7 +20,10 @@ sizes come from the model's files (``config.json`` and
 ``model.safetensors.index.json``, see :mod:`lab.sglang_sim.model`). The TP
 link is therefore the lab's real veth, and its drops and retransmissions set
 the token rate. SGLang's profiler endpoints write each rank's trace of its
-own kernels (:mod:`lab.sglang_sim.profiler`).
+own kernels (:mod:`lab.sglang_sim.profiler`). Keys are SGLang's too: ``--api-key``
+and ``--admin-api-key``, on the command line or from ``--config``'s YAML merged in
+before it, asked route by route as SGLang's middleware asks them, and printed
+with the other arguments at start, as SGLang prints them.
 
 Tokens are whitespace-separated words, so ``"x " * 120_000`` is a 120,000-token
 prompt; a chat message adds one token for its role. Output is exactly

@@ -22,6 +22,7 @@ from lab.sglang_sim.args import context_length
 from lab.sglang_sim.engine import ProfileRequest, Scheduler, Sequence
 from lab.sglang_sim.httpd import (
     App,
+    Keys,
     Request,
     Response,
     Route,
@@ -57,6 +58,10 @@ UNSIMULATED_FLAGS = ("profile_by_stage", "merge_profiles")
 # The lab's fault for a scheduler that stops behind an older release's green /health.
 GREEN_HEALTH_FAULT = "rank_hang_green_health"
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# The routes SGLang marks ADMIN_OPTIONAL (http_server.py, 0.5.9 and 0.5.23):
+# --admin-api-key when the server has one, else --api-key. The others the
+# simulator serves are NORMAL or open (/health*, /metrics).
+ADMIN_OPTIONAL = ("/flush_cache", "/start_profile", "/stop_profile")
 # SGLang's answer to a /flush_cache that emptied the cache (http_server.py, 0.5.9 and 0.5.23).
 FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. "
            "(When there are running or waiting requests, the operation will not be performed.)\n")
@@ -66,7 +71,7 @@ def dummy_health_app() -> App:
     """Rank 1's server: always healthy, nothing else."""
     routes = {path: {"GET": lambda request: Response(200)}
               for path in ("/health", "/health_generate")}
-    return App(routes, api_key=None)
+    return App(routes)
 
 
 def internal_error(message: str) -> Response:
@@ -117,7 +122,7 @@ class Leader:
         }
         if self._args.enable_metrics:
             routes["/metrics"] = {"GET": self.metrics}
-        return App(routes, self._args.api_key)
+        return App(routes, Keys(self._args.api_key, self._args.admin_api_key), ADMIN_OPTIONAL)
 
     def _when_ready(self, route: Route) -> Route:
         def guarded(request: Request) -> Response:

@@ -1,24 +1,78 @@
-"""HTTP plumbing: routes, the API key, JSON and server-sent events over HTTP/1.1.
+"""HTTP plumbing: routes, the API keys, JSON and server-sent events over HTTP/1.1.
 
 Keep-alive connections are closed after 5 idle seconds and access lines are
 logged as uvicorn logs them under SGLang.
+
+The keys are checked as SGLang's API key middleware checks them (0.5.9 and
+0.5.23, ``sglang/srt/utils/auth.py``, ``decide_request_auth``), before any
+route is looked up: an unknown path asks for ``--api-key`` too.
 """
 
 import json
 import logging
+import secrets
 import socket
 import threading
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Collection, Generator, Mapping
 from contextlib import closing
 from dataclasses import dataclass
 from email.message import Message
+from enum import Enum
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 logger = logging.getLogger(__name__)
 
-# SGLang's API key middleware lets these through without a key.
-OPEN_PREFIXES = ("/health", "/metrics")
+# SGLang's API key middleware lets these through without a key, whatever the
+# keys: probes and scrapes carry no secret. /ready is 0.5.23's (0.5.9 has no
+# such route and asks a key of it; the simulator has none and answers 404).
+OPEN_PREFIXES = ("/health", "/ready", "/metrics")
+
+
+class AuthLevel(Enum):
+    """SGLang's auth level of a route (``@auth_level``; unmarked routes are NORMAL)."""
+
+    # --api-key when set, even if --admin-api-key is set too.
+    NORMAL = "normal"
+    # --admin-api-key when set (--api-key is then refused), else --api-key when set.
+    ADMIN_OPTIONAL = "admin_optional"
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The server's ``--api-key`` and ``--admin-api-key``; empty is unset, as in SGLang."""
+
+    api_key: str | None = None
+    admin_api_key: str | None = None
+
+    def required(self, level: AuthLevel) -> str | None:
+        """The key a request at ``level`` must show as its bearer token, if any."""
+        if level is AuthLevel.ADMIN_OPTIONAL:
+            return self.admin_api_key or self.api_key or None
+        return self.api_key or None
+
+
+def decide_request_auth(keys: Keys, level: AuthLevel, method: str, path: str,
+                        authorization: str | None) -> bool:
+    """
+    Whether SGLang lets the request through: preflights and the open prefixes
+    always, anything else when it needs no key or shows the right one.
+    """
+    if method == "OPTIONS" or path.startswith(OPEN_PREFIXES):
+        return True
+    expected = keys.required(level)
+    return expected is None or bearer_matches(authorization, expected)
+
+
+def bearer_matches(authorization: str | None, expected: str) -> bool:
+    """
+    ``Bearer <key>`` (the scheme in any case, one space), compared in constant
+    time so that the answer's timing tells nothing about the key.
+    """
+    scheme, space, token = (authorization or "").partition(" ")
+    if not space or scheme.lower() != "bearer":
+        return False
+    return secrets.compare_digest(token.encode(), expected.encode())
 
 
 class BadRequest(ValueError):
@@ -74,19 +128,25 @@ def sse_response(events: Generator[object, None, None]) -> Response:
     return Response(200, content_type="text/event-stream", chunks=chunks())
 
 
+# SGLang's refusal, as its middleware's ORJSONResponse writes it: compact JSON.
+UNAUTHORIZED = Response(401, b'{"error":"Unauthorized"}')
+
 Route = Callable[[Request], Response]
 
 
 class App:
-    """Routes by path and method, behind SGLang's API key check."""
+    """Routes by path and method, behind SGLang's API key middleware."""
 
-    def __init__(self, routes: Mapping[str, Mapping[str, Route]], api_key: str | None) -> None:
+    def __init__(self, routes: Mapping[str, Mapping[str, Route]], keys: Keys = Keys(),
+                 admin_optional: Collection[str] = ()) -> None:
         self._routes = routes
-        self._api_key = api_key
+        self._keys = keys
+        self._admin_optional = admin_optional
 
     def respond(self, request: Request) -> Response:
-        if not self._authorized(request):
-            return json_response({"error": "Unauthorized"}, 401)
+        if not decide_request_auth(self._keys, self.auth_level(request), request.method,
+                                   request.path, request.headers.get("Authorization")):
+            return UNAUTHORIZED
         methods = self._routes.get(request.path)
         if methods is None:
             return json_response({"detail": "Not Found"}, 404)
@@ -98,10 +158,16 @@ class App:
         except BadRequest as error:
             return error_response(str(error), 400, "BadRequestError")
 
-    def _authorized(self, request: Request) -> bool:
-        if not self._api_key or request.path.startswith(OPEN_PREFIXES):
-            return True
-        return request.headers.get("Authorization") == f"Bearer {self._api_key}"
+    def auth_level(self, request: Request) -> AuthLevel:
+        """
+        The level of the route the request reaches; NORMAL for one it reaches
+        none of (an unknown path, or a method the path does not take), as
+        SGLang's middleware falls back to when Starlette finds no full match.
+        """
+        if (request.path in self._admin_optional
+                and request.method in self._routes.get(request.path, {})):
+            return AuthLevel.ADMIN_OPTIONAL
+        return AuthLevel.NORMAL
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -73,6 +73,8 @@ OFFLINE_ENVIRONMENT = {
     "LITELLM_LOCAL_AUTOROUTER_PRESETS": "True",
 }
 LARGE_KEY_ENV = "TWINBOLT_LARGE_API_KEY"
+# The SGLang servers' key, which the router asks of its clients.
+SMALL_KEY_ENV = "TWINBOLT_SMALL_API_KEY"
 # For backends that ask for no key: the OpenAI client refuses to send none.
 NO_KEY = "unused"
 # Exports each NAME=FILE argument before ``--`` as NAME set to FILE's content,
@@ -110,24 +112,31 @@ class Proxy(GatewayService):
     (:func:`~operations.site.settings.derived`).
 
     ``secret_files`` are the environment variables the service reads from files
-    on the gateway when it starts, the master key first.
+    on the gateway when it starts, the master key first. ``small_key_file``
+    holds the key the router asks of it, put there from ``small_key_source``
+    on the machine running twinbolt.
     """
 
     config_file: str
     master_key_file: str
+    small_key_file: str
+    small_key_source: Path | str
     small: Deployment
     large: Deployment
     secret_files: tuple[tuple[str, str], ...]
 
     @classmethod
-    def from_host(cls, gateway: Host, small_model: str, small_url: str) -> Proxy:
+    def from_host(cls, gateway: Host, small_model: str, small_url: str,
+                  small_key_source: Path) -> Proxy:
         """
         The gateway's settings; ``small`` is ``small_model`` served at ``small_url``
-        (the serving layer's router, whose settings the runbook passes on).
+        with the key in the local file ``small_key_source`` (the serving layer's
+        router, whose settings the runbook passes on).
         """
         settings = GatewaySettings.of(gateway)
         roles = settings.roles
-        secret_files = [(MASTER_KEY_ENV, roles.master_key_file)]
+        secret_files = [(MASTER_KEY_ENV, roles.master_key_file),
+                        (SMALL_KEY_ENV, roles.litellm_small_key_file)]
         large_key = NO_KEY
         if roles.large.api_key_file:
             secret_files.append((LARGE_KEY_ENV, roles.large.api_key_file))
@@ -137,7 +146,9 @@ class Proxy(GatewayService):
             large_key = f"os.environ/{roles.large.api_key_env}"
         return derived(
             cls, settings, roles, prefix="litellm_",
-            small=Deployment(DEPLOYMENTS["small"], small_model, f"{small_url}/v1", NO_KEY),
+            small=Deployment(DEPLOYMENTS["small"], small_model, f"{small_url}/v1",
+                             f"os.environ/{SMALL_KEY_ENV}"),
+            small_key_source=small_key_source,
             large=Deployment(DEPLOYMENTS["large"], roles.large.served_model_name,
                              str(roles.large.api_base).rstrip("/"), large_key),
             secret_files=tuple(secret_files),
@@ -387,7 +398,8 @@ def proxy(proxy: Proxy | None, fallback: bool, proofs: Proofs,
 
         proxy.proxy(
             name="Gateway: the temporary fallback small -> large is present",
-            proxy=Proxy.from_host(host, router.served_model_name, router.url),
+            proxy=Proxy.from_host(host, router.served_model_name, router.url,
+                                  router.api_key_file),
             fallback=True,
             proofs=run.proofs,
         )
@@ -402,6 +414,9 @@ def proxy(proxy: Proxy | None, fallback: bool, proofs: Proofs,
                                    pip_options=proxy.pip_options)
     yield from services.account_present(proxy.user)
     yield from keys.key_present(proxy.master_key_file, proxy.user)
+    # Read into its environment as it starts: a reload would keep the old one.
+    small_key_changed = yield from keys.key_put(proxy.small_key_source, proxy.small_key_file,
+                                                proxy.user)
     # A static config needs new workers to take effect, including the settings
     # the proxy's API does not show (the retry policy).
     config_changed = (host.get_fact(FileDigest, path=proxy.config_file)
@@ -412,6 +427,7 @@ def proxy(proxy: Proxy | None, fallback: bool, proofs: Proofs,
     started = False
     for command in services.present._inner(service=proxy_service(proxy),
                                            init_system=proxy.init_system,
+                                           restarted=small_key_changed,
                                            reloaded=live != wanted or config_changed):
         started = True
         yield command

@@ -90,8 +90,8 @@ def request(method: str, url: str, timeout: float, json: object = None,
                   seconds=time.monotonic() - started)
 
 
-def get(url: str, timeout: float = 5.0) -> Answer:
-    return request("GET", url, timeout)
+def get(url: str, timeout: float = 5.0, headers: dict[str, str] | None = None) -> Answer:
+    return request("GET", url, timeout, headers=headers)
 
 
 def chat_body(model: str, tokens: int, **extra: object) -> dict[str, object]:

@@ -67,6 +67,9 @@ class Router(GatewayService):
     """
 
     key_file: str
+    worker_key_file: str
+    # The SGLang servers' key on the machine running twinbolt ([serving] api_key_file).
+    api_key_file: Path | str
     workers: tuple[str, ...]
     served_model_name: str
     start_timeout_seconds: float
@@ -84,8 +87,14 @@ class Router(GatewayService):
             cls, settings, settings.roles, prefix="router_",
             workers=tuple(replica.url for replica in replicas) if workers is None else workers,
             served_model_name=replicas[0].served_model_name,
+            api_key_file=replicas[0].api_key_file,
             start_timeout_seconds=max(replica.start_timeout_seconds for replica in replicas),
         )
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a client of the router shows it: the SGLang servers' key, as the proxy does."""
+        return keys.bearer(self.api_key_file)
 
     @property
     def runs(self) -> bool:
@@ -132,11 +141,14 @@ def fronted_workers(gateway: Host, settings: GatewaySettings) -> list[str]:
     return [worker["url"] for worker in listed]
 
 
-# The router's key for its worker API, as its --control-plane-api-keys takes it
-# (id:name:role:key); read from its file as it starts, so no unit holds it.
-CONTROL_KEY_LOADER = (
-    'key=$(cat "$1") || exit 1; shift; '
-    'exec "$@" --control-plane-api-keys "twinbolt:twinbolt:admin:$key"'
+# The router's keys, read from their files as it starts, so that no unit holds
+# them: the one its worker API asks (--control-plane-api-keys, id:name:role:key),
+# and the SGLang servers' (--api-key), which it sends its workers and asks of its
+# own clients. sglang-router takes neither any other way than on its command
+# line, which it overwrites as it renames its process (sglang::router).
+KEYS_LOADER = (
+    'key=$(cat "$1") && worker_key=$(cat "$2") || exit 1; shift 2; '
+    'exec "$@" --control-plane-api-keys "twinbolt:twinbolt:admin:$key" --api-key "$worker_key"'
 )
 
 
@@ -149,7 +161,7 @@ def router_service(router: Router) -> Service:
         name=ROUTER,
         description="sglang-router in front of the SGLang replicas (twinbolt production)",
         command=[
-            "/bin/sh", "-c", CONTROL_KEY_LOADER, ROUTER, router.key_file,
+            "/bin/sh", "-c", KEYS_LOADER, ROUTER, router.key_file, router.worker_key_file,
             f"{router.venv}/bin/python", "-m", "sglang_router.launch_router",
             "--worker-urls", *sorted(router.workers),
             "--policy", "cache_aware",
@@ -197,11 +209,19 @@ def worker_removed(router: Router, worker_id: str) -> StringCommand:
 
 
 def worker_added(router: Router, worker_url: str) -> StringCommand:
-    """Have the router register one worker, in the background (``POST /workers``, 202)."""
-    return shell_script(keys.keyed_curl(
-        'ask -sS -f -m 10 -o /dev/null -H "Content-Type: application/json" '
-        '-X POST -d "$3" "$2/workers"'),
-        router.key_file, router.url, json.dumps({"url": worker_url}))
+    """
+    Have the router register one worker, in the background (``POST /workers``,
+    202), with the key it sends that worker: a worker registered without one is
+    asked without one, and refuses every request.
+    """
+    return shell_script(
+        'key=$(cat "$1") && worker_key=$(cat "$4") || exit 1; '
+        # curl's config on its stdin: neither key is on its command line.
+        'printf \'header = "Authorization: Bearer %s"\\ndata = "{\\\\"url\\\\": '
+        '\\\\"%s\\\\", \\\\"api_key\\\\": \\\\"%s\\\\"}"\\n\' "$key" "$3" "$worker_key" | '
+        'curl -K - -sS -f -m 10 -o /dev/null -H "Content-Type: application/json" '
+        '-X POST "$2/workers"',
+        router.key_file, router.url, worker_url, router.worker_key_file)
 
 
 def workers_problems(router: Router) -> list[str]:
@@ -218,7 +238,7 @@ def workers_problems(router: Router) -> list[str]:
     return found
 
 
-def drain_problems(removed: Collection[str]) -> list[str]:
+def drain_problems(removed: Collection[str], headers: dict[str, str]) -> list[str]:
     """
     The removed replicas still answering a request, by their own ``/v1/loads``:
     sglang-router does not drain. A server that does not answer has nothing left
@@ -226,7 +246,7 @@ def drain_problems(removed: Collection[str]) -> list[str]:
     """
     found = []
     for url in sorted(removed):
-        answer = probes.get(f"{url}/v1/loads?include=core")
+        answer = probes.get(f"{url}/v1/loads?include=core", headers=headers)
         body = answer.body if answer.ok and isinstance(answer.body, dict) else {}
         left = (body.get("aggregate") or {}).get("total_reqs") or 0
         if left:
@@ -234,14 +254,15 @@ def drain_problems(removed: Collection[str]) -> list[str]:
     return found
 
 
-def drained(removed: Collection[str], timeout: float) -> bool:
+def drained(removed: Collection[str], headers: dict[str, str], timeout: float) -> bool:
     """
     Wait, bounded, until the ``removed`` replicas answer nothing; a drain that
     runs out is said, not failed: the server stops, as it did before drains.
     """
     outcome: dict = {}
     probes.wait_until("the replicas the router no longer fronts finished their requests",
-                      lambda seconds_left: (drain_problems(removed), True), timeout, outcome)
+                      lambda seconds_left: (drain_problems(removed, headers), True),
+                      timeout, outcome)
     if outcome["found"]:
         logger.warning(f"    [{host.name}] stopping them anyway: {'; '.join(outcome['found'])}")
     return True
@@ -274,7 +295,7 @@ def workers_changed(router: Router, live: list[dict]) -> Iterator[PyinfraCommand
     if outcome.get("found"):
         yield failing(LAYER, [*outcome["found"], log_tails([(host, ROUTER, router.init_system)])])
     if removed:
-        yield FunctionCommand(drained, (removed, DRAIN_TIMEOUT_SECONDS), {})
+        yield FunctionCommand(drained, (removed, router.headers, DRAIN_TIMEOUT_SECONDS), {})
 
 
 def router_check(router: Router, tokens: int, proofs: Proofs) -> Check:
@@ -294,7 +315,8 @@ def router_check(router: Router, tokens: int, proofs: Proofs) -> Check:
         served = Proven(host.name, ROUTER)
         return proofs.once(served, process["pid"], lambda: probes.completion_problems(
             probes.chat_completion(router.url, router.served_model_name, tokens,
-                                   timeout=min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left)),
+                                   timeout=min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left),
+                                   headers=router.headers),
             tokens)), True
 
     return check
@@ -341,6 +363,8 @@ def router(router: Router | None, present: bool = True) -> Iterator[PyinfraComma
     for command in keys.key_present(router.key_file, router.user):
         key_changed = True
         yield command
+    key_changed = (yield from keys.key_put(router.api_key_file, router.worker_key_file,
+                                           router.user)) or key_changed
     service = router_service(router)
     on_disk, settled = services.observed(service, router.init_system)
     live_urls = {worker["url"] for worker in live or ()}

@@ -26,8 +26,9 @@ simulator (a package run with ``-m``). Nothing is started and no GPU is touched.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 from pyinfra import host, inventory, logger
@@ -43,7 +44,7 @@ from pyinfra.facts.server import Which
 from pyinfra.operations import apt
 
 from operations import services
-from operations.plumbing import probes
+from operations.plumbing import keys, probes
 from operations.plumbing.facts import EmptyMeansSomething, shell_script
 from operations.plumbing.phase import elsewhere, executing
 from operations.plumbing.probes import Proofs, Proven
@@ -116,6 +117,10 @@ class Sglang:
     init_system: InitSystem
     working_directory: str
     start_timeout_seconds: float
+    # The keys' files on the machine running twinbolt, and SGLang's --config on the host.
+    api_key_file: Path | str
+    admin_api_key_file: Path | str
+    keys_file: str
     # Where the server listens (site key workstations.listen_address).
     listen_address: str = "0.0.0.0"
 
@@ -133,11 +138,24 @@ class Sglang:
     def tp_rank_name(self) -> str:
         return TP_RANKS[self.rank]
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a caller of the server's API shows it: its ``--api-key``."""
+        return keys.bearer(self.api_key_file)
+
+    def keys_config(self) -> str:
+        """The YAML ``--config`` reads both keys from: SGLang's own flag names."""
+        return (f"api-key: {keys.local_key(self.api_key_file)}\n"
+                f"admin-api-key: {keys.local_key(self.admin_api_key_file)}\n")
+
 
 def server_command(sglang: Sglang) -> list[str]:
     """The argv every SGLang server here starts with: the model and how it is served."""
     argv = [
         sglang.python, "-m", sglang.sglang_module,
+        # Its keys: read from a file, on no command line (SGLang 0.5.9 and later
+        # take any flag from --config's YAML).
+        "--config", sglang.keys_file,
         "--model-path", sglang.model_path,
         "--served-model-name", sglang.served_model_name,
         # Every address unless the site names one: the router, the acceptance
@@ -411,14 +429,14 @@ def server_info_problems(info: object, tp_size: int, speculative: Speculative | 
     ]
 
 
-def server_info(url: str, **request: float) -> probes.Answer:
+def server_info(url: str, headers: dict[str, str], timeout: float = 5.0) -> probes.Answer:
     """
     ``/server_info``, or ``/get_server_info`` on releases that only have the old
-    name; ``request`` is :func:`probes.get`'s (a timeout).
+    name, asked with the server's key (``headers``).
     """
-    answer = probes.get(f"{url}/server_info", **request)
+    answer = probes.get(f"{url}/server_info", timeout, headers)
     if answer.status == 404:
-        answer = probes.get(f"{url}/get_server_info", **request)
+        answer = probes.get(f"{url}/get_server_info", timeout, headers)
     return answer
 
 
@@ -429,6 +447,15 @@ def tp_log_tails() -> str:
     ranks = [Sglang.from_host(workstation) for workstation in workstations]
     return log_tails([(workstation, rank.tp_rank_name, rank.init_system)
                       for workstation, rank in zip(workstations, ranks, strict=True)])
+
+
+def keys_written(sglang: Sglang) -> Generator[PyinfraCommand, None, bool]:
+    """
+    The server's keys in the file its ``--config`` names; whether they changed,
+    which a running server reads only as it starts again.
+    """
+    return (yield from keys.key_put(sglang.api_key_file, sglang.keys_file, sglang.user,
+                                    sglang.keys_config()))
 
 
 def stuck(sglang: Sglang, service: Service, proofs: Proofs,
@@ -461,11 +488,11 @@ def serves(sglang: Sglang, service: Service, pid: int, tp_size: int,
     passes both is proven for this run (``proofs``).
     """
     answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
-                                    timeout=timeout)
+                                    timeout=timeout, headers=sglang.headers)
     if failed := probes.completion_problems(answer, tokens):
         return failed, []
-    disagrees = server_info_problems(server_info(sglang.url).body, tp_size, speculative,
-                                     sglang.served_model_name)
+    disagrees = server_info_problems(server_info(sglang.url, sglang.headers).body, tp_size,
+                                     speculative, sglang.served_model_name)
     if not disagrees:
         proofs.remember(Proven(host.name, service.name), pid)
     return [], disagrees
@@ -525,7 +552,8 @@ def transport_check(sglang: Sglang, service: Service, tokens: int) -> Check:
                     "hidden_size): the TP group's transport cannot be proven"], False
         before = carried()
         answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
-                                        timeout=min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left))
+                                        timeout=min(probes.REQUEST_TIMEOUT_SECONDS, seconds_left),
+                                        headers=sglang.headers)
         if found := probes.completion_problems(answer, tokens):
             return found, True
         # A driver may refresh its statistics on a timer: give them time to catch up.
@@ -614,7 +642,8 @@ def admissible(sglang: Sglang | None, serving: ServingMode, speculative: Specula
         found += quantization_problems(version, sglang.quantization, sglang.python)
     if tensor_parallel and replica_runs(sglang):
         answer = probes.chat_completion(sglang.url, sglang.served_model_name, tokens,
-                                        timeout=probes.REQUEST_TIMEOUT_SECONDS)
+                                        timeout=probes.REQUEST_TIMEOUT_SECONDS,
+                                        headers=sglang.headers)
         found += [f"production's replica fails before the experiment (converge "
                   f"production first, which restarts a hung replica): {problem}"
                   for problem in probes.completion_problems(answer, tokens)]
@@ -677,8 +706,10 @@ def replica(sglang: Sglang | None, proofs: Proofs,
         return
     if present:
         service = replica_service(sglang)
-        yield from services.present._inner(service=service, init_system=sglang.init_system,
-                                           restarted=bool(stuck(sglang, service, proofs)))
+        keys_changed = yield from keys_written(sglang)
+        yield from services.present._inner(
+            service=service, init_system=sglang.init_system,
+            restarted=keys_changed or bool(stuck(sglang, service, proofs)))
     else:
         yield from services.absent._inner(service=REPLICA, init_system=sglang.init_system)
 
@@ -713,8 +744,10 @@ def tp_rank(sglang: Sglang | None, speculative: Speculative | None = None, prese
         if not present or name != sglang.tp_rank_name:
             yield from services.absent._inner(service=name, init_system=sglang.init_system)
     if present:
+        keys_changed = yield from keys_written(sglang)
         yield from services.present._inner(service=tp_rank_service(sglang, speculative),
-                                           init_system=sglang.init_system, restarted=restarted)
+                                           init_system=sglang.init_system,
+                                           restarted=restarted or keys_changed)
 
 
 @operation(LAYER)

@@ -295,6 +295,18 @@ class Serving(_Section):
     # GPU memory (MiB, in all) that processes twinbolt did not start may hold
     # before a run refuses: a desktop's X server, say.
     foreign_gpu_memory_mib: Annotated[int, Strict(), Field(ge=0)] = 0
+    # On the machine running twinbolt, mode 0600: the key every SGLang server asks
+    # of its callers (--api-key), and the one its admin endpoints ask instead
+    # (--admin-api-key: /flush_cache, /start_profile). The probes and the harness
+    # read them there; twinbolt puts them into keys_file on each workstation and
+    # gives the first to the router and the proxy on the gateway (docs/serving.md).
+    api_key_file: LocalPath = Field(Path("~/.config/twinbolt/sglang_api_key"),
+                                    validate_default=True)
+    admin_api_key_file: LocalPath = Field(Path("~/.config/twinbolt/sglang_admin_key"),
+                                          validate_default=True)
+    # On each workstation: the file SGLang's --config reads both keys from,
+    # owned by user, mode 0600, so that no command line holds them.
+    keys_file: AbsolutePath = "/etc/twinbolt/sglang_keys.yaml"
     # Each workstation GPU's memory bandwidth, for the measurement's roofline
     # (harness/roofline.py); NVIDIA's figure for an RTX 5090.
     gpu_memory_bandwidth_gb_s: PositiveNumber = 1792.0
@@ -363,6 +375,11 @@ class GatewayRoles(_Section):
     # A path on the gateway: the key the router's worker API (/workers) asks of
     # every caller, generated there if missing, readable by router_user alone.
     router_key_file: AbsolutePath = "/etc/twinbolt/router_control_key"
+    # Paths on the gateway: the SGLang servers' key ([serving] api_key_file), as
+    # the router sends it to its workers and asks it of the proxy (router_user's),
+    # and as the proxy sends it to the router (litellm_user's).
+    router_worker_key_file: AbsolutePath = "/etc/twinbolt/router_worker_key"
+    litellm_small_key_file: AbsolutePath = "/etc/twinbolt/litellm_small_key"
     large: LargeBackend
 
     @model_validator(mode="after")

@@ -92,7 +92,8 @@ class Rendered:
         return cls(
             workstations=tuple(Sglang.from_host(host) for host in workstations),
             router=router,
-            proxy=gateway.Proxy.from_host(gateway_host, router.served_model_name, router.url),
+            proxy=gateway.Proxy.from_host(gateway_host, router.served_model_name, router.url,
+                                          router.api_key_file),
         )
 
     def services(self) -> list[Service]:

@@ -201,12 +201,13 @@ def ssh(host: str, command: str) -> str:
 FILE_KEY = re.compile(r"_(file|dir)$")
 VENV_KEY = re.compile(r"_venv$")
 # Secrets are watched by metadata (inode, size, mode, owner, mtime), never by content.
-SECRET_KEY = re.compile(r"key_file$")
+SECRET_KEY = re.compile(r"keys?_file$")
 LAYER_PREFIXES = {
     "workstations": ("serving_", "link_", "candidate_"),
     "gateway": ("gateway_roles_",),
 }
-LOCAL_PREFIXES = ("ssh_",)
+# Paths on the machine running twinbolt: its SSH files and the SGLang servers' keys.
+LOCAL_PREFIXES = ("ssh_", "serving_api_key_file", "serving_admin_api_key_file")
 
 
 @dataclass(frozen=True)

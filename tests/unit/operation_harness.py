@@ -6,8 +6,11 @@ and asserts the commands the operation yields, or that it yields none.
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import json
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,17 @@ from operations.run import Run
 from operations.safety.lock import this_run
 from operations.safety.rollback import ENDING_ENV
 from operations.step import RUN_ATTRIBUTE
+
+_KEYS = Path(tempfile.mkdtemp(prefix="twinbolt-unit-keys-"))
+atexit.register(shutil.rmtree, _KEYS, True)
+
+
+def local_key_file(name: str, key: str = "sk-0123456789abcdef0123456789abcdef") -> Path:
+    """A key file of the machine running twinbolt, as a site keeps one (mode 0600)."""
+    path = _KEYS / name
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    return path
 
 
 def describe(command: Any) -> str:

@@ -113,7 +113,8 @@ def test_the_lab_gateway_snapshot_watches_the_files_the_inventory_names(lab_host
     gw = watched(lab_hosts["gw"])
     # group_data/lab.py keeps them in /var/lib/twinbolt, not /etc/twinbolt.
     assert "/var/lib/twinbolt/litellm.yaml" in gw.files
-    secrets = ("/var/lib/twinbolt/litellm_master_key", "/var/lib/twinbolt/router_control_key")
+    secrets = ("/var/lib/twinbolt/litellm_small_key", "/var/lib/twinbolt/litellm_master_key",
+               "/var/lib/twinbolt/router_control_key", "/var/lib/twinbolt/router_worker_key")
     assert gw.secrets == secrets
     assert not set(secrets) & set(gw.files)
     assert {"/run/twinbolt", "/var/lib/twinbolt"} <= set(gw.directories)
@@ -131,6 +132,8 @@ def test_a_lab_workstation_snapshot_watches_its_servers_and_driver_only(lab_host
                                ("sglang-tp2-rank1", init))
         assert ws.module == "thunderbolt_net"
         assert "/run/twinbolt" in ws.directories
+        # Its keys' file is watched as a secret; the operator's key files are not its own.
+        assert ws.secrets == ("/var/lib/twinbolt/sglang_keys.yaml",)
         # The lab's group data reaches every lab host; the gateway's files are not here.
         assert not any("litellm" in path for path in (*ws.files, *ws.secrets, *ws.directories))
         # ssh_key and ssh_known_hosts_file are paths on the operator's machine.

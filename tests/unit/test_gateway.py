@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from operation_harness import a_run, run_operation
+from operation_harness import a_run, local_key_file, run_operation
 from pyinfra.api import OperationError
 from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.runit import RunitManaged, RunitStatus
@@ -45,13 +45,20 @@ PROXY = Proxy(
     address="10.66.0.13", listen_address="0.0.0.0", port=4000, venv="/opt/twinbolt/litellm",
     user="litellm",
     init_system="runit", pip_options=(), config_file="/etc/twinbolt/litellm.yaml",
-    master_key_file=KEY_FILE,
-    small=Deployment("small-router", "qwen", "http://10.66.0.13:30080/v1", "unused"),
+    master_key_file=KEY_FILE, small_key_file="/etc/twinbolt/litellm_small_key",
+    small_key_source=local_key_file("sglang_api_key"),
+    small=Deployment("small-router", "qwen", "http://10.66.0.13:30080/v1",
+                     "os.environ/TWINBOLT_SMALL_API_KEY"),
     large=Deployment("large-backend", "large", "http://10.66.0.13:31000/v1",
                      "os.environ/TWINBOLT_LARGE_API_KEY"),
     secret_files=(("LITELLM_MASTER_KEY", KEY_FILE),
+                  ("TWINBOLT_SMALL_API_KEY", "/etc/twinbolt/litellm_small_key"),
                   ("TWINBOLT_LARGE_API_KEY", "/etc/twinbolt/large_api_key")),
 )
+
+
+# The key the router asks of the proxy, as the proxy's file holds it.
+SMALL_KEY = keys.local_key(PROXY.small_key_source) + "\n"
 
 
 def config(state: str) -> dict:
@@ -82,7 +89,8 @@ def test_forced_fallback_requests_are_accepted_only_while_the_fallback_exists(st
 def test_each_role_has_its_backend_and_a_stable_deployment_id() -> None:
     models = {entry["model_name"]: entry for entry in config("production")["model_list"]}
     assert models["small"]["litellm_params"] == {
-        "model": "openai/qwen", "api_base": "http://10.66.0.13:30080/v1", "api_key": "unused"}
+        "model": "openai/qwen", "api_base": "http://10.66.0.13:30080/v1",
+        "api_key": "os.environ/TWINBOLT_SMALL_API_KEY"}
     assert models["small"]["model_info"] == {"id": "small-router"}
     assert models["large"]["litellm_params"]["api_key"] == "os.environ/TWINBOLT_LARGE_API_KEY"
     assert models["large"]["model_info"] == {"id": "large-backend"}
@@ -359,10 +367,13 @@ def converged_gateway(fallback: bool, live: dict | None):
     files = {
         f"{PROXY.venv}/bin/activate": {"size": 1},
         KEY_FILE: {"size": 52, "mode": 600, "user": "litellm", "group": "root"},
+        PROXY.small_key_file: {"size": len(SMALL_KEY), "mode": 600, "user": "litellm",
+                               "group": "root"},
         PROXY.config_file: {"size": len(config), "mode": 644},
         services.run_script_path("litellm"): {"size": len(run_script), "mode": 755},
     }
     sha1 = {PROXY.config_file: hashlib.sha1(config.encode()).hexdigest(),
+            PROXY.small_key_file: hashlib.sha1(SMALL_KEY.encode()).hexdigest(),
             services.run_script_path("litellm"): hashlib.sha1(run_script.encode()).hexdigest()}
     values = {
         InstalledVersions: lock_pins(LITELLM_LOCK),
@@ -422,6 +433,19 @@ def test_a_changed_service_is_restarted_not_reloaded() -> None:
             return "0" * 40
         return facts(cls, kwargs)
     commands = run_operation(gateway.proxy, older_run_script, proxy=PROXY, fallback=True)
+    assert commands[-2:] == ["SVDIR=/etc/service sv restart litellm", "call wait_until"]
+
+
+def test_a_new_key_for_the_router_restarts_the_proxy_not_reloads_it() -> None:
+    """Its gunicorn master reads the key into its environment once: a reload keeps the old."""
+    facts = converged_gateway(True, wanted_routing(PROXY, True))
+
+    def another_key(cls: type, kwargs: dict) -> object:
+        if cls is Sha1File and kwargs["path"] == PROXY.small_key_file:
+            return "0" * 40
+        return facts(cls, kwargs)
+    commands = run_operation(gateway.proxy, another_key, proxy=PROXY, fallback=True)
+    assert commands[0].startswith("upload ") and commands[0].endswith(f" {PROXY.small_key_file}")
     assert commands[-2:] == ["SVDIR=/etc/service sv restart litellm", "call wait_until"]
 
 

@@ -218,6 +218,11 @@ def test_metrics_are_summed_over_label_sets_and_secrets_are_redacted():
                                 "speculative_num_draft_tokens": 4, "tp_size": 2})
     assert info == {"api_key": "(redacted)", "admin_api_key": None, "hf_token": "(redacted)",
                     "speculative_num_draft_tokens": 4, "tp_size": 2}
+    # SGLang 0.5.23's launch_command: its argv after --config's YAML was merged in.
+    launched = server_stats.redact({"launch_command": "sglang serve --api-key sk-1234 "
+                                    "--admin-api-key=sk-5678 --model-path /m"})
+    assert launched == {"launch_command": "sglang serve --api-key (redacted) "
+                        "--admin-api-key=(redacted) --model-path /m"}
 
 
 def window(name: str, summary: dict, tokens: int, moved: int, errors: int, retrans: int,

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from operation_harness import run_operation
+from operation_harness import local_key_file, run_operation
 from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.runit import RunitManaged, RunitStatus
 from pyinfra.facts.server import TmpDir
@@ -33,9 +33,13 @@ IDS = {A: "id-a", B: "id-b", C: "id-c"}
 KEY_FILE = "/var/lib/twinbolt/router_control_key"
 ROUTER = Router(address="10.66.0.13", listen_address="0.0.0.0", port=30080,
                 venv="/var/lib/twinbolt/venvs/router", user="sglang-router", init_system="runit",
-                pip_options=(), key_file=KEY_FILE, workers=(A, B), served_model_name="qwen",
-                start_timeout_seconds=60)
+                pip_options=(), key_file=KEY_FILE,
+                worker_key_file="/var/lib/twinbolt/router_worker_key",
+                api_key_file=local_key_file("sglang_api_key"), workers=(A, B),
+                served_model_name="qwen", start_timeout_seconds=60)
 URL = "http://10.66.0.13:30080"
+# The SGLang servers' key, as the router's file on the gateway holds it.
+WORKER_KEY = keys.local_key(ROUTER.api_key_file) + "\n"
 
 
 def listed(*urls: str) -> list[dict]:
@@ -81,6 +85,11 @@ def gateway(router: Router, live: list[dict] | None, unit_workers: tuple[str, ..
             return f"{mode} {sha1}" if kwargs["path"] == path else None
         if cls is File and kwargs["path"] == KEY_FILE:
             return {"size": 52, "mode": 600, "user": "sglang-router", "group": "root"}
+        if cls is File and kwargs["path"] == router.worker_key_file:
+            return {"size": len(WORKER_KEY), "mode": 600, "user": "sglang-router",
+                    "group": "root"}
+        if cls is Sha1File and kwargs["path"] == router.worker_key_file:
+            return hashlib.sha1(WORKER_KEY.encode()).hexdigest()
         if cls is File:
             return {"size": len(text), "mode": int(mode), "user": "root", "group": "root"} \
                 if kwargs["path"] == path else None
@@ -205,15 +214,19 @@ def test_a_drain_waits_on_the_removed_replicas_own_count(
         monkeypatch: pytest.MonkeyPatch) -> None:
     counts = {A: 2, B: 0}
 
-    def loads(url: str, timeout: float = 5.0) -> probes.Answer:
+    def loads(url: str, timeout: float = 5.0, headers: dict | None = None) -> probes.Answer:
+        # SGLang's /v1/loads asks for the servers' key.
+        assert headers == {"Authorization": f"Bearer {WORKER_KEY.strip()}"}
         replica = url.removesuffix("/v1/loads?include=core")
         if replica not in counts:
             return probes.Answer(url, error="[Errno 111] Connection refused")
         return probes.Answer(url, 200, {"aggregate": {"total_reqs": counts[replica]}})
     monkeypatch.setattr(probes, "get", loads)
-    assert serving_router.drain_problems([A, B, C]) == [f"{A} still answers 2 request(s)"]
+    headers = ROUTER.headers
+    assert serving_router.drain_problems([A, B, C], headers) == [
+        f"{A} still answers 2 request(s)"]
     counts[A] = 0
-    assert serving_router.drain_problems([A, B, C]) == []
+    assert serving_router.drain_problems([A, B, C], headers) == []
 
 
 @pytest.fixture
@@ -239,25 +252,37 @@ def test_the_worker_api_is_asked_with_the_key_on_stdin_never_in_a_command_line(
         fake_curl: Path, command) -> None:
     key_file = fake_curl / "router_control_key"
     key_file.write_text("sk-0123456789abcdef\n")
-    router = replace(ROUTER, key_file=str(key_file))
+    worker_key_file = fake_curl / "router_worker_key"
+    worker_key_file.write_text("sk-worker0123456789\n")
+    router = replace(ROUTER, key_file=str(key_file), worker_key_file=str(worker_key_file))
     result = subprocess.run(command(router).get_raw_value(), shell=True, capture_output=True,
                             text=True, check=True)
     arguments = (fake_curl / "args").read_text()
-    assert "sk-0123456789abcdef" not in arguments + result.stdout + result.stderr
-    assert (fake_curl / "stdin").read_text() == "Authorization: Bearer sk-0123456789abcdef\n"
+    stdin = (fake_curl / "stdin").read_text()
+    assert "sk-" not in arguments + result.stdout + result.stderr
     assert f"{URL}/workers" in arguments
-    if "POST" in arguments:
-        assert json.dumps({"url": C}) in arguments.splitlines()
+    if "POST" not in arguments:
+        assert stdin == "Authorization: Bearer sk-0123456789abcdef\n"
+        return
+    # Both keys in curl's config on its stdin: the header, and the worker's in the body.
+    assert "-K" in arguments.splitlines()
+    assert stdin.splitlines() == [
+        'header = "Authorization: Bearer sk-0123456789abcdef"',
+        'data = "{\\"url\\": \\"' + C + '\\", \\"api_key\\": \\"sk-worker0123456789\\"}"']
 
 
 def test_the_router_reads_its_key_from_its_file_as_it_starts(tmp_path: Path) -> None:
     """The unit holds the key file's path, never the key; the loader hands it on."""
     key_file = tmp_path / "router_control_key"
     key_file.write_text("sk-0123456789abcdef\n")
-    service = router_service(replace(ROUTER, key_file=str(key_file)))
+    worker_key_file = tmp_path / "router_worker_key"
+    worker_key_file.write_text("sk-worker0123456789\n")
+    service = router_service(replace(ROUTER, key_file=str(key_file),
+                                     worker_key_file=str(worker_key_file)))
     assert "sk-" not in services.render(service, "systemd") + services.render(service, "runit")
-    loader = service.command[:service.command.index(str(key_file)) + 1]
+    loader = service.command[:service.command.index(str(worker_key_file)) + 1]
     started = subprocess.run([*loader, "printf", "%s\\n"], capture_output=True, text=True,
                              check=True)
     assert started.stdout.splitlines() == ["--control-plane-api-keys",
-                                           "twinbolt:twinbolt:admin:sk-0123456789abcdef"]
+                                           "twinbolt:twinbolt:admin:sk-0123456789abcdef",
+                                           "--api-key", "sk-worker0123456789"]

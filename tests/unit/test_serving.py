@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from operation_harness import a_run, run_operation
+from operation_harness import a_run, local_key_file, run_operation
 from pyinfra.api import OperationError
 from pyinfra.facts.apt import AptSources
 from pyinfra.facts.deb import DebPackages
@@ -26,7 +26,7 @@ from sglang_router.launch_router import parse_router_args
 
 from lab.sglang_sim.args import parse_server_args
 from operations import services
-from operations.plumbing import probes
+from operations.plumbing import keys, probes
 from operations.plumbing.facts import FileDigest, digest
 from operations.plumbing.probes import Proofs, Proven
 from operations.plumbing.venvs import lock_pins
@@ -55,6 +55,9 @@ RANK0 = Sglang(
     context_length=32768, mem_fraction_static=0.85, draft_model_path=None, port=30000,
     dist_init_port=5757, min_sglang_version="0.5.9", user="sglang", init_system="systemd",
     working_directory="/", start_timeout_seconds=900,
+    api_key_file=local_key_file("sglang_api_key"),
+    admin_api_key_file=local_key_file("sglang_admin_key", "sk-admin0123456789abcdef"),
+    keys_file="/etc/twinbolt/sglang_keys.yaml",
 )
 RANK1 = replace(RANK0, address="10.66.0.12", rank=1, link_address="169.254.77.2",
                 peer_link_address="169.254.77.1")
@@ -76,6 +79,7 @@ def test_a_replica_is_one_gpu_with_metrics_and_cache_report() -> None:
     assert service.name == "sglang-replica"
     assert service.command[:3] == ["/opt/sglang/bin/python", "-m", "sglang.launch_server"]
     assert flags(service.command) == {
+        "--config": "/etc/twinbolt/sglang_keys.yaml",
         "--model-path": "/srv/models/qwen", "--served-model-name": "qwen",
         "--host": "0.0.0.0", "--port": "30000", "--enable-metrics": None,
         "--enable-cache-report": None, "--quantization": "modelopt_fp4",
@@ -133,15 +137,23 @@ def test_unset_site_values_leave_sglang_its_defaults() -> None:
 
 
 @pytest.mark.parametrize("state", list(STATES.values()), ids=lambda state: state.name)
-def test_every_rendered_command_passes_sglangs_strict_parser(state) -> None:
+def test_every_rendered_command_passes_sglangs_strict_parser(state, tmp_path: Path) -> None:
     # The simulator's parser has SGLang's flag names and exits 2 on anything else,
-    # so a typo in a flag fails here before it fails on a workstation.
+    # so a typo in a flag fails here before it fails on a workstation; the keys'
+    # file is read as SGLang's --config reads it.
     for workstation in (RANK0, RANK1):
         service = (tp_rank_service(workstation, state.speculative) if state.serving == "tp2"
                    else replica_service(workstation))
-        args = parse_server_args(service.command[3:])
+        keys_file = tmp_path / "sglang_keys.yaml"
+        keys_file.write_text(workstation.keys_config())
+        argv = [str(keys_file) if word == workstation.keys_file else word
+                for word in service.command[3:]]
+        args = parse_server_args(argv)
         assert args.tp_size == (2 if state.serving == "tp2" else 1)
         assert args.speculative_algorithm == ("EAGLE" if state.speculative else None)
+        assert (args.api_key, args.admin_api_key) == (
+            keys.local_key(workstation.api_key_file),
+            keys.local_key(workstation.admin_api_key_file))
 
 
 def test_the_router_fronts_only_the_replicas_with_cache_aware_policy() -> None:
@@ -149,6 +161,8 @@ def test_the_router_fronts_only_the_replicas_with_cache_aware_policy() -> None:
                     venv="/opt/twinbolt/sglang-router",
                     user="nobody", init_system="systemd", pip_options=(),
                     key_file="/etc/twinbolt/router_control_key",
+                    worker_key_file="/etc/twinbolt/router_worker_key",
+                    api_key_file=RANK0.api_key_file,
                     workers=("http://10.66.0.12:30000", "http://10.66.0.11:30000"),
                     served_model_name="qwen", start_timeout_seconds=900)
     service = router_service(router)
@@ -450,7 +464,7 @@ def completions_answered(monkeypatch) -> list[str]:
 
 def test_a_young_or_serving_replica_is_not_stuck(monkeypatch) -> None:
     asked = completions_answered(monkeypatch)
-    monkeypatch.setattr(serving, "server_info", lambda url: answer(
+    monkeypatch.setattr(serving, "server_info", lambda url, headers: answer(
         {"tp_size": 1, "served_model_name": "qwen", "speculative_algorithm": None}))
     young = FakeHost({services.ServiceProcess: replica_process(seconds=60)})
     with on(young):
@@ -465,7 +479,7 @@ def test_a_young_or_serving_replica_is_not_stuck(monkeypatch) -> None:
 def test_a_replica_found_serving_is_not_asked_again_by_its_acceptance(monkeypatch) -> None:
     asked = completions_answered(monkeypatch)
     info = {"tp_size": 1, "served_model_name": "qwen", "speculative_algorithm": None}
-    monkeypatch.setattr(serving, "server_info", lambda url: answer(info))
+    monkeypatch.setattr(serving, "server_info", lambda url, headers: answer(info))
     service = replica_service(RANK0)
     proofs = Proofs()
     with on(FakeHost({services.ServiceProcess: replica_process(seconds=3600)})):
@@ -480,7 +494,7 @@ def test_a_replica_found_serving_is_not_asked_again_by_its_acceptance(monkeypatc
 def test_a_replica_whose_server_info_disagrees_is_asked_again_by_its_acceptance(
         monkeypatch) -> None:
     asked = completions_answered(monkeypatch)
-    monkeypatch.setattr(serving, "server_info", lambda url: answer(
+    monkeypatch.setattr(serving, "server_info", lambda url, headers: answer(
         {"tp_size": 2, "served_model_name": "qwen", "speculative_algorithm": None}))
     service = replica_service(RANK0)
     proofs = Proofs()
@@ -492,7 +506,7 @@ def test_a_replica_whose_server_info_disagrees_is_asked_again_by_its_acceptance(
 
 def test_a_server_is_asked_once_per_run_while_the_same_process_serves(monkeypatch) -> None:
     asked = completions_answered(monkeypatch)
-    monkeypatch.setattr(serving, "server_info", lambda url: answer(
+    monkeypatch.setattr(serving, "server_info", lambda url, headers: answer(
         {"tp_size": 1, "served_model_name": "qwen", "speculative_algorithm": None}))
     service = replica_service(RANK0)
     proofs = Proofs()
@@ -537,7 +551,7 @@ def serving_facts(running: list[str], pid: int = 7):
 def test_verify_names_a_service_the_state_does_not_run_and_proves_the_replica_once(
         monkeypatch) -> None:
     asked = completions_answered(monkeypatch)
-    monkeypatch.setattr(serving, "server_info", lambda url: answer(
+    monkeypatch.setattr(serving, "server_info", lambda url, headers: answer(
         {"tp_size": 1, "served_model_name": "qwen", "speculative_algorithm": None}))
     replicas = {"sglang": RANK0, "serving": "replicas", "speculative": None}
     run = a_run()
@@ -560,7 +574,7 @@ def test_verify_names_a_service_the_state_does_not_run_and_proves_the_replica_on
 
 def test_verify_expects_rank_0_to_report_the_groups_size_not_two(monkeypatch) -> None:
     completions_answered(monkeypatch)
-    monkeypatch.setattr(serving, "server_info", lambda url: answer(
+    monkeypatch.setattr(serving, "server_info", lambda url, headers: answer(
         {"tp_size": 2, "served_model_name": "qwen", "speculative_algorithm": None}))
     monkeypatch.setattr(serving, "tp_log_tails", lambda: "the ranks' logs")
     wider = replace(RANK0, tp_size=3)

@@ -41,7 +41,8 @@ def test_a_sites_inventory_data_builds_the_sites_settings(write_site):
     site = load_site(write_site())
     (name, data), _ = site.workstation_hosts()
     settings = WorkstationSettings.of(InventoryEntry(name, ("workstations",), data))
-    assert settings.serving == site.serving
+    # Host data holds the local paths as strings, the site file's model as paths.
+    assert settings.serving.model_dump(mode="json") == site.serving.model_dump(mode="json")
     assert settings.link == site.link
     assert (settings.rank, settings.tp_size, settings.address) == (0, 2, "127.0.0.1")
     assert settings.peer_link_address == str(site.workstations[1].thunderbolt_address)
@@ -172,8 +173,8 @@ def test_a_layer_field_that_no_setting_names_or_two_do_is_refused(sources, prefi
 COMPUTED = {
     "Sglang": set(),
     "ExpectedLink": set(),
-    "Router": {"workers", "served_model_name", "start_timeout_seconds"},
-    "Proxy": {"small", "large", "secret_files"},
+    "Router": {"workers", "served_model_name", "start_timeout_seconds", "api_key_file"},
+    "Proxy": {"small", "large", "secret_files", "small_key_source"},
     "Guard": {"link", "rank_service", "staged_candidate",
               "events_path", "sysfs", "uptime_path", "module_seconds"},
 }
@@ -203,7 +204,8 @@ def test_every_field_of_a_layer_is_a_setting_of_its_name_or_listed_as_computed(
     the_part = part.WorkstationPart.of(WorkstationSettings.of(workstations[0]), inventory,
                                        the_sglang)
     the_router = router.Router.from_hosts(gateway, workstations)
-    the_proxy = proxy.Proxy.from_host(gateway, the_router.served_model_name, the_router.url)
+    the_proxy = proxy.Proxy.from_host(gateway, the_router.served_model_name, the_router.url,
+                                      the_router.api_key_file)
     assert computed == COMPUTED
     # Each setting under its own name, a role's without its prefix.
     assert (the_sglang.sglang_module, the_sglang.interface) == (

@@ -470,7 +470,8 @@ def test_every_accepted_hostile_value_renders_into_the_real_units_and_scripts(wr
     the_gateway = host(*site.gateway_hosts()[0])
     sglang = serving.Sglang.from_host(workstations[0])
     router = serving_router.Router.from_hosts(the_gateway, workstations)
-    proxy = gateway.Proxy.from_host(the_gateway, router.served_model_name, router.url)
+    proxy = gateway.Proxy.from_host(the_gateway, router.served_model_name, router.url,
+                                    router.api_key_file)
     built = [serving.replica_service(sglang), serving_router.router_service(router),
              gateway.proxy_service(proxy),
              *(serving.tp_rank_service(sglang, state.speculative) for state in STATES.values())]

@@ -36,7 +36,7 @@ TOKENS = 16
 @pytest.fixture(scope="module")
 def proxy(gateway, inventory) -> Proxy:
     router = Router.from_hosts(gateway, in_group(inventory, "workstations"))
-    return Proxy.from_host(gateway, router.served_model_name, router.url)
+    return Proxy.from_host(gateway, router.served_model_name, router.url, router.api_key_file)
 
 
 def test_the_config_has_the_fallbacks_the_state_declares(gateway, proxy: Proxy, state: State,

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from verify_helpers import fact
 
+from operations.plumbing import keys
 from operations.services import Service
 from operations.serving.sglang import (
     GPU_SERVICES,
@@ -151,13 +152,14 @@ def flag(argv: list[str], name: str) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else None
 
 
-def completion_problem(base_url: str, model: str) -> str | None:
-    """Why ``base_url`` does not serve a real completion of TOKENS tokens; None if it does."""
+def completion_problem(base_url: str, model: str, headers: dict[str, str]) -> str | None:
+    """
+    Why ``base_url`` does not serve a real completion of TOKENS tokens, asked
+    with the servers' key (``headers``); None if it does.
+    """
     try:
-        response = httpx.post(f"{base_url}/v1/chat/completions", timeout=30, json={
-            "model": model, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True,
-            "messages": [{"role": "user", "content": "twinbolt verify: one sentence, please"}],
-        })
+        response = httpx.post(f"{base_url}/v1/chat/completions", timeout=30, headers=headers,
+                              json=completion_body(model))
     except httpx.HTTPError as error:
         return f"{base_url}: no answer: {type(error).__name__}: {error}"
     if response.status_code != 200:
@@ -303,6 +305,63 @@ def test_tp_ranks_talk_over_the_thunderbolt_link_only(workstation, servers,
                                sglang.peer_link_address, sglang.port, sglang.interface) == [], rank
 
 
+def completion_body(model: str) -> dict[str, object]:
+    return {"model": model, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "twinbolt verify: one sentence, please"}]}
+
+
+def key_headers(settings: WorkstationSettings, admin: bool = False) -> dict[str, str]:
+    """The servers' key (or their admin key) as the harness shows it."""
+    return keys.bearer(settings.serving.admin_api_key_file if admin
+                       else settings.serving.api_key_file)
+
+
+# What a caller without a key tries on an SGLang server: a completion, its
+# settings, and two admin endpoints (an empty cache slows every user; a profile
+# fills the disk). Each refused 401 by SGLang (utils/auth.py).
+SERVER_CALLS = (("POST", "/v1/chat/completions"), ("GET", "/server_info"),
+                ("POST", "/flush_cache"), ("POST", "/start_profile"))
+
+
+def test_each_sglang_server_refuses_a_caller_without_its_key(workstations, gateway,
+                                                             state: State,
+                                                             fronted: list[str]) -> None:
+    """
+    From outside: every server clients reach, and the router in front of them,
+    refuses a request without the key (and a wrong one); the admin endpoints
+    refuse the ordinary key too. The servers answer with it (the completions
+    test, and ``/server_info`` here).
+    """
+    settings = [WorkstationSettings.of(workstation) for workstation in workstations]
+    model = settings[0].serving.served_model_name
+    servers = [settings[0].server_url] if state.tensor_parallel else [
+        each.server_url for each in settings]
+    wrong = {"Authorization": "Bearer sk-not-the-key-0000000000"}
+    found = []
+    for url in servers:
+        for method, path in SERVER_CALLS:
+            asked = [("no key", {}), ("a wrong key", wrong)]
+            if path in ("/flush_cache", "/start_profile"):
+                asked.append(("the ordinary key", key_headers(settings[0])))
+            for what, headers in asked:
+                answer = httpx.request(method, f"{url}{path}", headers=headers, timeout=10,
+                                       json=completion_body(model) if "chat" in path else None)
+                if answer.status_code != 401:
+                    found.append(f"{url}{path} answered {method} with {what}: "
+                                 f"HTTP {answer.status_code} {answer.text[:120]}")
+        info = httpx.get(f"{url}/server_info", headers=key_headers(settings[0]), timeout=10)
+        if info.status_code != 200:
+            found.append(f"{url}/server_info refused its key: HTTP {info.status_code}")
+    if fronted or not state.tensor_parallel:
+        router = GatewaySettings.of(gateway).router_url
+        answer = httpx.post(f"{router}/v1/chat/completions", json=completion_body(model),
+                            timeout=10)
+        if answer.status_code != 401:
+            found.append(f"{router} answered a completion without the key: "
+                         f"HTTP {answer.status_code}")
+    assert found == [], "; ".join(found)
+
+
 def test_clients_servers_answer_real_completions(workstations, gateway, state: State,
                                                  fronted: list[str]) -> None:
     settings = [WorkstationSettings.of(workstation) for workstation in workstations]
@@ -316,8 +375,9 @@ def test_clients_servers_answer_real_completions(workstations, gateway, state: S
         # while it fronts other pairs' replicas.
         targets = [settings[0].server_url, *([GatewaySettings.of(gateway).router_url]
                                              if fronted else [])]
+    headers = key_headers(settings[0])
     problems = [problem for target in targets
-                if (problem := completion_problem(target, model)) is not None]
+                if (problem := completion_problem(target, model, headers)) is not None]
     assert problems == [], "; ".join(problems)
 
 
@@ -378,7 +438,8 @@ def test_rank0_reports_the_declared_parallelism_and_speculation(workstations,
                                                                 state: State) -> None:
     if not state.tensor_parallel:
         pytest.skip(f"{state.name} runs no TP group")
-    info = httpx.get(f"{WorkstationSettings.of(workstations[0]).server_url}/server_info",
+    settings = WorkstationSettings.of(workstations[0])
+    info = httpx.get(f"{settings.server_url}/server_info", headers=key_headers(settings),
                      timeout=10).json()
     assert info["tp_size"] == len(workstations)
     if state.speculative is None:
