@@ -49,7 +49,7 @@ import pyinfra
 from pyinfra import host, inventory
 
 from operations import run as runs
-from operations.gateway import proxy, route
+from operations.gateway import ownership, proxy, route
 from operations.part import Part
 from operations.safety import guard, interrupt, ledger, lock, rollback, scope
 from operations.serving import gpu, router, sglang
@@ -125,6 +125,8 @@ if workstation:
              foreign_memory_mib=workstation.settings.serving.foreign_gpu_memory_mib)
     sglang.admissible(name=f"Preflight: SGLang can serve {state.name} here", sglang=part.sglang,
                       serving=state.serving, speculative=state.speculative)
+ownership.own(name="Preflight: the proxy's name and port are twinbolt's, not the site's LiteLLM's",
+              proxy=part.proxy)
 route.admissible(name="Preflight: the large role answers, so small can fall back to it",
                  proxy=part.proxy, fallback=part.fallback, _timeout=part.request_bound)
 

@@ -14,6 +14,20 @@ between its hosts; the rest is ``group_data/``.
 """
 
 import os
+from pathlib import Path
+
+import pyinfra
+from pyinfra.api.exceptions import PyinfraError
+
+# pyinfra reads config.py (the state and --data checks, the signal handling)
+# from the current directory only: a run started elsewhere would go without them.
+# Checked before twinbolt's own imports, which only the checkout's directory finds.
+_CHECKOUT = Path(__file__).resolve().parent
+if pyinfra.state.cwd and Path(pyinfra.state.cwd).resolve() != _CHECKOUT:
+    raise PyinfraError(
+        f"run pyinfra from twinbolt's checkout: it reads config.py (the state and --data "
+        f"checks, the handling of Ctrl-C) from the current directory only, and this is "
+        f"{pyinfra.state.cwd}; cd {_CHECKOUT} and run the command again. Nothing was changed")
 
 from operations.plumbing.connect import connection_data
 from operations.site.model import (

@@ -20,7 +20,6 @@ from typing import Any
 
 from harness import remote
 from harness.topology import Topology, server_url
-from operations.gateway.proxy import SERVICE as PROXY
 from operations.gateway.proxy import LiveRouting, ProxyConfig, fallback_present
 from operations.safety.guard import GuardState, summary
 from operations.services import RunningServices
@@ -159,7 +158,8 @@ def gateway_queries(settings: GatewaySettings) -> list[remote.Query]:
     init_system = roles.init_system
     return [
         remote.Query("router", RunningServices(), {"prefix": ROUTER, "init_system": init_system}),
-        remote.Query("proxy", RunningServices(), {"prefix": PROXY, "init_system": init_system}),
+        remote.Query("proxy", RunningServices(), {"prefix": roles.litellm_service,
+                                                   "init_system": init_system}),
         # The running proxy's routing is the truth; the file is what it would load next.
         remote.Query("live", LiveRouting(), {
             "url": settings.proxy_url,
@@ -376,16 +376,17 @@ def gateway_layer(topology: Topology, readings: dict[str, remote.Reading],
     if reading.error:
         return Unknown("unreachable")
     live, config = reading.values["live"], reading.values["config"]
+    proxy = GatewaySettings.of(topology.gateway).roles.litellm_service
     in_file = fallback_present(config or {})
     file_text = f"config file: general fallback {'present' if in_file else 'absent'}"
     if live is None:
-        running = PROXY in reading.values["proxy"]
-        rows.append(("gateway", name, f"{PROXY} {'running' if running else 'stopped'}, "
+        running = proxy in reading.values["proxy"]
+        rows.append(("gateway", name, f"{proxy} {'running' if running else 'stopped'}, "
                                       f"its API does not answer; {file_text}"))
-        return Unknown(f"{PROXY} does not answer")
+        return Unknown(f"{proxy} does not answer")
     general = live["fallbacks"].get("small", [])
     context = live["context_window_fallbacks"].get("small", [])
     rows.append(("gateway", name,
-                 f"{PROXY}: small -> {', '.join(general) or 'nothing'} on any error; "
+                 f"{proxy}: small -> {', '.join(general) or 'nothing'} on any error; "
                  f"small -> {', '.join(context) or 'nothing'} on context overflow; {file_text}"))
     return fallback_present(live)

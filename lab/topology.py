@@ -252,6 +252,7 @@ def alive(pid: int) -> bool:
     """Running, as opposed to gone or a zombie that only waits to be reaped."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # Gone before the open, or between the open and the read (ESRCH).
         return False
     return stat.rpartition(")")[2].split()[0] != "Z"

@@ -53,7 +53,6 @@ from operations.site.settings import GatewaySettings, derived
 from operations.step import Layer, failing, operation
 
 LAYER = Layer.GATEWAY
-SERVICE = "litellm"
 ROLES = ("small", "large")
 # Each role's own deployment, by the stable model_info.id that x-litellm-model-id reports.
 DEPLOYMENTS = {"small": "small-router", "large": "large-backend"}
@@ -117,6 +116,7 @@ class Proxy(GatewayService):
     on the machine running twinbolt.
     """
 
+    service: str
     config_file: str
     master_key_file: str
     small_key_file: str
@@ -158,10 +158,10 @@ class Proxy(GatewayService):
 def proxy_service(proxy: Proxy) -> Service:
     """The LiteLLM proxy, its secrets read from their files as it starts."""
     return Service(
-        name=SERVICE,
+        name=proxy.service,
         description="LiteLLM proxy: the gateway's public roles small and large (twinbolt)",
         command=[
-            "/bin/sh", "-c", SECRETS_LOADER, SERVICE,
+            "/bin/sh", "-c", SECRETS_LOADER, proxy.service,
             *(f"{name}={path}" for name, path in proxy.secret_files), "--",
             f"{proxy.venv}/bin/litellm", "--config", proxy.config_file,
             "--host", proxy.listen_address, "--port", str(proxy.port),
@@ -346,7 +346,7 @@ def live_problems(proxy: Proxy, fallback: bool, proofs: Proofs,
             return [f"the proxy at {proxy.url} does not answer /v1/model/info with the master "
                     f"key in {proxy.master_key_file}"]
         return routing_problems("the running proxy", live, wanted, "its config has")
-    return proofs.once(routes(fallback), workers, routing)
+    return proofs.once(routes(proxy, fallback), workers, routing)
 
 
 def proxy_workers(proxy: Proxy) -> tuple[int, ...] | None:
@@ -355,18 +355,18 @@ def proxy_workers(proxy: Proxy) -> tuple[int, ...] | None:
     are remembered by: a reload keeps the main process and replaces the workers,
     and the routing is theirs. ``None`` while no proxy runs.
     """
-    process = host.get_fact(services.ServiceProcess, service=SERVICE,
+    process = host.get_fact(services.ServiceProcess, service=proxy.service,
                             init_system=proxy.init_system)
     return (process["pid"], *process["children"]) if process["pid"] else None
 
 
-def routes(fallback: bool) -> Proven:
+def routes(proxy: Proxy, fallback: bool) -> Proven:
     """The proof that this host's proxy routes as its config says, with or without the fallback."""
-    return Proven(host.name, SERVICE, "routes", fallback)
+    return Proven(host.name, proxy.service, "routes", fallback)
 
 
 def proxy_log(proxy: Proxy) -> str:
-    return log_tails([(host, SERVICE, proxy.init_system)])
+    return log_tails([(host, proxy.service, proxy.init_system)])
 
 
 # Operations
@@ -433,7 +433,7 @@ def proxy(proxy: Proxy | None, fallback: bool, proofs: Proofs,
         yield command
     if not started:
         if workers:
-            proofs.remember(routes(fallback), workers)
+            proofs.remember(routes(proxy, fallback), workers)
         host.noop(f"the proxy routes as its config says, the fallback "
                   f"{'present' if fallback else 'absent'}")
         return

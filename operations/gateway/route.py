@@ -26,7 +26,6 @@ from operations.gateway.proxy import (
     DEPLOYMENTS,
     LAYER,
     ROLES,
-    SERVICE,
     START_TIMEOUT_SECONDS,
     Proxy,
     ProxyConfig,
@@ -187,7 +186,7 @@ def roles_problems(proxy: Proxy, fallback: bool, tokens: int, proofs: Proofs) ->
     implies; asked once per run while the same proxy process serves.
     """
     expected = serving_deployments(fallback)
-    answered = Proven(host.name, SERVICE, "answers", fallback)
+    answered = Proven(host.name, proxy.service, "answers", fallback)
     return proofs.once(answered, proxy_workers(proxy), lambda: [
         problem for role, answer in ask(proxy, ROLES, tokens).items()
         for problem in answer_problems(role, answer, expected[role], tokens)])

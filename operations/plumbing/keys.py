@@ -25,7 +25,7 @@ import stat
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
-from pyinfra import host
+from pyinfra import host, state
 from pyinfra.api import StringCommand
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.api.exceptions import PyinfraError
@@ -141,8 +141,13 @@ def key_put(source: Path | str, path: str, user: str, text: str | None = None
     """
     content = local_key(source) + "\n" if text is None else text
     changed = False
-    for command in files.put._inner(src=io.StringIO(content), dest=path, user=user, mode="600",
-                                    create_remote_dir=True):
-        changed = True
-        yield command
+    # pyinfra's --diff prints a put file's old and new lines: never a key's.
+    diff, state.config.DIFF = state.config.DIFF, False
+    try:
+        for command in files.put._inner(src=io.StringIO(content), dest=path, user=user,
+                                        mode="600", create_remote_dir=True):
+            changed = True
+            yield command
+    finally:
+        state.config.DIFF = diff
     return changed

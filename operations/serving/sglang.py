@@ -602,7 +602,9 @@ def admissible(sglang: Sglang | None, serving: ServingMode, speculative: Specula
     """
     Refuse, before anything changes, a serving target this workstation cannot reach.
 
-    The weights must be on the host. A NEXTN TP state needs SGLang at least
+    The SGLang servers' keys must be readable, and safe, where twinbolt runs
+    (:func:`~operations.plumbing.keys.local_key`). The weights must be on the
+    host. A NEXTN TP state needs SGLang at least
     ``sglang.min_sglang_version``. The installed SGLang must accept the site's
     ``--quantization`` (:mod:`operations.site.releases`), in every state, or the
     server would exit 2 at its start. Leaving production needs production working:
@@ -627,6 +629,10 @@ def admissible(sglang: Sglang | None, serving: ServingMode, speculative: Specula
     if elsewhere(sglang, "workstation"):
         return
     found = []
+    try:
+        sglang.keys_config()
+    except keys.KeyFileProblem as problem:
+        found.append(f"the SGLang servers' keys, on the machine running twinbolt: {problem}")
     if not host.get_fact(Directory, path=sglang.model_path):
         found.append(f"the weights {sglang.model_path} are not on this host")
     if speculative and sglang.draft_model_path:

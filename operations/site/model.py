@@ -55,6 +55,7 @@ from operations.site.syntax import (
     InterfaceName,
     ModuleName,
     ServiceAccount,
+    ServiceName,
     no_control_characters,
 )
 from operations.thunderbolt import module_file
@@ -361,6 +362,11 @@ class GatewayRoles(_Section):
     # The proxy reads the master key, so it runs as an account of its own
     # (created if missing) that owns the key file.
     litellm_user: ServiceAccount = "litellm"
+    # twinbolt's proxy as a service (systemd unit or runit service). A gateway
+    # that already runs the site's own LiteLLM under this name, or on
+    # litellm_port, is refused: run twinbolt's beside it under another name and
+    # port (docs/gateway.md).
+    litellm_service: ServiceName = "litellm"
     init_system: Literal["systemd", "runit"] = "systemd"
     # twinbolt installs sglang-router into this virtualenv on the gateway.
     router_venv: AbsolutePath = "/opt/twinbolt/sglang-router"

@@ -39,6 +39,7 @@ INTERFACE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}")
 ENVIRONMENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A Python module (``python -m NAME``) or a kernel module's name.
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+SERVICE_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 
 
 def control_characters(value: str) -> list[str]:
@@ -117,3 +118,5 @@ InterfaceName = Annotated[str, AfterValidator(_matching(INTERFACE_NAME,
 EnvironmentName = Annotated[str, AfterValidator(_matching(ENVIRONMENT_NAME,
                                                           "an environment variable's name"))]
 ModuleName = Annotated[str, AfterValidator(_matching(MODULE_NAME, "a module's name"))]
+# A service's name: a systemd unit's (before .service) and a runit service's directory.
+ServiceName = Annotated[str, AfterValidator(_matching(SERVICE_NAME, "a service's name"))]

@@ -4,6 +4,10 @@ gone, as on a gateway twinbolt has never touched, a production converge makes
 both venvs from the hash-pinned locks (the lab's pip reads the wheelhouse
 `make setup` built, never a registry), starts the router and the proxy from them,
 and proves the route; the next converge installs nothing.
+
+A gateway that runs the site's own LiteLLM under the proxy's name is refused
+before any change, and twinbolt's proxy then runs beside it, under a name and
+port of its own, leaving the site's untouched.
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ import shlex
 import time
 from pathlib import Path
 
-from e2e_helpers import deploy, inventory, removed, service_process, ssh
+from e2e_helpers import deploy, init_system, inventory, removed, service_process, snapshot, ssh
 
+from operations import services
 from operations.gateway.proxy import LITELLM_LOCK
 from operations.plumbing.venvs import DIST_INFO_SCRIPT, InstalledVersions, lock_pins
 from operations.serving.router import ROUTER_LOCK
@@ -59,3 +64,59 @@ def test_a_gateway_without_venvs_installs_them_from_the_locks() -> None:
     again = deploy("production")
     assert again.returncode == 0, again.output[-3000:]
     assert again.changed_hosts() == set(), again.output[-3000:]
+
+
+# The site's own LiteLLM, as far as twinbolt can tell: a service of the proxy's
+# name that twinbolt did not render, serving on the proxy's port.
+SITE_COMMAND = "/usr/bin/python3 -m http.server 4000"
+SITE_UNIT = f"""[Unit]
+Description=The site's own LiteLLM
+[Service]
+ExecStart={SITE_COMMAND}
+[Install]
+WantedBy=multi-user.target
+"""
+SITE_RUN = f"#!/bin/sh\nexec {SITE_COMMAND}\n"
+BESIDE = ("--data", "gateway_roles_litellm_service=twinbolt-litellm",
+          "--data", "gateway_roles_litellm_port=4001",
+          "--data", "gateway_roles_litellm_config_file=/var/lib/twinbolt/twinbolt-litellm.yaml")
+
+
+def site_litellm_installed() -> str:
+    """Replace twinbolt's proxy by the site's own under the same name; its file's path."""
+    removed("gw", "litellm")
+    path = services.rendered_path("litellm", init_system())
+    text = SITE_UNIT if init_system() == "systemd" else SITE_RUN
+    start = ("systemctl daemon-reload && systemctl enable --now litellm.service"
+             if init_system() == "systemd"
+             else f"chmod 755 {path} && ln -sfn {Path(path).parent} {services.RUNIT_SVDIR}/litellm")
+    ssh("gw", f"printf %s {shlex.quote(text)} > {path} && {start}")
+    for _ in range(50):
+        if service_process("gw", "litellm")["running"]:
+            return path
+        time.sleep(0.2)
+    raise AssertionError("the site's own LiteLLM did not start")
+
+
+def test_the_sites_own_litellm_is_refused_then_kept_beside() -> None:
+    path = site_litellm_installed()
+    site = service_process("gw", "litellm")
+    before = snapshot()
+    refused = deploy("production")
+    assert refused.returncode != 0
+    assert f"gw: gateway layer: {path} is not twinbolt's" in refused.output, refused.output[-3000:]
+    assert snapshot() == before, "a refused run must change nothing"
+
+    beside = deploy("production", *BESIDE)
+    assert beside.returncode == 0, beside.output[-3000:]
+    ours = service_process("gw", "twinbolt-litellm")
+    assert ours["running"] and "--port 4001" in " ".join(ours["argv"])
+    # The site's own: the same process, the same file, never restarted.
+    assert service_process("gw", "litellm")["pid"] == site["pid"]
+    assert SITE_COMMAND in ssh("gw", f"cat {path}")
+
+    # Back to the lab as it was: twinbolt's proxy under its usual name.
+    removed("gw", "litellm", "twinbolt-litellm")
+    ssh("gw", f"rm -f {path} {services.rendered_path('twinbolt-litellm', init_system())}")
+    restored = deploy("production")
+    assert restored.returncode == 0, restored.output[-3000:]

@@ -28,9 +28,9 @@ from e2e_helpers import (
     fault,
     files_under,
     lab,
-    master_key,
     places_holding,
     refused_for_a_recorded_stall,
+    secrets,
     service_process,
     snapshot,
     ssh,
@@ -95,8 +95,9 @@ def test_a_candidate_that_stalls_the_link_is_rolled_back_and_its_controllers_rem
     assert ledger.describe_pairing(ledger.controllers(attempt)) == STALLED_PAIRING
     assert (refusal["state"], refusal["outcome"]) == ("tp2_e2e", "refused")
 
-    assert places_holding(master_key(), {"the attempt and its rollback at -vvv": run.output,
-                                         **files_under(tmp_path)}) == []
+    texts = {"the attempt and its rollback at -vvv": run.output, **files_under(tmp_path)}
+    assert {name: places_holding(secret, texts) for name, secret in secrets().items()} == {
+        name: [] for name in secrets()}
 
     # The fault off, the controllers are back on their healthy firmware: not refused.
     healthy = pairing_now()

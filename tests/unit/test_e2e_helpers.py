@@ -17,10 +17,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
 from e2e_helpers import (  # noqa: E402
+    Asked,
     Watched,
     parse_snapshot,
     part,
     pyinfra_table,
+    refusals,
     reported_changes,
     snapshot_command,
     watched,
@@ -237,3 +239,25 @@ def test_an_incomplete_snapshot_is_an_error() -> None:
     with pytest.raises(AssertionError, match="did not complete"):
         parse_snapshot("gw", "file /x\tmissing\n")
     assert part("echo $1", "a b") == "sh -c 'echo $1' - 'a b'"
+
+
+OK = Asked(0.0, 200, "small-router", 0.2)
+REFUSED = Asked(1.0, None, "ConnectError: [Errno 111] Connection refused", 0.01)
+RESET = Asked(2.0, None, "ReadError: [Errno 104] Connection reset by peer", 0.07)
+ERROR = Asked(3.0, 500, "", 0.3)
+SLOW = Asked(4.0, 200, "small-router", 6.0)
+
+
+@pytest.mark.parametrize(("answers", "failed"), [
+    ([OK, OK], []),
+    ([OK, REFUSED], [REFUSED]),
+    ([OK, ERROR], [ERROR]),
+    ([OK, SLOW], [SLOW]),
+    # A retiring worker's race costs one connection at most; two are a failure.
+    ([OK, RESET], []),
+    ([RESET, OK, RESET], [RESET, RESET]),
+    ([RESET, REFUSED], [REFUSED]),
+], ids=["answered", "refused", "error", "slow", "one-reset", "two-resets", "reset-and-refused"])
+def test_a_users_failures_are_every_refusal_and_error_and_all_but_one_reset(
+        answers: list[Asked], failed: list[Asked]) -> None:
+    assert refusals(answers) == failed

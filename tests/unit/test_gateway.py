@@ -43,7 +43,7 @@ KEY_FILE = "/etc/twinbolt/litellm_master_key"
 
 PROXY = Proxy(
     address="10.66.0.13", listen_address="0.0.0.0", port=4000, venv="/opt/twinbolt/litellm",
-    user="litellm",
+    user="litellm", service="litellm",
     init_system="runit", pip_options=(), config_file="/etc/twinbolt/litellm.yaml",
     master_key_file=KEY_FILE, small_key_file="/etc/twinbolt/litellm_small_key",
     small_key_source=local_key_file("sglang_api_key"),

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -271,3 +272,17 @@ def test_a_site_of_pairs_has_a_group_for_each_pair(inventory, write_site):
     assert members["gateway"] == ["gw0"]
     assert [(hosts[name]["data"]["pair"], hosts[name]["data"]["rank"])
             for name in members["workstations"]] == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+
+
+def test_a_run_started_outside_the_checkout_is_refused_clearly(tmp_path) -> None:
+    """pyinfra reads config.py from the current directory only: its checks would be missing."""
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("pyinfra")), str(REPO / "inventory.py"),
+         str(REPO / "deploy.py"), "--data", "state=production", "--dry"],
+        cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert (f"run pyinfra from twinbolt's checkout: it reads config.py (the state and --data "
+            f"checks, the handling of Ctrl-C) from the current directory only, and this is "
+            f"{tmp_path}; cd {REPO} and run the command again. Nothing was changed") in output
+    assert "Traceback" not in output

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from pyinfra import state
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra_fakes import FakeHost, describe, on
 from test_serving import RANK0
@@ -119,3 +120,14 @@ def test_the_servers_keys_file_is_put_by_sftp_and_says_whether_it_changed(
     assert ("upload /etc/twinbolt/sglang_keys.yaml" in done) is changed
     # Only the path is ever on a command line, never the key.
     assert not any("sk-" in command for command in done)
+
+
+def test_a_key_never_reaches_pyinfras_diff(caplog: pytest.LogCaptureFixture) -> None:
+    """``pyinfra --diff`` prints a put file's lines; a key's file is put with it off."""
+    with on(keys_host(None)), caplog.at_level("DEBUG"):
+        state.config.DIFF = True
+        done = [describe(command) for command in serving.keys_written(RANK0)]
+        assert state.config.DIFF is True  # the operator's --diff holds for every other file
+    assert "upload /etc/twinbolt/sglang_keys.yaml" in done
+    assert "Will create" not in caplog.text
+    assert keys.local_key(RANK0.api_key_file) not in caplog.text

@@ -9,6 +9,7 @@ controllers as they were.
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +93,12 @@ def test_a_fault_on_for_one_pair_leaves_the_other_pairs_controllers_alone(links)
     faults.switch("asm4242", True, [host_named("wsd")])
     assert controllers(links)["wsd"]["nhi"] == "1b21:2425"
     assert controllers(links)["wsb"]["nhi"] == "8086:1137"
+
+
+def test_a_process_that_ends_while_its_stat_is_read_is_not_alive(monkeypatch) -> None:
+    """Its /proc file opened, then ESRCH on the read: gone, as a missing file is."""
+    def vanished(self: Path, *args: object, **kwargs: object) -> str:
+        raise ProcessLookupError(3, "No such process")
+
+    monkeypatch.setattr(Path, "read_text", vanished)
+    assert topology.alive(123456) is False

@@ -286,6 +286,22 @@ def test_preflight_refuses_a_quantization_the_installed_sglang_refuses(state: st
     assert "install an SGLang before 0.5.20 for /opt/sglang/bin/python" in str(refused.value)
 
 
+def test_preflight_refuses_keys_missing_or_unsafe_where_twinbolt_runs(tmp_path: Path) -> None:
+    """Before the first change, as every other prerequisite, naming the file and the fix."""
+    unsafe = tmp_path / "sglang_admin_key"
+    unsafe.write_text("sk-0123456789abcdef0123\n")
+    unsafe.chmod(0o644)
+    keys.local_key.cache_clear()
+    with pytest.raises(OperationError) as refused:
+        run_operation(serving.admissible, preflight_facts("0.5.23"),
+                      sglang=replace(RANK0, admin_api_key_file=str(unsafe)),
+                      serving="replicas", speculative=None)
+    assert str(refused.value).startswith(
+        f"wsa: serving layer: the SGLang servers' keys, on the machine running twinbolt: "
+        f"{unsafe}: must be a regular file of mode 0600, not -rw-r--r--; make one with: "
+        f"install -D -m 600 /dev/null {unsafe}")
+
+
 def test_preflight_reads_the_version_once_and_only_when_something_depends_on_it() -> None:
     read: list[dict] = []
     run_operation(serving.admissible, preflight_facts("0.5.23", read), sglang=RANK0,
