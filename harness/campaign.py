@@ -417,7 +417,7 @@ class Campaign:
             "transport_chart": links_chart.name if links_chart else None,
             "comparison": table,
             "chart": chart.name if chart else None,
-            "does_not_prove": caveats.does_not_prove(measured) if measured else [],
+            "does_not_prove": caveats.does_not_prove(measured, links) if measured else [],
         }
         report.write_text(self.directory / "campaign.json", json.dumps(result, indent=1) + "\n")
         report.write_text(self.directory / "campaign.md", markdown(result))

@@ -31,6 +31,7 @@ from harness.progress import say
 from harness.report import number
 from harness.status import observe
 from harness.topology import Topology
+from operations.serving.transport import AVAILABLE_CONGESTION_CONTROL, UBUNTU_CONGESTION_CONTROL
 from operations.site.settings import WorkstationSettings
 
 T = TypeVar("T")
@@ -89,12 +90,15 @@ class FlowRun:
     retransmits: int
     bytes: int
     seconds: float
+    # The congestion control the sender's flows ran, as iperf3 reports it.
+    congestion: str | None = None
 
     @classmethod
     def from_iperf3(cls, flows: int, report: dict[str, Any]) -> FlowRun:
-        received, sent = report["end"]["sum_received"], report["end"]["sum_sent"]
+        end = report["end"]
+        received, sent = end["sum_received"], end["sum_sent"]
         return cls(flows, received["bits_per_second"] / 1e9, sent.get("retransmits", 0),
-                   received["bytes"], received["seconds"])
+                   received["bytes"], received["seconds"], end.get("sender_tcp_congestion"))
 
 
 @dataclass(frozen=True)
@@ -139,11 +143,17 @@ def iperf3_server(direction: Direction, seconds: int) -> str:
 
 
 def iperf3_client(direction: Direction, flows: int, seconds: int) -> str:
-    """``flows`` parallel TCP flows from the sender's link address, for ``seconds``; JSON."""
+    """
+    ``flows`` parallel TCP flows from the sender's link address, for
+    ``seconds``; JSON. They run CUBIC, as an Ubuntu host's TCP does, where the
+    kernel has it (the report says what ran).
+    """
+    congestion = (f"$(grep -qw {UBUNTU_CONGESTION_CONTROL} {AVAILABLE_CONGESTION_CONTROL} && "
+                  f"echo --congestion {UBUNTU_CONGESTION_CONTROL})")
     return (f"timeout {seconds + GRACE_SECONDS:g} iperf3 --client "
             f"{direction.receiver.link_address} --port {IPERF3_PORT} "
             f"--bind {direction.sender.link_address} --parallel {flows} "
-            f"--time {seconds} --json")
+            f"--time {seconds} {congestion} --json")
 
 
 def ping(direction: Direction, count: int = PROBES,
@@ -164,15 +174,24 @@ def capped(gbit_s: float, trained_gbps: float | None) -> bool:
 
 async def flows(topology: Topology, direction: Direction, count: int,
                 seconds: int) -> FlowRun:
-    """One run of ``count`` flows in ``direction``: the server first, then the client."""
+    """
+    One run of ``count`` flows in ``direction``: the server first, then the
+    client. Both as root where the host is reached with sudo: an account may
+    ask only for the congestion controls the kernel allows it (not CUBIC on a
+    machine whose default is another, as the lab's).
+    """
     bound = seconds + 2 * GRACE_SECONDS
-    server = asyncio.create_task(remote.run(direction.receiver.name,
-                                            iperf3_server(direction, seconds),
-                                            topology.ssh_config, bound))
+    as_root = {entry.name: entry.sudo for entry in topology.workstations}
+    receiver, sender = direction.receiver.name, direction.sender.name
+    server = asyncio.create_task(remote.run(
+        receiver, remote.remote_command(iperf3_server(direction, seconds), as_root[receiver]),
+        topology.ssh_config, bound))
     try:
         for _ in range(SERVER_WAITS):
-            ran = await remote.run(direction.sender.name, iperf3_client(direction, count, seconds),
-                                   topology.ssh_config, bound)
+            ran = await remote.run(
+                sender, remote.remote_command(iperf3_client(direction, count, seconds),
+                                              as_root[sender]),
+                topology.ssh_config, bound)
             report = json.loads(ran.stdout or "{}")
             # Until the server listens, the client is refused at once: ask again,
             # unless the server has already given up.
@@ -244,7 +263,8 @@ async def linktest(topology: Topology, seconds: int = FLOW_SECONDS) -> dict[str,
             runs.append({"direction": direction.name, "kind": "flows", "flows": count,
                          "gbit_s": run.gbit_s, "retransmits": run.retransmits,
                          "bytes": run.bytes, "seconds": run.seconds, "trained_gbps": rate,
-                         "capped": capped(run.gbit_s, rate), "link": link})
+                         "capped": capped(run.gbit_s, rate), "congestion": run.congestion,
+                         "link": link})
         idle, link = await counted(topology, probes(topology, direction))
         runs.append({"direction": direction.name, "kind": "probes", **idle.to_json(),
                      "link": link})

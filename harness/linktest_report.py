@@ -21,6 +21,7 @@ from harness.counters import combined
 from harness.field_report import NOT_REPORTED, Reported
 from harness.linktest import FLOW_COUNTS, FORMAT
 from harness.report import number, replaced, table, write_text
+from operations.serving.transport import UBUNTU_CONGESTION_CONTROL
 from operations.states import Driver
 
 
@@ -122,6 +123,16 @@ def beside_the_field(report: dict[str, Any]) -> list[str]:
                     "lab / field"], body), "", FIELD_NOTE]
 
 
+def congestion_words(report: dict[str, Any]) -> str:
+    """Which congestion control the flows ran: CUBIC, as on Ubuntu, unless the kernel lacks it."""
+    ran = sorted({str(run.get("congestion")) for run in of_kind(report, "flows")})
+    if ran == [UBUNTU_CONGESTION_CONTROL]:
+        return (f"TCP: {UBUNTU_CONGESTION_CONTROL}, asked per flow, as an Ubuntu host runs it.")
+    return (f"TCP: {', '.join(ran)} ran, not {UBUNTU_CONGESTION_CONTROL} (an Ubuntu host's "
+            "default, which backs off on loss where BBR does not): this kernel lacks it, or "
+            "the report predates the request.")
+
+
 def markdown(report: dict[str, Any]) -> str:
     runs = [[run["direction"], str(run["flows"]), number(run["gbit_s"], 3),
              number(run["trained_gbps"], 1), str(run["retransmits"]),
@@ -140,7 +151,8 @@ def markdown(report: dict[str, Any]) -> str:
               for run in of_kind(report, "flows") for host, delta in run["link"]["hosts"].items()]
     return "\n".join([
         f"## Linktest: {report['state']} ({report['observed']['verdict']})", "",
-        f"Flows of {report['seconds']:g} s each; measured {report['measured_at']}.", "",
+        f"Flows of {report['seconds']:g} s each; measured {report['measured_at']}. "
+        f"{congestion_words(report)}", "",
         *table(["direction", "flows", "Gbit/s", "trained Gb/s", "iperf3 retransmits",
                 "receiver errors", "host retransmissions", ""], runs), "",
         *table(["direction", "probes", "replies", "loss", "mean ms", "p99 ms"], pings), "",

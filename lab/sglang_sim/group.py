@@ -66,6 +66,7 @@ from lab.sglang_sim.link import (
     nccl_endpoint,
     nic_speed_mbps,
     nic_vendor,
+    ubuntus_congestion_control,
 )
 from lab.sglang_sim.nccl import MAX_SOCKETS, Transport
 
@@ -94,7 +95,7 @@ def every_address(port: int) -> socket.socket:
                                     reuse_port=False, dualstack_ipv6=True)
     except (OSError, ValueError):
         return listener("", port)
-    return sock
+    return ubuntus_congestion_control(sock)
 
 
 class StoreServer:

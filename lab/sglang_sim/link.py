@@ -41,6 +41,7 @@ from pathlib import Path
 from lab.sglang_sim import nccl_log
 from lab.sglang_sim.nccl import ChannelPlan, Transport, plan_allreduce, wire_segments
 from lab.sglang_sim.profiler import ALLREDUCE_KERNEL, Profiler
+from operations.serving.transport import UBUNTU_CONGESTION_CONTROL
 
 logger = logging.getLogger(__name__)
 
@@ -124,8 +125,23 @@ def nic_speed_mbps(ifname: str, sysfs: Path = Path("/sys/class/net")) -> int | N
     return speed if speed > 0 else None
 
 
+def ubuntus_congestion_control(sock: socket.socket) -> socket.socket:
+    """
+    Ask for the congestion control an Ubuntu host runs (CUBIC), as its TP
+    group's sockets would; a kernel without it leaves the socket the default,
+    which ``ss -ti`` then shows. A listener's connections inherit it.
+    """
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION,
+                        UBUNTU_CONGESTION_CONTROL.encode())
+    except OSError as error:
+        logger.warning("TCP congestion control %s unavailable (%s): the socket keeps the "
+                       "default", UBUNTU_CONGESTION_CONTROL, error.strerror)
+    return sock
+
+
 def tcp_socket(ifname: str | None = None) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = ubuntus_congestion_control(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
     if ifname:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ifname.encode())
@@ -157,7 +173,7 @@ def nccl_endpoint(ifname: str | None) -> tuple[str, str]:
 
 def listener(address: str, port: int = 0, backlog: int = 16) -> socket.socket:
     """A listening TCP socket at ``address:port`` (any port for 0), as NCCL binds its own."""
-    return socket.create_server((address, port), backlog=backlog)
+    return ubuntus_congestion_control(socket.create_server((address, port), backlog=backlog))
 
 
 def accept(listening: socket.socket, what: str) -> tuple[socket.socket, tuple]:

@@ -45,6 +45,12 @@ INTERFACE_COUNTERS = (
     "rx_length_errors", "rx_over_errors", "rx_errors",
 )
 RETRANSMISSIONS = "retrans_segs"
+# The congestion control an Ubuntu workstation's TCP runs by default, which backs
+# off on loss where BBR does not: the lab's sockets and the linktest's flows ask
+# for it per socket where the kernel has it, so that their losses are an Ubuntu
+# host's (a network namespace may not change the machine's own default).
+UBUNTU_CONGESTION_CONTROL = "cubic"
+AVAILABLE_CONGESTION_CONTROL = "/proc/sys/net/ipv4/tcp_available_congestion_control"
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 MIB = 1 << 20
 WEIGHTS_MARKER = "@@weights"

@@ -17,8 +17,8 @@ from e2e_helpers import (
     deploy,
     files_under,
     inventory,
-    master_key,
     places_holding,
+    secrets,
     ssh,
 )
 
@@ -205,10 +205,22 @@ def test_tp2_e2e_is_observed_and_measured_with_the_link_counters_in_its_window(
     row = linktest_report.headline(built)
     assert (row["driver"], row["receiver_errors"], row["probe_loss"]) == ("candidate", 0, 0)
     assert "field, candidate (tx_e2e=1)" in path_text(tmp_path, "linktest-tp2_e2e-*.md")
-    assert places_holding(master_key(), {"the run at -vvv": run.output,
-                                         "status": status.stdout + status.stderr,
-                                         "measure": result.stdout + result.stderr,
-                                         **files_under(tmp_path)}) == []
+    # TCP as an Ubuntu host runs it: CUBIC on the linktest's flows and the TP group's sockets.
+    assert {run["congestion"] for run in built["runs"] if run["kind"] == "flows"} == {"cubic"}
+    assert "TCP: cubic, asked per flow" in path_text(tmp_path, "linktest-tp2_e2e-*.md")
+    tp_sockets = tp_socket_congestion("wsa", "169.254.77.1", "169.254.77.2")
+    assert tp_sockets and set(tp_sockets) == {"cubic"}, tp_sockets
+    texts = {"the run at -vvv": run.output, "status": status.stdout + status.stderr,
+             "measure": result.stdout + result.stderr, **files_under(tmp_path)}
+    assert {name: places_holding(secret, texts) for name, secret in secrets().items()} == {
+        name: [] for name in secrets()}
+
+
+def tp_socket_congestion(host: str, address: str, peer: str) -> list[str]:
+    """The congestion control of each connection between the two link addresses, by ``ss -ti``."""
+    lines = ssh(host, f"ss -tinH state established src {address} dst {peer}").splitlines()
+    return [match[1] for line in lines
+            if (match := re.search(r"\b(cubic|bbr|reno)\b", line))]
 
 
 def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
@@ -281,9 +293,10 @@ def test_production_is_measured_through_the_router_and_a_wrong_state_is_refused(
                                                                           "wsb, TP-1")]
     (replica,) = [line for key, line in profiled.items() if key[0] == "production"]
     assert "| 0.0% (0.0%–0.0%) |" in replica
-    assert places_holding(master_key(), {"the way back at -vvv": run.output,
-                                         "measure": result.stdout + result.stderr,
-                                         **files_under(tmp_path)}) == []
+    texts = {"the way back at -vvv": run.output, "measure": result.stdout + result.stderr,
+             **files_under(tmp_path)}
+    assert {name: places_holding(secret, texts) for name, secret in secrets().items()} == {
+        name: [] for name in secrets()}
     assert 0 < report["roofline"]["fraction"] < 1
 
 

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -75,14 +76,35 @@ def test_lost_probes_count_as_loss() -> None:
         linktest.Probes.from_ping("ping: connect: Network is unreachable\n")
 
 
-def test_each_workstation_sends_to_the_peer_across_the_cable() -> None:
+def test_each_workstation_sends_to_the_peer_across_the_cable(tmp_path: Path) -> None:
     wsa = workstation("wsa", "169.254.77.1", "169.254.77.2")
     wsb = workstation("wsb", "169.254.77.2", "169.254.77.1")
     topology = type("Topology", (), {"workstations": (wsa, wsb)})()
     assert [d.name for d in linktest.directions(topology)] == ["wsa->wsb", "wsb->wsa"]
     client = linktest.iperf3_client(linktest.directions(topology)[1], 4, 3)
     assert "--client 169.254.77.1 " in client and "--bind 169.254.77.2 " in client
-    assert "--parallel 4 --time 3 --json" in client
+    assert "--parallel 4 --time 3 $(" in client and client.endswith(") --json")
+    # CUBIC, as an Ubuntu host's TCP runs, where the kernel has it; nothing asked where not.
+    asked = client[client.index("$(") + 2:client.rindex(")")]
+    for available, flag in (("reno bbr cubic", "--congestion cubic"), ("reno bbr", "")):
+        proc = tmp_path / "tcp_available_congestion_control"
+        proc.write_text(available + "\n")
+        ran = subprocess.run(["sh", "-c", asked.replace(
+            linktest.AVAILABLE_CONGESTION_CONTROL, str(proc))], capture_output=True, text=True)
+        assert ran.stdout.strip() == flag
+
+
+def test_the_report_says_which_congestion_control_the_flows_ran() -> None:
+    cubic = report("stock", 14.0, 7)
+    for run in cubic["runs"]:
+        run["congestion"] = "cubic"
+    assert linktest_report.congestion_words(cubic) == (
+        "TCP: cubic, asked per flow, as an Ubuntu host runs it.")
+    bbr = report("stock", 14.0, 7)
+    for run in bbr["runs"]:
+        run["congestion"] = "bbr"
+    assert linktest_report.congestion_words(bbr).startswith("TCP: bbr ran, not cubic")
+    assert "TCP: cubic, asked per flow" in linktest_report.markdown(cubic)
 
 
 def test_a_link_far_below_its_trained_rate_is_capped() -> None:

@@ -569,6 +569,11 @@ def test_what_this_does_not_prove_says_whose_figures_they_are():
     assert unknown[0].startswith("These reports do not record where they ran. If on the "
                                  "embedded lab")
     assert not any("ran on" in bullet for bullet in unknown)
+    # The lab's link answers sooner than a real one: said, with the field's figure.
+    assert any("The lab's link answers an idle probe in a few hundredths of a ms (no linktest "
+               "ran here), a real Thunderbolt link in about 0.28 to 0.29 ms" in bullet
+               and "decode figures" in bullet for bullet in lab)
+    assert not any("idle probe" in bullet for bullet in site + unknown)
     # The candidate's two windows of 2 s each: the bound is said for 4 s.
     assert "tp2_e2e's windows lasted 4 s in all" in lab[-2]
     assert "below about 3 per 4 s (95%)" in lab[-2]
@@ -577,6 +582,22 @@ def test_what_this_does_not_prove_says_whose_figures_they_are():
     trials = caveats.does_not_prove(campaign_reports())
     assert trials[-1].startswith("Each state was measured in 3 trials or more, in one campaign")
     assert "no difference detected at n=3' is not 'no difference'" in trials[-1]
+
+
+def test_the_labs_latency_caveat_names_what_its_linktests_measured():
+    links = [linktest_report_of("production", 0.061), linktest_report_of("tp2_e2e", 0.058)]
+    bullet = caveats.link_latency(links)
+    assert bullet.startswith("The lab's link answers an idle probe in about 0.058 to 0.061 ms "
+                             "in this campaign's linktests, a real Thunderbolt link in about "
+                             "0.28 to 0.29 ms")
+
+
+def linktest_report_of(state: str, probe_mean_ms: float) -> dict:
+    """A linktest's report as far as its headline reads it: idle probes at ``probe_mean_ms``."""
+    probes = {"kind": "probes", "sent": 100, "received": 100, "mean_ms": probe_mean_ms,
+              "p99_ms": probe_mean_ms}
+    return {"state": state, "observed": {"layers": {"driver": "stock"}},
+            "runs": [{**probes, "direction": "wsa->wsb"}, {**probes, "direction": "wsb->wsa"}]}
 
 
 def test_the_campaign_report_sets_the_field_report_beside_it_and_says_what_it_does_not_prove(

@@ -17,10 +17,16 @@ import pytest
 from simulator import SHAPE, WEIGHT_BYTES, model_dir
 
 from harness import profile, traces
+from lab.sglang_sim import link
 from lab.sglang_sim.engine import Speculation
 from lab.sglang_sim.link import socket_ifname
 from lab.sglang_sim.model import ModelShape
-from operations.serving.transport import Connections, connections_of, endpoint
+from operations.serving.transport import (
+    UBUNTU_CONGESTION_CONTROL,
+    Connections,
+    connections_of,
+    endpoint,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
@@ -642,3 +648,16 @@ def test_speculation_mean_accept_length_is_about_3_8():
     lengths = [nextn.accept_length(rng) for _ in range(20000)]
     assert max(lengths) == 4
     assert 3.75 <= sum(lengths) / len(lengths) <= 3.85
+
+
+def test_the_tp_groups_sockets_ask_for_ubuntus_congestion_control() -> None:
+    """CUBIC on both ends, a listener's connections inheriting it, as ``ss -ti`` then shows."""
+    def congestion(sock: socket.socket) -> str:
+        chosen = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+        return chosen.rstrip(b"\0").decode()
+
+    with link.listener("127.0.0.1") as listening, link.tcp_socket() as client:
+        client.connect(listening.getsockname())
+        accepted, _ = listening.accept()
+        with accepted:
+            assert {congestion(client), congestion(accepted)} == {UBUNTU_CONGESTION_CONTROL}
