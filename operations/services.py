@@ -523,6 +523,19 @@ class AccountExists(EmptyMeansSomething):
         return bool(output) and output[0].strip() == "yes"
 
 
+REDACTED = "<redacted>"
+# Each argument of a command line as an ``arg`` line, the value of a key's flag
+# replaced (``--api-key VALUE``, ``--control-plane-api-keys=VALUE``), on the host:
+# sglang-router holds its keys on its command line from its start until it renames
+# itself, and ``pyinfra -vvv`` prints a fact's output.
+KEY_FLAG_PATTERN = "^--[A-Za-z0-9_-]*(key|keys|secret|token|password)"
+ARGV_REDACTED = (
+    f'{{ line = $0; if (hide) line = "{REDACTED}"; '
+    f'else if (line ~ /{KEY_FLAG_PATTERN}=/) sub(/=.*/, "={REDACTED}", line); '
+    f'print "arg " line; hide = ($0 ~ /{KEY_FLAG_PATTERN}$/) }}'
+)
+
+
 class ServiceProcess(EmptyMeansSomething):
     """
     The process an init system runs for a service, read from ``/proc``: its argv and
@@ -555,7 +568,7 @@ class ServiceProcess(EmptyMeansSomething):
             # Started this many clock ticks after boot (field 22 of stat, after the name).
             "echo \"started $(sed 's/.*) //' /proc/$pid/stat | cut -d' ' -f20) "
             "$(getconf CLK_TCK) $(cut -d' ' -f1 /proc/uptime)\"; "
-            "tr '\\0' '\\n' < \"/proc/$pid/cmdline\" | sed 's/^/arg /'; "
+            f"tr '\\0' '\\n' < \"/proc/$pid/cmdline\" | awk '{ARGV_REDACTED}'; "
             # Its children (a gunicorn's workers), which a reload replaces.
             'echo "children $(cat /proc/$pid/task/*/children 2>/dev/null)"; '
             # Each wanted name (an identifier: no regex syntax), as NUL-separated

@@ -15,6 +15,7 @@ twinbolt's beside it: another ``gateway_roles.litellm_service`` and
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterator
 
 from pyinfra import host
@@ -29,6 +30,10 @@ from operations.step import operation, refuse
 
 # What every file twinbolt renders says of itself (templates/*.j2).
 RENDERED_MARK = "Rendered by twinbolt from templates/"
+# A foreign listener's command line may hold the site's own keys: their values
+# are replaced on the host, as every command line twinbolt reads.
+REDACT_FLAGS = (rf"s#({services.KEY_FLAG_PATTERN.removeprefix('^')}[= ])[^ ]+"
+                rf"#\1{services.REDACTED}#g")
 # How much of a foreign listener's command line a refusal shows.
 COMMAND_LINE_CHARACTERS = 160
 
@@ -58,7 +63,7 @@ class ProxyNeighbours(EmptyMeansSomething):
             'ss -Hltnp "sport = :$3" 2>/dev/null | grep -o "pid=[0-9]*" | cut -d= -f2 | sort -un | '
             'while read -r pid; do '
             'printf "listener %s %s\\n" "$pid" "$(tr "\\0" " " < /proc/$pid/cmdline 2>/dev/null | '
-            f'cut -c1-{COMMAND_LINE_CHARACTERS})"; done'
+            f'sed -E {shlex.quote(REDACT_FLAGS)} | cut -c1-{COMMAND_LINE_CHARACTERS})"; done'
         )
         return shell_script(script, service, rendered, str(port))
 

@@ -14,7 +14,7 @@ from test_serving import RANK0
 
 from operations.plumbing import keys
 from operations.plumbing.facts import shell_script
-from operations.services import redacted
+from operations.services import ARGV_REDACTED, ServiceProcess, redacted
 from operations.serving import sglang as serving
 
 KEY = "sk-" + "0123456789abcdef" * 3
@@ -131,3 +131,17 @@ def test_a_key_never_reaches_pyinfras_diff(caplog: pytest.LogCaptureFixture) -> 
     assert "upload /etc/twinbolt/sglang_keys.yaml" in done
     assert "Will create" not in caplog.text
     assert keys.local_key(RANK0.api_key_file) not in caplog.text
+
+
+def test_a_command_line_read_from_proc_leaves_the_host_without_its_keys() -> None:
+    """sglang-router holds its keys on its command line until it renames itself."""
+    argv = ["/opt/r/bin/python", "-m", "sglang_router.launch_router",
+            "--control-plane-api-keys", "twinbolt:twinbolt:admin:sk-0123456789",
+            "--api-key", "sk-abcdef0123", "--admin-api-key=sk-zyx987654", "--port", "30080",
+            "--kv-cache-dtype", "auto"]
+    read = subprocess.run(["awk", ARGV_REDACTED], input="\n".join(argv) + "\n",
+                          capture_output=True, text=True, check=True)
+    assert ServiceProcess().process(read.stdout.splitlines())["argv"] == [
+        "/opt/r/bin/python", "-m", "sglang_router.launch_router",
+        "--control-plane-api-keys", "<redacted>", "--api-key", "<redacted>",
+        "--admin-api-key=<redacted>", "--port", "30080", "--kv-cache-dtype", "auto"]

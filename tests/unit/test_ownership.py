@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 
 import pytest
 from pyinfra.api.exceptions import OperationError
@@ -86,3 +87,12 @@ def test_the_reading_parses_the_unit_and_each_listener() -> None:
         "listeners": [{"pid": 812, "command": "/opt/litellm/bin/python litellm --port 4000"},
                       {"pid": 813, "command": ""}]}
     assert ProxyNeighbours().process([]) == neighbours()
+
+
+def test_a_foreign_listeners_keys_never_leave_the_host() -> None:
+    """The site's own LiteLLM may take its keys on its command line; a refusal shows none."""
+    line = "/opt/litellm/bin/litellm --master_key sk-9999 --port 4000 --api-key=sk-abc123"
+    shown = subprocess.run(["sed", "-E", ownership.REDACT_FLAGS], input=line,
+                           capture_output=True, text=True, check=True).stdout
+    assert shown == ("/opt/litellm/bin/litellm --master_key <redacted> --port 4000 "
+                     "--api-key=<redacted>")
