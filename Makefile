@@ -14,7 +14,7 @@ LAB_VENV := .venv-lab
 LAB_PY := $(LAB_VENV)/bin/python
 # python3-venv: the lab's gateway makes its own venvs, as a real gateway does.
 APT_PACKAGES := openssh-server openssh-client systemd runit kmod iptables iproute2 iputils-ping \
-	binutils gcc procps util-linux zstd xz-utils sudo python3-venv iperf3
+	binutils gcc procps util-linux zstd xz-utils sudo python3-venv iperf3 haproxy
 # The conformance tests' venvs (tests/conformance), one per SGLang release a
 # requirements-sglang-VERSION.lock pins (serving.min_sglang_version and the newest
 # supported): sglang without its dependencies (no torch, no CUDA), beside the few

@@ -6,6 +6,7 @@ from operations.site.model import GATEWAY_DEFAULTS as DEFAULTS
 
 gateway_roles_router_port = DEFAULTS["gateway_roles_router_port"]
 gateway_roles_litellm_port = DEFAULTS["gateway_roles_litellm_port"]
+gateway_roles_litellm_backend_port = DEFAULTS["gateway_roles_litellm_backend_port"]
 gateway_roles_listen_address = DEFAULTS["gateway_roles_listen_address"]
 gateway_roles_master_key_file = DEFAULTS["gateway_roles_master_key_file"]
 gateway_roles_litellm_config_file = DEFAULTS["gateway_roles_litellm_config_file"]

@@ -8,9 +8,10 @@ would restart it again. So the gateway layer's preflight reads, before any
 change, the unit file the service's name resolves to (systemd's own answer,
 wherever the site put it; runit's run script) and the process listening on the
 proxy's port, and refuses a file twinbolt did not render or a listener that is
-not twinbolt's proxy, naming what runs. The site keeps its LiteLLM and runs
-twinbolt's beside it: another ``gateway_roles.litellm_service`` and
-``litellm_port`` (docs/gateway.md).
+not twinbolt's proxy, naming what runs; the same for the proxy's front
+(haproxy) and LiteLLM's own port behind it. The site keeps its LiteLLM and runs
+twinbolt's beside it: another ``gateway_roles.litellm_service``,
+``litellm_port`` and ``litellm_backend_port`` (docs/gateway.md).
 """
 
 from __future__ import annotations
@@ -79,27 +80,32 @@ class ProxyNeighbours(EmptyMeansSomething):
         return found
 
 
-def foreign_problems(proxy: Proxy, neighbours: dict, process: dict) -> list[str]:
+def foreign_problems(service: str, port: int, neighbours: dict, ours: set[int]) -> list[str]:
     """
-    What of the site's own runs where twinbolt's proxy would: a unit file it did
-    not render under the proxy's name, a listener on its port that is not the
-    proxy (``process``, its main pid and workers).
+    What of the site's own runs where twinbolt's ``service`` would: a unit file
+    it did not render under that name, a listener on its ``port`` that is not
+    one of the proxy's processes (``ours``: LiteLLM's and its front's).
     """
     found = []
     if neighbours["file"] and not neighbours["ours"]:
         found.append(f"{neighbours['file']} is not twinbolt's (it says nothing of "
                      f"{RENDERED_MARK}): a service of the site's own is named "
-                     f"{proxy.service}, which twinbolt would overwrite and restart")
-    ours = {process.get("pid"), *process.get("children", ())} - {None}
-    found += [f"port {proxy.port} is held by pid {listener['pid']} ({listener['command']}), "
-              f"which is not twinbolt's {proxy.service}"
+                     f"{service}, which twinbolt would overwrite and restart")
+    found += [f"port {port} is held by pid {listener['pid']} ({listener['command']}), "
+              f"which is not twinbolt's {service}"
               for listener in neighbours["listeners"] if listener["pid"] not in ours]
     return found
 
 
+def pids(process: dict) -> set[int]:
+    """A service's main pid and its children's (:class:`~operations.services.ServiceProcess`)."""
+    return {process.get("pid"), *process.get("children", ())} - {None}
+
+
 BESIDE = ("fix: keep the site's LiteLLM and run twinbolt's proxy beside it, under another name "
-          "and port: set gateway_roles.litellm_service (say \"twinbolt-litellm\"), "
-          "litellm_port (say 4001) and litellm_config_file in the site file, and send the "
+          "and ports: set gateway_roles.litellm_service (say \"twinbolt-litellm\"), "
+          "litellm_port (say 4001), litellm_backend_port (say 4101) and litellm_config_file "
+          "in the site file, and send the "
           "users of small and large there (docs/gateway.md, \"A gateway that runs its own "
           "LiteLLM\")")
 
@@ -120,12 +126,21 @@ def own(proxy: Proxy | None) -> Iterator[PyinfraCommand]:
     """
     if elsewhere(proxy, "gateway"):
         return
-    neighbours = host.get_fact(
-        ProxyNeighbours, service=proxy.service,
-        rendered=services.rendered_path(proxy.service, proxy.init_system), port=proxy.port)
-    process = host.get_fact(services.ServiceProcess, service=proxy.service,
-                            init_system=proxy.init_system)
-    if found := foreign_problems(proxy, neighbours, process):
+    front = proxy.front
+    ours = set()
+    for service in (proxy.service, front.service):
+        ours |= pids(host.get_fact(services.ServiceProcess, service=service,
+                                   init_system=proxy.init_system))
+    # The users' port is the front's (LiteLLM's own, on a gateway of an older
+    # twinbolt); LiteLLM's is behind it.
+    found = []
+    for service, port in ((front.service, proxy.port), (proxy.service, proxy.backend_port)):
+        neighbours = host.get_fact(
+            ProxyNeighbours, service=service,
+            rendered=services.rendered_path(service, proxy.init_system), port=port)
+        found += foreign_problems(service, port, neighbours, ours)
+    if found:
         refuse(LAYER, [*found, BESIDE])
-    host.noop(f"{proxy.service} and port {proxy.port} are twinbolt's proxy's, or free")
+    host.noop(f"{proxy.service}, {front.service} and ports {proxy.port} and "
+              f"{proxy.backend_port} are twinbolt's proxy's, or free")
     yield from ()

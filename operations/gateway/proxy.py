@@ -26,6 +26,10 @@ restart closes the port for the seconds a new proxy takes to start). A reload
 is waited out until its new workers are there and the proxy is ready *with
 the new routing*, so a proof never reaches a worker that is shutting down.
 Only a change of the service itself (its unit or run script) restarts it.
+
+Clients reach it through its front (:mod:`operations.gateway.front`), which
+sends again a request that a retiring worker closed unread: the one race a
+reload leaves.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from pyinfra.api.util import get_template
 from pyinfra.operations import files
 
 from operations import services
+from operations.gateway.front import Front
+from operations.gateway.front import present as front_present
 from operations.plumbing import keys, probes, venvs
 from operations.plumbing.facts import EmptyMeansSomething, FileDigest, digest, shell_script
 from operations.plumbing.phase import elsewhere
@@ -88,6 +94,8 @@ START_TIMEOUT_SECONDS = 120.0
 # their replacements before it retires them, and one worker's request in
 # flight never holds up the other's.
 WORKERS = 2
+# Where LiteLLM listens: the gateway's loopback, where its front connects.
+BACKEND_ADDRESS = "127.0.0.1"
 
 
 # What runs: the site's settings and the service built from them
@@ -124,6 +132,13 @@ class Proxy(GatewayService):
     small: Deployment
     large: Deployment
     secret_files: tuple[tuple[str, str], ...]
+    backend_port: int
+
+    @property
+    def front(self) -> Front:
+        """Its front on the users' ``port``, in front of LiteLLM on ``backend_port``."""
+        return Front.of(self.service, self.config_file, self.listen_address, self.port,
+                        self.backend_port, self.user, self.init_system)
 
     @classmethod
     def from_host(cls, gateway: Host, small_model: str, small_url: str,
@@ -164,7 +179,8 @@ def proxy_service(proxy: Proxy) -> Service:
             "/bin/sh", "-c", SECRETS_LOADER, proxy.service,
             *(f"{name}={path}" for name, path in proxy.secret_files), "--",
             f"{proxy.venv}/bin/litellm", "--config", proxy.config_file,
-            "--host", proxy.listen_address, "--port", str(proxy.port),
+            # Behind its front only: no client reaches a worker but through it.
+            "--host", BACKEND_ADDRESS, "--port", str(proxy.backend_port),
             "--run_gunicorn", "--num_workers", str(WORKERS),
         ],
         environment=OFFLINE_ENVIRONMENT,
@@ -366,7 +382,8 @@ def routes(proxy: Proxy, fallback: bool) -> Proven:
 
 
 def proxy_log(proxy: Proxy) -> str:
-    return log_tails([(host, proxy.service, proxy.init_system)])
+    return log_tails([(host, proxy.service, proxy.init_system),
+                      (host, proxy.front.service, proxy.init_system)])
 
 
 # Operations
@@ -384,7 +401,8 @@ def proxy(proxy: Proxy | None, fallback: bool, proofs: Proofs,
     the gateway if the site provides none, and renders the config. The proxy is
     reloaded (new workers on the port it keeps) unless it already routes as the
     config says (asked of its own API, so a proxy left running an older config is
-    caught too); it is restarted only when its service itself changed.
+    caught too); it is restarted only when its service itself changed. Its
+    front (haproxy, installed where missing) is kept running on the users' port.
 
     + proxy: the gateway's :class:`Proxy`; ``None`` elsewhere (a no-op)
     + fallback: whether the general fallback ``small -> large`` is present
@@ -424,21 +442,22 @@ def proxy(proxy: Proxy | None, fallback: bool, proofs: Proofs,
     if config_changed:
         yield from files.template._inner(src=str(TEMPLATE), dest=proxy.config_file, mode="644",
                                          **template_context(proxy, fallback))
-    started = False
-    for command in services.present._inner(service=proxy_service(proxy),
+    # LiteLLM first: a gateway of an older twinbolt has it on the users' port.
+    renewed = list(services.present._inner(service=proxy_service(proxy),
                                            init_system=proxy.init_system,
                                            restarted=small_key_changed,
-                                           reloaded=live != wanted or config_changed):
-        started = True
-        yield command
-    if not started:
+                                           reloaded=live != wanted or config_changed))
+    fronted = list(front_present(proxy.front))
+    if not renewed and not fronted:
         if workers:
             proofs.remember(routes(proxy, fallback), workers)
         host.noop(f"the proxy routes as its config says, the fallback "
                   f"{'present' if fallback else 'absent'}")
         return
+    yield from renewed
+    yield from fronted
     # Reloaded, its workers are replaced; started or restarted, they are new anyway.
-    retired = frozenset(workers[1:] if workers else ())
+    retired = frozenset(workers[1:] if workers and renewed else ())
     outcome: dict = {}
     what = (f"the proxy at {proxy.url} ready with the fallback "
             f"{'present' if fallback else 'absent'}")

@@ -348,7 +348,10 @@ class GatewayRoles(_Section):
     # Not sglang-router's default 30000: that is SGLang's port, and a gateway
     # may run a backend too (the lab's does).
     router_port: Port = 30080
+    # The users' port, where the proxy's front (haproxy) listens; LiteLLM itself
+    # listens behind it on the gateway's loopback, at litellm_backend_port.
     litellm_port: Port = 4000
+    litellm_backend_port: Port = 4100
     # Where the router and the proxy listen. Not the gateway's own name: Debian
     # and Ubuntu map it to 127.0.1.1, where no client elsewhere can connect.
     listen_address: IPvAnyAddress = IPv4Address("0.0.0.0")
@@ -390,8 +393,10 @@ class GatewayRoles(_Section):
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> "GatewayRoles":
-        if self.router_port == self.litellm_port:
-            raise ValueError("router_port and litellm_port must differ")
+        ports = {"router_port": self.router_port, "litellm_port": self.litellm_port,
+                 "litellm_backend_port": self.litellm_backend_port}
+        if len(set(ports.values())) < len(ports):
+            raise ValueError(f"{', '.join(ports)} must all differ")
         return self
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from operations import services
+from operations.gateway.front import front_name
 from operations.plumbing import keys
 from operations.safety import guard
 from operations.serving import sglang as serving
@@ -261,7 +262,8 @@ def watched(entry: InventoryEntry) -> Watched:
         names, init = serving.GPU_SERVICES, data["serving_init_system"]
     elif "gateway" in entry.groups:
         roles = GatewaySettings.of(entry).roles
-        names, init = (serving.ROUTER, roles.litellm_service), roles.init_system
+        names = (serving.ROUTER, roles.litellm_service, front_name(roles.litellm_service))
+        init = roles.init_system
     files += [services.rendered_path(name, init) for name in names]
     return Watched(
         files=tuple(dict.fromkeys(files)),
@@ -556,25 +558,12 @@ class SmallClient:
 # What uvicorn does to a connection that a retiring proxy worker accepted but had
 # not read yet when the reload's SIGTERM reached it (docs/gateway.md): closed with
 # the request unread. The port never closes; this race remains, and is counted.
-RESET = ("Connection reset by peer", "Server disconnected without sending a response")
-
-
-def resets(answers: list[Asked]) -> list[Asked]:
-    """The requests a retiring worker closed unanswered (:data:`RESET`)."""
-    return [answer for answer in answers
-            if answer.status is None and any(words in answer.served_by for words in RESET)]
-
-
 def refusals(answers: list[Asked], slowest: float = 5.0) -> list[Asked]:
     """
-    The requests a user would call failed: not answered 200, or slower than
-    ``slowest``; of those a retiring worker closed, all but one (one transition
-    reloads the proxy once or twice, and the race is a single connection's).
+    The requests a user would call failed: not answered 200 (refused, reset,
+    an error), or slower than ``slowest``.
     """
-    reset = resets(answers)
-    failed = [answer for answer in answers
-              if (answer.status != 200 and answer not in reset) or answer.seconds > slowest]
-    return failed + (reset if len(reset) > 1 else [])
+    return [answer for answer in answers if answer.status != 200 or answer.seconds > slowest]
 
 
 def client_figures(answers: list[Asked]) -> str:
@@ -584,8 +573,8 @@ def client_figures(answers: list[Asked]) -> str:
     seconds = sorted(answer.seconds for answer in answers)
     p99 = seconds[min(len(seconds) - 1, int(len(seconds) * 0.99))]
     failed = sum(answer.status != 200 for answer in answers)
-    return (f"{len(answers)} requests, {failed} not answered 200 ({len(resets(answers))} "
-            f"closed unread by a retiring worker), p99 {p99:.2f}s, longest {seconds[-1]:.2f}s")
+    return (f"{len(answers)} requests, {failed} not answered 200, p99 {p99:.2f}s, "
+            f"longest {seconds[-1]:.2f}s")
 
 
 def small_client(interval: float = 0.25) -> SmallClient:

@@ -19,6 +19,7 @@ from pathlib import Path
 from e2e_helpers import deploy, init_system, inventory, removed, service_process, snapshot, ssh
 
 from operations import services
+from operations.gateway.front import front_name
 from operations.gateway.proxy import LITELLM_LOCK
 from operations.plumbing.venvs import DIST_INFO_SCRIPT, InstalledVersions, lock_pins
 from operations.serving.router import ROUTER_LOCK
@@ -79,12 +80,13 @@ WantedBy=multi-user.target
 SITE_RUN = f"#!/bin/sh\nexec {SITE_COMMAND}\n"
 BESIDE = ("--data", "gateway_roles_litellm_service=twinbolt-litellm",
           "--data", "gateway_roles_litellm_port=4001",
+          "--data", "gateway_roles_litellm_backend_port=4101",
           "--data", "gateway_roles_litellm_config_file=/var/lib/twinbolt/twinbolt-litellm.yaml")
 
 
 def site_litellm_installed() -> str:
-    """Replace twinbolt's proxy by the site's own under the same name; its file's path."""
-    removed("gw", "litellm")
+    """Replace twinbolt's proxy and its front by the site's own LiteLLM; its file's path."""
+    removed("gw", "litellm", front_name("litellm"))
     path = services.rendered_path("litellm", init_system())
     text = SITE_UNIT if init_system() == "systemd" else SITE_RUN
     start = ("systemctl daemon-reload && systemctl enable --now litellm.service"
@@ -110,13 +112,16 @@ def test_the_sites_own_litellm_is_refused_then_kept_beside() -> None:
     beside = deploy("production", *BESIDE)
     assert beside.returncode == 0, beside.output[-3000:]
     ours = service_process("gw", "twinbolt-litellm")
-    assert ours["running"] and "--port 4001" in " ".join(ours["argv"])
+    assert ours["running"] and "--port 4101" in " ".join(ours["argv"])
+    assert service_process("gw", front_name("twinbolt-litellm"))["running"]
     # The site's own: the same process, the same file, never restarted.
     assert service_process("gw", "litellm")["pid"] == site["pid"]
     assert SITE_COMMAND in ssh("gw", f"cat {path}")
 
     # Back to the lab as it was: twinbolt's proxy under its usual name.
-    removed("gw", "litellm", "twinbolt-litellm")
-    ssh("gw", f"rm -f {path} {services.rendered_path('twinbolt-litellm', init_system())}")
+    beside_services = ("twinbolt-litellm", front_name("twinbolt-litellm"))
+    removed("gw", "litellm", *beside_services)
+    ssh("gw", "rm -f " + " ".join([path, *(services.rendered_path(name, init_system())
+                                           for name in beside_services)]))
     restored = deploy("production")
     assert restored.returncode == 0, restored.output[-3000:]

@@ -122,7 +122,7 @@ def test_the_lab_gateway_snapshot_watches_the_files_the_inventory_names(lab_host
     assert {"/run/twinbolt", "/var/lib/twinbolt"} <= set(gw.directories)
     init = init_system()  # the lab's hosts boot systemd unless `lab up --init runit`
     assert {rendered_path("sglang-router", init), rendered_path("litellm", init)} <= set(gw.files)
-    assert gw.services == (("sglang-router", init), ("litellm", init))
+    assert gw.services == (("sglang-router", init), ("litellm", init), ("litellm-front", init))
     assert gw.module is None
 
 
@@ -154,7 +154,8 @@ def test_a_site_gateway_watches_its_etc_twinbolt_files() -> None:
     gw = watched(entry)
     assert gw.secrets == ("/etc/twinbolt/large_key", "/etc/twinbolt/litellm_master_key")
     assert gw.files == ("/etc/twinbolt/litellm.yaml", "/etc/systemd/system/sglang-router.service",
-                        "/etc/systemd/system/litellm.service")
+                        "/etc/systemd/system/litellm.service",
+                        "/etc/systemd/system/litellm-front.service")
     assert gw.directories == ("/etc/twinbolt", "/run/twinbolt")
     assert gw.venvs == ("/opt/twinbolt/litellm",)
 
@@ -253,11 +254,10 @@ SLOW = Asked(4.0, 200, "small-router", 6.0)
     ([OK, REFUSED], [REFUSED]),
     ([OK, ERROR], [ERROR]),
     ([OK, SLOW], [SLOW]),
-    # A retiring worker's race costs one connection at most; two are a failure.
-    ([OK, RESET], []),
-    ([RESET, OK, RESET], [RESET, RESET]),
-    ([RESET, REFUSED], [REFUSED]),
-], ids=["answered", "refused", "error", "slow", "one-reset", "two-resets", "reset-and-refused"])
-def test_a_users_failures_are_every_refusal_and_error_and_all_but_one_reset(
+    # The front sends again what a retiring worker closed: a reset is a failure.
+    ([OK, RESET], [RESET]),
+    ([RESET, OK, REFUSED], [RESET, REFUSED]),
+], ids=["answered", "refused", "error", "slow", "reset", "reset-and-refused"])
+def test_a_users_failures_are_every_refusal_reset_error_and_slow_answer(
         answers: list[Asked], failed: list[Asked]) -> None:
     assert refusals(answers) == failed

@@ -21,6 +21,9 @@ from pyinfra.facts.server import TmpDir
 from operations import services
 from operations.gateway import proxy as gateway
 from operations.gateway import route as gateway_route
+from operations.gateway.front import BINARY as FRONT_BINARY
+from operations.gateway.front import front_service
+from operations.gateway.front import render_config as render_front
 from operations.gateway.proxy import (
     LITELLM_LOCK,
     Deployment,
@@ -54,6 +57,7 @@ PROXY = Proxy(
     secret_files=(("LITELLM_MASTER_KEY", KEY_FILE),
                   ("TWINBOLT_SMALL_API_KEY", "/etc/twinbolt/litellm_small_key"),
                   ("TWINBOLT_LARGE_API_KEY", "/etc/twinbolt/large_api_key")),
+    backend_port=4100,
 )
 
 
@@ -135,7 +139,7 @@ def test_the_service_carries_no_secret_and_reads_its_keys_from_files() -> None:
     assert f"LITELLM_MASTER_KEY={KEY_FILE}" in service.command
     assert service.command[service.command.index("--") + 1:] == [
         "/opt/twinbolt/litellm/bin/litellm", "--config", "/etc/twinbolt/litellm.yaml",
-        "--host", "0.0.0.0", "--port", "4000", "--run_gunicorn", "--num_workers", "2"]
+        "--host", "127.0.0.1", "--port", "4100", "--run_gunicorn", "--num_workers", "2"]
     assert service.environment["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
     assert service.user == "litellm"
 
@@ -361,32 +365,39 @@ def test_hosts_other_than_the_gateway_do_nothing() -> None:
 
 
 def converged_gateway(fallback: bool, live: dict | None):
-    """Facts of a gateway where everything is in place and the proxy routes as ``live``."""
+    """
+    Facts of a gateway where everything is in place, its front included, and
+    the proxy routes as ``live``.
+    """
     config = render_config(PROXY, fallback)
-    run_script = services.render(proxy_service(PROXY), "runit")
+    front = PROXY.front
+    front_config = render_front(front)
+    run_scripts = {name: services.render(service, "runit") for name, service in (
+        ("litellm", proxy_service(PROXY)), (front.service, front_service(front)))}
     files = {
         f"{PROXY.venv}/bin/activate": {"size": 1},
         KEY_FILE: {"size": 52, "mode": 600, "user": "litellm", "group": "root"},
         PROXY.small_key_file: {"size": len(SMALL_KEY), "mode": 600, "user": "litellm",
                                "group": "root"},
         PROXY.config_file: {"size": len(config), "mode": 644},
-        services.run_script_path("litellm"): {"size": len(run_script), "mode": 755},
+        front.config_file: {"size": len(front_config), "mode": 644},
+        FRONT_BINARY: {"size": 1, "mode": 755},
+        **{services.run_script_path(name): {"size": len(script), "mode": 755}
+           for name, script in run_scripts.items()},
     }
     sha1 = {PROXY.config_file: hashlib.sha1(config.encode()).hexdigest(),
+            front.config_file: hashlib.sha1(front_config.encode()).hexdigest(),
             PROXY.small_key_file: hashlib.sha1(SMALL_KEY.encode()).hexdigest(),
-            services.run_script_path("litellm"): hashlib.sha1(run_script.encode()).hexdigest()}
+            **{services.run_script_path(name): hashlib.sha1(script.encode()).hexdigest()
+               for name, script in run_scripts.items()}}
     values = {
         InstalledVersions: lock_pins(LITELLM_LOCK),
         services.AccountExists: True,
         keys.HoldsKey: True,
         Directory: {"mode": 755},
-        Link: {"link_target": "/etc/sv/litellm"},
-        RunitManaged: {"litellm"},
-        RunitStatus: {"litellm": True},
+        RunitManaged: set(run_scripts),
+        RunitStatus: dict.fromkeys(run_scripts, True),
         services.ServiceProcess: {"running": True, "pid": 41, "children": [51, 52]},
-        services.ServiceSettled: {
-            "file": f"755 {sha1[services.run_script_path('litellm')]}",
-            "link": "/etc/sv/litellm", "status": "run: /etc/service/litellm: (pid 42) 9s"},
         LiveRouting: live,
         TmpDir: "/tmp",
     }
@@ -399,6 +410,12 @@ def converged_gateway(fallback: bool, live: dict | None):
             return sha1.get(path)
         if cls is FileDigest:
             return f"{files[path]['mode']} {sha1[path]}" if path in sha1 else None
+        if cls is Link:
+            return {"link_target": f"/etc/sv/{Path(path).name}"}
+        if cls is services.ServiceSettled:
+            name = kwargs["service"]
+            return {"file": f"755 {sha1[services.run_script_path(name)]}",
+                    "link": f"/etc/sv/{name}", "status": f"run: /etc/service/{name}: (pid 42) 9s"}
         return values[cls]
     return facts
 

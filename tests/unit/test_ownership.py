@@ -48,18 +48,26 @@ def neighbours(file: str | None = None, ours: bool | None = None,
 ], ids=["fresh", "ours-running", "ours-stopped", "site-unit", "site-port", "site-both"])
 def test_the_sites_own_litellm_is_told_apart_from_twinbolts_proxy(
         seen: dict, process: dict, problems: list[str]) -> None:
-    found = foreign_problems(PROXY, seen, process)
+    found = foreign_problems("litellm", 4000, seen, ownership.pids(process))
     assert len(found) == len(problems)
     for problem, expected in zip(found, problems, strict=True):
         assert problem.startswith(expected)
 
 
+def site_litellm_on_the_users_port(service: str, rendered: str, port: int) -> dict:
+    """The site's own litellm.service on port 4000; nothing of the front, nothing on 4100."""
+    if service == "litellm":
+        return neighbours("/etc/systemd/system/litellm.service", False)
+    return neighbours(listeners=(SITE_LITELLM,) if port == 4000 else ())
+
+
+def site_process(service: str, init_system: str) -> dict:
+    return {"running": True, "pid": 812, "children": []} if service == "litellm" else STOPPED
+
+
 def test_a_refusal_names_what_runs_and_how_to_keep_it_beside() -> None:
-    host = FakeHost({
-        ProxyNeighbours: neighbours("/etc/systemd/system/litellm.service", False,
-                                    (SITE_LITELLM,)),
-        services.ServiceProcess: {"running": True, "pid": 812, "children": []},
-    }, name="gw")
+    host = FakeHost({ProxyNeighbours: site_litellm_on_the_users_port,
+                     services.ServiceProcess: site_process}, name="gw")
     with on(host), pytest.raises(OperationError) as refused:
         list(ownership.own._inner(proxy=PROXY))
     message = str(refused.value)
@@ -68,14 +76,37 @@ def test_a_refusal_names_what_runs_and_how_to_keep_it_beside() -> None:
     # The site's process runs under that very name: the file says it all.
     assert "port 4000 is held" not in message
     assert "gateway_roles.litellm_service" in message and "litellm_port" in message
+    assert "litellm_backend_port" in message
+
+
+def test_a_foreign_listener_on_the_port_behind_the_front_is_refused() -> None:
+    def on_the_backend_port(service: str, rendered: str, port: int) -> dict:
+        return neighbours(listeners=(SITE_LITELLM,) if port == 4100 else ())
+    host = FakeHost({ProxyNeighbours: on_the_backend_port,
+                     services.ServiceProcess: STOPPED}, name="gw")
+    with on(host), pytest.raises(OperationError) as refused:
+        list(ownership.own._inner(proxy=PROXY))
+    assert "port 4100 is held by pid 812" in str(refused.value)
+
+
+def test_twinbolts_own_front_and_proxy_hold_their_ports() -> None:
+    def ours(service: str, rendered: str, port: int) -> dict:
+        pid = {4000: 61, 4100: 52}[port]
+        return neighbours(rendered, True, ({"pid": pid, "command": service},))
+    def processes(service: str, init_system: str) -> dict:
+        return RUNNING if service == "litellm" else {"running": True, "pid": 61, "children": []}
+    host = FakeHost({ProxyNeighbours: ours, services.ServiceProcess: processes}, name="gw")
+    with on(host):
+        assert list(ownership.own._inner(proxy=PROXY)) == []
 
 
 def test_twinbolts_proxy_beside_the_sites_is_left_to_run() -> None:
-    beside = dataclasses.replace(PROXY, service="twinbolt-litellm", port=4001)
+    beside = dataclasses.replace(PROXY, service="twinbolt-litellm", port=4001, backend_port=4101)
     host = FakeHost({ProxyNeighbours: neighbours(), services.ServiceProcess: STOPPED}, name="gw")
     with on(host):
         assert list(ownership.own._inner(proxy=beside)) == []
-    assert host.noops == ["twinbolt-litellm and port 4001 are twinbolt's proxy's, or free"]
+    assert host.noops == ["twinbolt-litellm, twinbolt-litellm-front and ports 4001 and 4101 "
+                          "are twinbolt's proxy's, or free"]
 
 
 def test_the_reading_parses_the_unit_and_each_listener() -> None:

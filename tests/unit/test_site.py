@@ -198,7 +198,7 @@ def test_malformed_toml(write_site):
         pytest.param(
             edited("[gateway_roles.large]", "[gateway_roles]\nrouter_port = 4000\n\n"
                    "[gateway_roles.large]"),
-            "gateway_roles: router_port and litellm_port must differ",
+            "gateway_roles: router_port, litellm_port, litellm_backend_port must all differ",
             id="gateway port clash",
         ),
         pytest.param(

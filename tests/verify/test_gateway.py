@@ -15,6 +15,7 @@ import httpx
 import pytest
 from verify_helpers import fact
 
+from operations.gateway.front import render_config as render_front
 from operations.gateway.proxy import (
     DEPLOYMENTS,
     ROLES,
@@ -26,6 +27,8 @@ from operations.gateway.proxy import (
     wanted_routing,
 )
 from operations.gateway.route import RoleAnswers, answer_problems
+from operations.plumbing.facts import FileDigest, digest
+from operations.services import ServiceProcess
 from operations.serving.router import Router
 from operations.site.hosts import in_group
 from operations.states import State
@@ -49,6 +52,19 @@ def test_the_config_has_the_fallbacks_the_state_declares(gateway, proxy: Proxy, 
         f"{proxy.config_file} has the general fallbacks {describe(config['fallbacks'])}; "
         f"{state.name} declares {describe(wanted['fallbacks'])}")
     assert config == wanted
+
+
+def test_clients_reach_litellm_only_through_its_front(gateway, proxy: Proxy) -> None:
+    """The front sends again what a reload closed unread; LiteLLM itself is the gateway's alone."""
+    front = proxy.front
+    on_disk = fact(gateway, FileDigest, path=front.config_file)
+    assert on_disk == digest(render_front(front), "644"), (
+        f"{gateway.name}: {front.config_file} is not the front's config twinbolt renders")
+    assert fact(gateway, ServiceProcess, service=front.service,
+                init_system=front.init_system)["running"], (
+        f"{gateway.name}: {front.service} (haproxy) does not run")
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://{proxy.address}:{proxy.backend_port}/health/readiness", timeout=5)
 
 
 def test_the_running_proxy_routes_as_its_config_says(gateway, proxy: Proxy,
