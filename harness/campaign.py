@@ -48,7 +48,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from harness import caveats, compare, linktest, linktest_report, report
+from harness import caveats, compare, disturbance, linktest, linktest_report, report
 from harness.measure import NotMeasurable, failures, measure_state
 from harness.progress import placed, reporting, say
 from harness.status import guard_fired, guard_states, observe
@@ -263,11 +263,21 @@ class Campaign:
     # The steps
 
     async def preflight(self) -> str:
-        """Read-only: the hosts are in production and production passes its checks."""
+        """
+        Read-only: the hosts are in production and production passes its checks;
+        and whether this machine was quiet meanwhile, said before any window is.
+        """
+        used_before, started = disturbance.machine_cpu_seconds(), time.monotonic()
         status = await observe(self.topology)
         if status.match != BASELINE:
             raise StepFailed(f"the hosts are not in {BASELINE}: {status.verdict()}")
-        return (await self.verify(BASELINE)) + "; hosts observed in production"
+        verified = (await self.verify(BASELINE)) + "; hosts observed in production"
+        busy = disturbance.machine_busy(disturbance.machine_cpu_seconds() - used_before,
+                                        time.monotonic() - started)
+        if busy:
+            say(f"campaign: {busy}")
+            return f"{verified}; {busy}"
+        return verified
 
     async def deploy(self, state: str) -> str:
         return await deploy(state, self.topology)
@@ -294,8 +304,8 @@ class Campaign:
             if fired:
                 raise StepFailed("the guard did not stay quietly armed while "
                                  f"{state} was measured: " + "; ".join(fired))
-            return f"{path.name}; the guard stayed armed, quiet"
-        return path.name
+            return f"{path.name}{disturbed(built)}; the guard stayed armed, quiet"
+        return path.name + disturbed(built)
 
     async def linktest(self, state: str, seconds: int) -> str:
         try:
@@ -418,10 +428,18 @@ class Campaign:
             "comparison": table,
             "chart": chart.name if chart else None,
             "does_not_prove": caveats.does_not_prove(measured, links) if measured else [],
+            "quiet": disturbance.quiet_line([window for measurement in measured
+                                             for window in measurement["windows"]]),
         }
         report.write_text(self.directory / "campaign.json", json.dumps(result, indent=1) + "\n")
         report.write_text(self.directory / "campaign.md", markdown(result))
         return result
+
+
+def disturbed(built: dict[str, Any]) -> str:
+    """A measurement's disturbed windows, for its step's line; nothing when there were none."""
+    names = [window["name"] for window in built["windows"] if window.get("disturbed")]
+    return f"; disturbed, left out: {', '.join(names)}" if names else ""
 
 
 def transport_tables(links: list[dict[str, Any]]) -> str:
@@ -447,6 +465,7 @@ def markdown(result: dict[str, Any]) -> str:
         "# twinbolt campaign",
         "",
         f"- {result['started_at']} to {result['finished_at']}: {outcome(result)}",
+        f"- {result['quiet']}",
         f"- plan: {' -> '.join(result['plan'])}, windows {', '.join(result['windows'])}",
         f"- {result['trials']} trial(s), in the order {result['order']}: "
         + ", ".join(f"{state} ({trial})" for trial, state in result["visits"]),

@@ -186,14 +186,22 @@ def spread_cell(values: list[float | None], digits: int) -> str:
     return f"{figure(shown.median, digits)} [{figure(low, digits)}–{figure(high, digits)}]"
 
 
-def verdict_cell(said: intervals.Verdict) -> str:
-    """A ratio only with its interval and the verdict; without an interval, why there is none."""
+def verdict_cell(said: intervals.Verdict, asked: tuple[int, int]) -> str:
+    """
+    A ratio only with its interval and the verdict; without an interval, why
+    there is none. A verdict that rests on fewer trials than ``asked`` (a
+    window left out as disturbed or invalid) says on how many.
+    """
     if min(said.n) == 0:
         return "—"
+    (here, there), (asked_here, asked_there) = said.n, asked
+    fewer = [*([f"{here} of {asked_here} trials here"] if here < asked_here else []),
+             *([f"{there} of {asked_there} in the reference"] if there < asked_there else [])]
+    rests = f" (rests on {', '.join(fewer)})" if fewer else ""
     if said.interval is None:
-        return said.words
+        return said.words + rests
     low, high = said.interval
-    return f"{said.ratio:.2f}× [{low:.2f}–{high:.2f}] {said.words}"
+    return f"{said.ratio:.2f}× [{low:.2f}–{high:.2f}] {said.words}{rests}"
 
 
 def count_cell(values: list[int | None]) -> str:
@@ -235,7 +243,8 @@ def figure_cells(figures: tuple[tuple[str, str, int, tuple[str, str] | None], ..
         cells.append(accept_cell(rows) if key == "accept_length"
                      else spread_cell(values, digits))
         if words:
-            cells.append(verdict_cell(intervals.verdict(values, trials(reference, key), words))
+            cells.append(verdict_cell(intervals.verdict(values, trials(reference, key), words),
+                                      (len(rows), len(reference)))
                          if reference is not None and reference is not rows else "—")
     return cells
 
@@ -358,11 +367,11 @@ def against_replicas(states: dict[str, list[dict[str, Any]]]) -> list[str]:
         verdicts: dict[str, list[tuple[int, str]]] = {key: [] for key, *_ in ARCHITECTURES}
         for level in levels:
             cells = []
+            here, there = at_level(states[state], level), at_level(states[base], level)
             for key, _, words in ARCHITECTURES:
-                found = intervals.verdict(trials(at_level(states[state], level), key),
-                                          trials(at_level(states[base], level), key), words)
+                found = intervals.verdict(trials(here, key), trials(there, key), words)
                 verdicts[key].append((level, found.words))
-                cells.append(verdict_cell(found))
+                cells.append(verdict_cell(found, (len(here), len(there))))
             body.append([state, changed(base, state), str(level), *cells])
         for key, title, words in ARCHITECTURES:
             turn = sweep.crossover(verdicts[key], words)
@@ -515,7 +524,8 @@ def side_by_side(reports: list[dict[str, Any]]) -> list[str]:
         else:
             ours = [spread_cell(trials(stock, key), digits), spread_cell(trials(e2e, key), digits),
                     verdict_cell(intervals.verdict(trials(e2e, key), trials(stock, key),
-                                                   words[key] or ("higher", "lower")))]
+                                                   words[key] or ("higher", "lower")),
+                                 (len(e2e), len(stock)))]
         body.append([title, *ours,
                      *(field.text if field else NOT_REPORTED for field in (field_stock, field_e2e)),
                      field_ratio])

@@ -18,6 +18,10 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from harness import remote
 from harness.topology import Topology
+from operations.services import ServicePids
+from operations.serving.gpu import GpuProcesses
+from operations.serving.neighbours import ProcessCpu
+from operations.serving.sglang import GPU_SERVICES
 from operations.serving.transport import (
     INTERFACE_COUNTERS,
     RETRANSMISSIONS,
@@ -30,7 +34,11 @@ from operations.thunderbolt.link import XDomainLink, trained_rate
 
 # rx_errors is the sum of the others (plus allocation failures): the one to total.
 RECEIVER_ERRORS = "rx_errors"
-SOCKET_COUNTERS = ("retrans", "bytes_retrans", "lost")
+SOCKET_COUNTERS = ("retrans", "bytes_retrans", "lost", "bytes_sent", "bytes_received",
+                   "segs_out", "segs_in")
+# What the link carries per TCP segment beyond its payload: Ethernet's header (14
+# bytes), IPv4's (20) and TCP's with timestamps (32).
+SEGMENT_HEADER_BYTES = 66
 
 
 class PeerSockets(FactBase):
@@ -41,12 +49,13 @@ class PeerSockets(FactBase):
     the desktop or a download sharing the host.
 
     ``retrans`` is the socket's lifetime total (the second figure of ss's
-    ``retrans:unacked/total``); ss leaves a zero counter out.
+    ``retrans:unacked/total``); ss leaves a zero counter out. The bytes and
+    segments each way say what the socket put on the wire.
 
     .. code:: python
 
         {"169.254.77.1:5757>169.254.77.2:42304": {"retrans": 9, "bytes_retrans": 426129,
-                                                   "lost": 0}}
+                                                   "lost": 0, "bytes_sent": 91553, ...}}
     """
 
     default = dict
@@ -72,14 +81,19 @@ class PeerSockets(FactBase):
                 name, _, value = word.partition(":")
                 if name == "retrans":
                     counters["retrans"] = int(value.partition("/")[2])
-                elif name in ("bytes_retrans", "lost"):
+                elif name in SOCKET_COUNTERS:
                     counters[name] = int(value)
         return sockets
 
 
 @dataclass(frozen=True)
 class LinkSnapshot:
-    """One workstation's link at one instant (``at``: monotonic seconds on this machine)."""
+    """
+    One workstation's link at one instant (``at``: monotonic seconds on this
+    machine), and what ran beside its servers: the CPU seconds of its processes
+    (:class:`~operations.serving.neighbours.ProcessCpu`), its GPU's compute
+    processes, and the servers' main pids (:mod:`harness.disturbance`).
+    """
 
     host: str
     at: float
@@ -92,18 +106,27 @@ class LinkSnapshot:
     driver_parameters: dict[str, str] = field(default_factory=dict)
     error: str | None = None
     sockets: dict[str, dict[str, int]] = field(default_factory=dict)
+    cpu: dict[str, float] | None = None
+    gpu: list[dict[str, Any]] = field(default_factory=list)
+    server_pids: dict[str, int] = field(default_factory=dict)
+    # The GPU memory the site allows processes other than twinbolt's.
+    gpu_allowed_mib: int = 0
 
 
 def queries(settings: WorkstationSettings) -> list[remote.Query]:
+    servers = {"services": GPU_SERVICES, "init_system": settings.serving.init_system}
     return [
         remote.Query("xdomain", XDomainLink()),
         remote.Query("module", LoadedModule(), {"module": settings.candidate.module_name}),
         remote.Query("counters", LinkCounters(), {"interface": settings.link.interface}),
         remote.Query("sockets", PeerSockets(), {"peer": settings.peer_link_address}),
+        remote.Query("cpu", ProcessCpu(), servers),
+        remote.Query("gpu", GpuProcesses()),
+        remote.Query("servers", ServicePids(), servers),
     ]
 
 
-def from_reading(reading: remote.Reading) -> LinkSnapshot:
+def from_reading(reading: remote.Reading, gpu_allowed_mib: int = 0) -> LinkSnapshot:
     if reading.error:
         return LinkSnapshot(reading.host, reading.at, error=reading.error)
     xdomain = reading.values["xdomain"]
@@ -116,16 +139,22 @@ def from_reading(reading: remote.Reading) -> LinkSnapshot:
         rx_rate_gbps=trained_rate(xdomain)[0] if xdomain else None,
         driver_build_id=module.get("build_id"),
         driver_parameters=module.get("parameters", {}),
+        cpu=reading.values["cpu"],
+        gpu=reading.values["gpu"] or [],
+        server_pids=reading.values["servers"] or {},
+        gpu_allowed_mib=gpu_allowed_mib,
     )
 
 
 async def snapshot(topology: Topology) -> dict[str, LinkSnapshot]:
     """Both workstations' links, read at once."""
+    settings = {entry.name: WorkstationSettings.of(entry) for entry in topology.workstations}
     readings = await remote.read_all(
-        {entry: queries(WorkstationSettings.of(entry)) for entry in topology.workstations},
+        {entry: queries(settings[entry.name]) for entry in topology.workstations},
         topology.ssh_config,
     )
-    return {host: from_reading(reading) for host, reading in readings.items()}
+    return {host: from_reading(reading, settings[host].serving.foreign_gpu_memory_mib)
+            for host, reading in readings.items()}
 
 
 def delta(before: LinkSnapshot, after: LinkSnapshot) -> dict[str, Any]:
@@ -162,14 +191,19 @@ def socket_deltas(before: dict[str, dict[str, int]],
     counts from zero. A socket closed during it took its last counts with it,
     so its window is incomplete: it is named, not guessed.
     """
-    retrans = {key: after[key]["retrans"] - before.get(key, {}).get("retrans", 0)
-               for key in after}
+    def grown(key: str, *names: str) -> int:
+        return sum(after[key].get(name, 0) - before.get(key, {}).get(name, 0) for name in names)
+
+    retrans = {key: grown(key, "retrans") for key in after}
     return {
         "count": len(after),
         "retrans": sum(retrans.values()),
         "max_retrans": max(retrans.values(), default=None),
-        "bytes_retrans": sum(after[key]["bytes_retrans"]
-                             - before.get(key, {}).get("bytes_retrans", 0) for key in after),
+        "bytes_retrans": sum(grown(key, "bytes_retrans") for key in after),
+        # What the sockets put on the wire, each segment's headers included.
+        "wire_bytes": sum(grown(key, "bytes_sent", "bytes_received")
+                          + SEGMENT_HEADER_BYTES * grown(key, "segs_out", "segs_in")
+                          for key in after),
         "closed": sorted(set(before) - set(after)),
     }
 

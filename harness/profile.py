@@ -31,6 +31,7 @@ from typing import Any
 
 from harness import remote, traces
 from harness.counters import PeerSockets
+from harness.disturbance import counted
 from harness.topology import Topology
 from operations.services import ServiceLogMatches
 from operations.serving.sglang import service_for
@@ -273,7 +274,7 @@ def figures(report: dict[str, Any]) -> dict[str, Any]:
     window.
     """
     window = next((each for each in report["windows"]
-                   if each["name"] == PROFILE and not each.get("invalid")), None)
+                   if each["name"] == PROFILE and counted(each)), None)
     if window is None:
         return {}
     ranks = {}

@@ -1,7 +1,7 @@
 """
 Progress lines while something long runs: a window, a prefill, a transition.
 
-Every long wait and every measurement prints where it stands (DESIGN.md), so a
+Every long wait and every measurement prints where it stands, so a
 slow prefill or a stuck stream is visible while it happens, not only in the
 report. Lines go to stderr: stdout is left for what a command produces.
 """

@@ -21,9 +21,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness import bench_serving, profile, server_stats, sweep, traces
+from harness import bench_serving, disturbance, profile, server_stats, sweep, traces
 from harness.client import THROUGHPUT
 from harness.counters import INTERFACE_COUNTERS, RETRANSMISSIONS, combined
+from harness.disturbance import counted
 from harness.profile import PROFILE
 from harness.topology import Endpoint, Topology
 from harness.windows import PREFILLS, WARM_SUFFIX, WindowSettings, fits
@@ -93,16 +94,18 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
     the link by the completion tokens of the same windows, the decode windows
     only: a prefill window moves its whole prompt's activations for a handful of
     output tokens, and the field's figure is a decode one (six requests). A window marked
-    invalid (a cold one that found cached tokens) gives no figure. Each prefill
+    invalid (a cold one that found cached tokens) gives no figure; a disturbed one
+    gives none, and its link counts, someone else's traffic among them, count
+    nowhere (:mod:`harness.disturbance`). Each prefill
     window's TTFT is keyed by the window's own name, cold (``long``) or warm
     (``long_warm``, with its hit rate), so one never stands for the other.
     """
-    windows = {window["name"]: window for window in report["windows"]
-               if not window.get("invalid")}
+    windows = {window["name"]: window for window in report["windows"] if counted(window)}
     summary = {name: window["summary"] for name, window in windows.items()}
-    totals = [window["link"]["totals"] for window in report["windows"]]
+    undisturbed = [window for window in report["windows"] if not window.get("disturbed")]
+    totals = [window["link"]["totals"] for window in undisturbed]
     server_info = report.get("config", {}).get("server_info") or {}
-    decoding = [window for window in report["windows"]
+    decoding = [window for window in undisturbed
                 if window["name"].removesuffix(WARM_SUFFIX) not in PREFILLS]
     tokens = sum(sample["completion_tokens"] or 0
                  for window in decoding for sample in window["samples"])
@@ -182,8 +185,11 @@ def window_row(window: dict[str, Any]) -> list[str]:
         tokens += (f"; cut from {number(summary['wanted_tokens'])} to fit "
                    + fits(summary["context_length"], summary.get("max_req_input_len")))
     moved = totals["bytes_moved"]
+    marks = [mark for key, mark in (("disturbed", "disturbed"), ("again", "again"))
+             if window.get(key)]
     return [
-        name, str(len(window["samples"])), rate, aggregate, ttft,
+        f"{name} ({', '.join(marks)})" if marks else name,
+        str(len(window["samples"])), rate, aggregate, ttft,
         accept_length_cell(window["server"]["accept_length"], server_stats.cumulative(window)),
         tokens,
         number(totals["receiver_errors"]),
@@ -210,7 +216,8 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     if report["observed"]:
         lines.append(f"- hosts observed: {report['observed']['verdict']}")
-    lines += [f"- {report['config']['throughput']}", "", "## Windows", ""]
+    lines += [f"- {disturbance.quiet_line(report['windows'])}",
+              f"- {report['config']['throughput']}", "", "## Windows", ""]
     lines += table(
         ["window", "requests", "output tok/s", "aggregate tok/s", "TTFT s", "accept length",
          "prompt tokens: cached", "receiver errors", "TP-socket retrans (max per socket)",
@@ -230,6 +237,11 @@ def markdown(report: dict[str, Any]) -> str:
     if invalid := [window for window in report["windows"] if window.get("invalid")]:
         lines += ["", "Invalid windows, left out of every comparison:", "",
                   *(f"- {window['name']}: {window['invalid']}" for window in invalid)]
+    if disturbed := [window for window in report["windows"] if window.get("disturbed")]:
+        lines += ["", "Disturbed windows, left out of every comparison (each measured again "
+                  "once, at the end):", "",
+                  *(f"- {window['name']}: {window['disturbed']}" for window in disturbed),
+                  "", "What makes a window disturbed:", "", *disturbance.threshold_lines()]
     names = [*INTERFACE_COUNTERS, RETRANSMISSIONS]
     rows = []
     for window in report["windows"]:

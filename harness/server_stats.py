@@ -36,6 +36,9 @@ import httpx
 from harness.client import Sample
 
 GENERATION_TOKENS = "sglang:generation_tokens_total"
+# The lab's simulator only: how late the timers standing for its GPU's time woke.
+TIMERS = "lab_sim:timers_total"
+TIMER_LATE_SECONDS = "lab_sim:timer_late_seconds_total"
 # Server args that hold credentials; their values never reach a report.
 SECRET = re.compile(r"(^|_)(key|secret|password|token)$", re.IGNORECASE)
 REDACTED = "(redacted)"
@@ -54,6 +57,9 @@ class ServerSnapshot:
     avg_spec_accept_length: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    # The lab's simulator's timers and how late they woke in all; None elsewhere.
+    timers: float | None = None
+    timer_late_seconds: float | None = None
 
     @property
     def verify_steps(self) -> float | None:
@@ -102,6 +108,8 @@ async def read_server(client: httpx.AsyncClient, url: str) -> ServerSnapshot:
         generation_tokens=metric(metrics_response.text, GENERATION_TOKENS),
         avg_spec_accept_length=states[0].get("avg_spec_accept_length"),
         info=redact(info),
+        timers=metric(metrics_response.text, TIMERS),
+        timer_late_seconds=metric(metrics_response.text, TIMER_LATE_SECONDS),
     )
 
 
@@ -123,6 +131,20 @@ def window_accept_length(before: list[ServerSnapshot],
         tokens += last.generation_tokens - first.generation_tokens
         steps += last.verify_steps - first.verify_steps
     return tokens / steps if steps > 0 else None
+
+
+def window_timer_lateness(before: list[ServerSnapshot],
+                          after: list[ServerSnapshot]) -> float | None:
+    """
+    How late, on average, the simulator's timers woke in the window (seconds);
+    ``None`` from a server that does not say (every real one) or without a timer.
+    """
+    pairs = [(b, a) for b, a in zip(before, after, strict=True)
+             if None not in (b.timers, a.timers, b.timer_late_seconds, a.timer_late_seconds)]
+    timers = sum(a.timers - b.timers for b, a in pairs)
+    if not pairs or timers <= 0:
+        return None
+    return sum(a.timer_late_seconds - b.timer_late_seconds for b, a in pairs) / timers
 
 
 def window_generated(before: list[ServerSnapshot],

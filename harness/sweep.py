@@ -32,6 +32,7 @@ from statistics import fmean
 from typing import Any
 
 from harness.client import Sample, rate, span, time_per_output_token
+from harness.disturbance import counted
 from harness.server_stats import cumulative
 
 PREFIX = "sweep@"
@@ -102,13 +103,13 @@ def milliseconds(seconds: float | None) -> float | None:
 def figures(report: dict[str, Any]) -> dict[int, dict[str, float | int | None]]:
     """
     Each level's figures of one report, by level; a window marked invalid (a
-    cold one that found cached tokens) gives none, a figure its summary lacks
+    cold one that found cached tokens) or disturbed gives none, a figure its summary lacks
     (a report from elsewhere, or edited) is unknown.
     """
     levels = {}
     for window in report["windows"]:
         level = level_of(window["name"])
-        if level is None or window.get("invalid"):
+        if level is None or not counted(window):
             continue
         summary, totals = window["summary"], window["link"]["totals"]
         rates, ttft, tpot = (summary.get(key) or {} for key in

@@ -41,6 +41,9 @@ window whose requests still report cached tokens is marked invalid, its figures
 left out of every comparison; so is a warm window whose measured request found
 nothing cached (its priming did not hold). A warm window keeps its own name, so
 its figures never stand in a cold window's place.
+
+A window is also left out when something else ran beside it: its readings say
+what (:mod:`harness.disturbance`), and it is measured again once at the end.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, field_validator
 
-from harness import counters, field_report, profile, server_stats, sweep
+from harness import counters, disturbance, field_report, profile, server_stats, sweep
 from harness.client import Sample, rate, session, span, stream_generate
 from harness.profile import PROFILE
 from harness.progress import reporting, say, where
@@ -139,6 +142,8 @@ class Measurement:
     link_snapshot: LinkSnapshots
     server_info: dict[str, Any]
     profile_hosts: profile.ProfileHosts | None = None
+    # The CPU seconds others used on this machine so far (harness.disturbance).
+    machine_cpu: Callable[[], float] = disturbance.machine_cpu_seconds
 
     @property
     def cache_report(self) -> bool:
@@ -448,14 +453,20 @@ async def run_window(measurement: Measurement, name: str) -> dict[str, Any]:
     servers = measurement.endpoint.servers
     links_before, servers_before = await asyncio.gather(
         measurement.link_snapshot(), server_stats.snapshot(measurement.client, servers))
+    machine_before = measurement.machine_cpu()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     origin = time.perf_counter()
     samples, summary = await measure()
     seconds = time.perf_counter() - origin
+    machine = measurement.machine_cpu() - machine_before
     links_after, servers_after = await asyncio.gather(
         measurement.link_snapshot(), server_stats.snapshot(measurement.client, servers))
     deltas = {host: counters.delta(links_before[host], links_after[host])
               for host in links_before}
+    beside = {host: disturbance.host_reading(links_before[host], links_after[host], deltas[host])
+              for host in links_before}
+    late = server_stats.window_timer_lateness(servers_before, servers_after)
+    disturbed = disturbance.reasons(beside, machine, seconds, late)
     errors = [f"{sample.label}: {sample.error}" for sample in samples if sample.error]
     result = {
         "name": name,
@@ -466,6 +477,10 @@ async def run_window(measurement: Measurement, name: str) -> dict[str, Any]:
         "flushed": flushed,
         "invalid": (cached_in_cold(name, samples, measurement.cache_report)
                     or nothing_cached_in_warm(name, samples, measurement.cache_report)),
+        # What else ran while it was measured, and why that disturbed it, if it did.
+        "beside": {"hosts": beside, "machine_cpu_seconds": machine,
+                   "timer_late_seconds": late},
+        "disturbed": "; ".join(disturbed) or None,
         "samples": [sample.to_json(origin) for sample in samples],
         "link": {
             "before": {host: asdict(snap) for host, snap in links_before.items()},
@@ -481,7 +496,8 @@ async def run_window(measurement: Measurement, name: str) -> dict[str, Any]:
         },
     }
     say(f"{where(f'window {name}')}: done in {seconds:.1f}s"
-        + (f", {len(errors)} failed" if errors else ""))
+        + (f", {len(errors)} failed" if errors else "")
+        + (f"; disturbed: {result['disturbed']}" if disturbed else ""))
     return result
 
 
@@ -549,10 +565,12 @@ class EndpointDown(RuntimeError):
 
 async def run(endpoint: Endpoint, names: list[str], settings: WindowSettings,
               link_snapshot: LinkSnapshots, profile_hosts: profile.ProfileHosts | None = None,
+              machine_cpu: Callable[[], float] = disturbance.machine_cpu_seconds,
               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """
     Run the named windows one after another, in the order given, the sweep one
-    level at a time.
+    level at a time; then each window that was disturbed (:mod:`harness.disturbance`)
+    once more, marked ``again``.
 
     Returns the first server's ``/server_info`` (redacted, for the report's
     configuration) and each window's result.
@@ -566,7 +584,11 @@ async def run(endpoint: Endpoint, names: list[str], settings: WindowSettings,
         if first.error:
             raise EndpointDown(f"{endpoint.servers[0]}/server_info: {first.error}")
         measurement = Measurement(endpoint, settings, client, link_snapshot, first.info,
-                                  profile_hosts)
+                                  profile_hosts, machine_cpu)
         results = [await run_window(measurement, name)
                    for name in levels(names, settings.concurrency)]
+        # Measured again once, last: the disturbed result stays in the report, named.
+        for name in [result["name"] for result in results if result["disturbed"]]:
+            say(f"{where(f'window {name}')}: measuring it again, once, as it was disturbed")
+            results.append({**await run_window(measurement, name), "again": True})
     return first.info, results

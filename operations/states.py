@@ -84,7 +84,7 @@ class ServingMode(StrEnum):
     REPLICAS = "replicas"
     TENSOR_PARALLEL = "tp2"
 
-# The field report's setting, written "NEXTN 3/1/4" in DESIGN.md.
+# The field report's setting, written "NEXTN 3/1/4" in the README's states table.
 NEXTN_3_1_4 = Speculative(algorithm="NEXTN", num_steps=3, eagle_topk=1, num_draft_tokens=4)
 
 
@@ -134,7 +134,7 @@ class State(_Value):
         return self.tensor_parallel
 
 
-# The axes a state is declared by, in DESIGN.md's order, which is also the order
+# The axes a state is declared by, in the README's order, which is also the order
 # a transition changes them in; and what it declares of its four layers (what a
 # status compares), the gateway's fallback following from the serving layer.
 # ("Layer" alone is a step's: operations.step.Layer.)

@@ -44,7 +44,7 @@ from lab.sglang_sim.openai_api import (
     requested_tokens,
     text_prompt,
 )
-from lab.sglang_sim.profiler import NOT_PROFILING, STARTED, STOPPED
+from lab.sglang_sim.profiler import LATENESS, NOT_PROFILING, STARTED, STOPPED
 from lab.sglang_sim.stats import Stats
 from lab.sglang_sim.tokens import block_hashes, tokenize
 
@@ -236,6 +236,7 @@ class Leader:
     def metrics(self, request: Request) -> Response:
         text = self._stats.prometheus(self._args.served_model_name,
                                       bool(self._args.speculative_algorithm))
+        text += LATENESS.prometheus()
         return Response(200, text.encode(), METRICS_CONTENT_TYPE)
 
     def chat_completions(self, request: Request) -> Response:

@@ -69,6 +69,7 @@ from lab.sglang_sim.link import (
     ubuntus_congestion_control,
 )
 from lab.sglang_sim.nccl import MAX_SOCKETS, Transport
+from lab.sglang_sim.profiler import LATENESS
 
 logger = logging.getLogger(__name__)
 
@@ -309,6 +310,9 @@ def serve_requests(link: NcclLink, pipe: Connection) -> None:
                 pipe.send(("ok", None))
                 link.echo_forever()
             result = getattr(link, request)(*arguments)
+            if request == "forward":
+                # The pass's timers ran here: the server's /metrics reports them.
+                result = (result, LATENESS.totals())
             pipe.send(("ok", result))
     except PeerLost as error:
         pipe.send(("lost", str(error)))
@@ -361,7 +365,9 @@ class SchedulerProcess:
 
     def forward(self, seconds: float, nbytes: int, count: int = 1,
                 element_bytes: int = 2) -> int:
-        return self._ask("forward", seconds, nbytes, count, element_bytes)
+        moved, timers = self._ask("forward", seconds, nbytes, count, element_bytes)
+        LATENESS.mirror(timers)
+        return moved
 
     def start_profile(self, output_dir: str | None, profile_id: str,
                       activities: list[str] | None = None) -> str | None:

@@ -50,6 +50,48 @@ GPU_ACTIVITY = "GPU"
 DEVICE, STREAM = 0, 7
 
 
+class Lateness:
+    """
+    How late the simulated GPU's timers woke, in all: a busy machine stretches
+    every pass the simulator sleeps for, which a real GPU would not. Read from
+    ``/metrics`` (``lab_sim:timer_late_seconds_total``, ``lab_sim:timers_total``),
+    under names of the lab's own: SGLang has no such metric.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.timers = 0
+        self.late_seconds = 0.0
+
+    def record(self, late: float) -> None:
+        with self._lock:
+            self.timers += 1
+            self.late_seconds += max(0.0, late)
+
+    def totals(self) -> tuple[int, float]:
+        with self._lock:
+            return self.timers, self.late_seconds
+
+    def mirror(self, totals: tuple[int, float]) -> None:
+        """Take another process's totals: a TP rank's timers run in its scheduler process."""
+        with self._lock:
+            self.timers, self.late_seconds = totals
+
+    def prometheus(self) -> str:
+        with self._lock:
+            return "".join(
+                f"# HELP lab_sim:{name} {text}\n# TYPE lab_sim:{name} counter\n"
+                f"lab_sim:{name} {float(value)}\n"
+                for name, text, value in (
+                    ("timers_total", "The simulated GPU's timers so far.", self.timers),
+                    ("timer_late_seconds_total", "How late they woke, in all.",
+                     self.late_seconds)))
+
+
+# The server process's timers, every rank's passes among them.
+LATENESS = Lateness()
+
+
 class Profiler:
     """One rank's recorder: kernel spans while profiling, a trace file when it stops."""
 
@@ -92,7 +134,9 @@ class Profiler:
         """A forward pass's GPU time: spent, and recorded as one kernel."""
         started = time.time()
         time.sleep(seconds)
-        self.kernel(FORWARD_KERNEL, started, time.time())
+        ended = time.time()
+        LATENESS.record(ended - started - seconds)
+        self.kernel(FORWARD_KERNEL, started, ended)
 
     def kernel(self, name: str, started: float, ended: float, **args: object) -> None:
         """One kernel that ran from ``started`` to ``ended`` (``time.time()`` seconds)."""

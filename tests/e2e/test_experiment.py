@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from e2e_helpers import (
 )
 
 from harness import linktest_report, matrix, profile
+from harness.report import headline as report_headline
 from harness.topology import Topology
 from operations.safety import ledger
 
@@ -159,6 +161,10 @@ def test_tp2_e2e_is_observed_and_measured_with_the_link_counters_in_its_window(
         host: f"NET/Socket on thunderbolt0 ({address}), 2 channels"
         for host, address in addresses.items()}
     assert "## Where a token's time goes" in path_text(tmp_path, "tp2_e2e-*.md")
+    # Nothing else ran: no window was disturbed, and the report says so first.
+    assert {window["name"]: window["disturbed"] for window in report["windows"]} == dict.fromkeys(
+        ["single", *LEVELS, "profile"])
+    assert "- quiet: none of the 5 windows was disturbed" in path_text(tmp_path, "tp2_e2e-*.md")
     # The traces were fetched, and their directories removed from both hosts.
     for host in addresses:
         assert ssh(host, f"ls -d {profile.TRACE_ROOT}* 2>/dev/null || true").strip() == ""
@@ -214,6 +220,32 @@ def test_tp2_e2e_is_observed_and_measured_with_the_link_counters_in_its_window(
              "measure": result.stdout + result.stderr, **files_under(tmp_path)}
     assert {name: places_holding(secret, texts) for name, secret in secrets().items()} == {
         name: [] for name in secrets()}
+
+
+def test_a_window_beside_a_busy_core_outside_the_lab_is_disturbed_and_measured_again(
+        tmp_path: Path) -> None:
+    """
+    In tp2_e2e, as the test above leaves it: a process spinning on this machine,
+    outside every lab host, through the measurement. Its one window is named
+    disturbed by this machine's reading, gives no figure, and is measured once more.
+    """
+    spinning = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        result = experiment("measure", "--state", "tp2_e2e", "--window", "single",
+                            "--single-tokens", "256", "--out", str(tmp_path))
+    finally:
+        spinning.kill()
+        spinning.wait(timeout=10)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    report = measured(tmp_path, "tp2_e2e")
+    first, again = report["windows"]
+    assert (first["name"], again["name"], again["again"]) == ("single", "single", True)
+    assert "this machine: processes outside the measurement used" in first["disturbed"]
+    assert "measuring it again, once, as it was disturbed" in result.stderr
+    text = path_text(tmp_path, "tp2_e2e-*.md")
+    assert "- **not quiet**: " in text and "| single (disturbed) |" in text
+    assert report_headline(report)["single_tok_s"] == (
+        None if again["disturbed"] else again["summary"]["output_tok_s"])
 
 
 def tp_socket_congestion(host: str, address: str, peer: str) -> list[str]:

@@ -296,3 +296,34 @@ def test_the_campaign_report_draws_the_transport_chart_beside_its_tables(tmp_pat
     assert result["transport_chart"] == "transport.png"
     assert (tmp_path / "transport.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "![transport](transport.png)" in (tmp_path / "campaign.md").read_text()
+
+
+def test_a_campaign_says_before_any_window_that_this_machine_is_busy(tmp_path, monkeypatch,
+                                                                      capsys):
+    """Others used 100 CPU seconds on this machine while production was checked."""
+    class Production:
+        match = campaign.BASELINE
+
+    async def observed(topology):
+        return Production()
+
+    async def verified(state, topology):
+        return "37 passed"
+    used = iter([0.0, 100.0])
+    monkeypatch.setattr(campaign, "observe", observed)
+    monkeypatch.setattr(campaign, "verify", verified)
+    monkeypatch.setattr(campaign.disturbance, "machine_cpu_seconds", lambda: next(used))
+    plan = campaign.check_plan(campaign.PLAN)
+    said = asyncio.run(Campaign(None, plan, ["single"], WindowSettings(), tmp_path).preflight())
+    assert said.startswith("37 passed; hosts observed in production; this machine: processes "
+                           "outside the measurement used")
+    assert "campaign: this machine: processes outside the measurement used" in \
+        capsys.readouterr().err
+
+
+def test_a_measurements_step_names_its_disturbed_windows():
+    built = {"windows": [{"name": "single", "disturbed": "wsa: ..."},
+                         {"name": "concurrent", "disturbed": None},
+                         {"name": "single", "disturbed": None, "again": True}]}
+    assert campaign.disturbed(built) == "; disturbed, left out: single"
+    assert campaign.disturbed({"windows": built["windows"][1:]}) == ""

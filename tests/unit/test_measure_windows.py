@@ -25,9 +25,16 @@ async def no_links() -> dict:
     return {}
 
 
-def run(url: str, *names: str, settings: WindowSettings = SHORT, links=no_links) -> dict:
+def quiet_machine() -> float:
+    """This machine as a quiet one: nobody else used a CPU second (pytest's other workers do)."""
+    return 0.0
+
+
+def run(url: str, *names: str, settings: WindowSettings = SHORT, links=no_links,
+        machine_cpu=quiet_machine) -> dict:
     endpoint = Endpoint(url, "qwen", (url,), "local simulator")
-    info, results = asyncio.run(windows.run(endpoint, list(names), settings, links))
+    info, results = asyncio.run(windows.run(endpoint, list(names), settings, links,
+                                            machine_cpu=machine_cpu))
     return {"info": info, **{result["name"]: result for result in results}}
 
 
@@ -379,3 +386,16 @@ def test_a_campaign_plans_every_prefill_window_cold_and_warm():
         "single", "long", "long_warm", "prefix", "prefix_warm", "concurrent"]
     # The demo's windows stay as they are.
     assert windows.both_temperatures(["single", "concurrent"]) == ["single", "concurrent"]
+
+
+def test_a_disturbed_window_is_named_and_measured_again_once_at_the_end(nextn):
+    """Another process took this machine's CPU through the first window only."""
+    readings = iter([0.0, 100.0, 100.0, 100.0, 100.0, 100.0])
+    endpoint = Endpoint(nextn, "qwen", (nextn,), "local simulator")
+    _, results = asyncio.run(windows.run(endpoint, ["single", "concurrent"], SHORT, no_links,
+                                         machine_cpu=lambda: next(readings)))
+    assert [(r["name"], bool(r["disturbed"]), r.get("again", False)) for r in results] == [
+        ("single", True, False), ("concurrent", False, False), ("single", False, True)]
+    assert results[0]["disturbed"].startswith("this machine: processes outside the "
+                                              "measurement used")
+    assert results[0]["beside"]["machine_cpu_seconds"] == 100.0

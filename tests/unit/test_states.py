@@ -19,7 +19,7 @@ from operations.states import (
 NAMES = ["production", "production_tx_e2e", "production_e2e_off", "tp2_stock", "tp2_e2e",
          "tp2_stock_nospec", "tp2_e2e_nospec"]
 
-# DESIGN.md's table: driver, serving, speculative, gateway fallback.
+# The README's states table: driver, serving, speculative, gateway fallback.
 TABLE = {
     "production": ("stock", "replicas", None, False),
     "production_tx_e2e": ("candidate", "replicas", None, False),
