@@ -113,17 +113,22 @@ class LinkSnapshot:
     gpu_allowed_mib: int = 0
 
 
-def queries(settings: WorkstationSettings) -> list[remote.Query]:
+def queries(settings: WorkstationSettings, beside: bool = False) -> list[remote.Query]:
+    """
+    The link's readings; ``beside``, what ran beside the servers too, which a
+    measurement window judges itself by (a soak or a linktest samples faster
+    without them).
+    """
     servers = {"services": GPU_SERVICES, "init_system": settings.serving.init_system}
-    return [
+    link = [
         remote.Query("xdomain", XDomainLink()),
         remote.Query("module", LoadedModule(), {"module": settings.candidate.module_name}),
         remote.Query("counters", LinkCounters(), {"interface": settings.link.interface}),
         remote.Query("sockets", PeerSockets(), {"peer": settings.peer_link_address}),
-        remote.Query("cpu", ProcessCpu(), servers),
-        remote.Query("gpu", GpuProcesses()),
-        remote.Query("servers", ServicePids(), servers),
     ]
+    return link + ([remote.Query("cpu", ProcessCpu(), servers),
+                    remote.Query("gpu", GpuProcesses()),
+                    remote.Query("servers", ServicePids(), servers)] if beside else [])
 
 
 def from_reading(reading: remote.Reading, gpu_allowed_mib: int = 0) -> LinkSnapshot:
@@ -139,18 +144,18 @@ def from_reading(reading: remote.Reading, gpu_allowed_mib: int = 0) -> LinkSnaps
         rx_rate_gbps=trained_rate(xdomain)[0] if xdomain else None,
         driver_build_id=module.get("build_id"),
         driver_parameters=module.get("parameters", {}),
-        cpu=reading.values["cpu"],
-        gpu=reading.values["gpu"] or [],
-        server_pids=reading.values["servers"] or {},
+        cpu=reading.values.get("cpu"),
+        gpu=reading.values.get("gpu") or [],
+        server_pids=reading.values.get("servers") or {},
         gpu_allowed_mib=gpu_allowed_mib,
     )
 
 
-async def snapshot(topology: Topology) -> dict[str, LinkSnapshot]:
-    """Both workstations' links, read at once."""
+async def snapshot(topology: Topology, beside: bool = False) -> dict[str, LinkSnapshot]:
+    """Both workstations' links, read at once; ``beside``: what ran beside the servers too."""
     settings = {entry.name: WorkstationSettings.of(entry) for entry in topology.workstations}
     readings = await remote.read_all(
-        {entry: queries(settings[entry.name]) for entry in topology.workstations},
+        {entry: queries(settings[entry.name], beside) for entry in topology.workstations},
         topology.ssh_config,
     )
     return {host: from_reading(reading, settings[host].serving.foreign_gpu_memory_mib)

@@ -47,7 +47,7 @@ async def measure_state(topology: Topology, names: list[str], settings: windows.
     say(f"measuring {state.name} at {endpoint.url} ({endpoint.route}); "
         f"windows: {', '.join(names)}; hosts {status.verdict()}")
     info, results = await windows.run(endpoint, names, settings,
-                                      lambda: counters.snapshot(topology),
+                                      lambda: counters.snapshot(topology, beside=True),
                                       ProfileHosts(topology, state))
     bound = await single_stream_bound(topology, info, results)
     built = report.build(state.name, status.to_json(), topology, endpoint, settings, info,

@@ -129,7 +129,7 @@ def test_the_measured_link_rate_is_the_link_layers_slower_direction():
     xdomain = {"device": "0-3", "peer": "wsb", "rx_speed_gbps": 20.0, "tx_speed_gbps": 10.0,
                "rx_lanes": 2, "tx_lanes": 2, "others": []}
     reading = Reading("wsa", {"xdomain": xdomain, "module": None, "counters": {},
-                              "sockets": {}, "cpu": None, "gpu": [], "servers": {}}, 0.0)
+                              "sockets": {}}, 0.0)
     assert from_reading(reading).rx_rate_gbps == 20.0
 
 
