@@ -18,7 +18,6 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from harness import remote
 from harness.topology import Topology
-from operations.services import ServicePids
 from operations.serving.gpu import GpuProcesses
 from operations.serving.neighbours import ProcessCpu
 from operations.serving.sglang import GPU_SERVICES
@@ -91,8 +90,8 @@ class LinkSnapshot:
     """
     One workstation's link at one instant (``at``: monotonic seconds on this
     machine), and what ran beside its servers: the CPU seconds of its processes
-    (:class:`~operations.serving.neighbours.ProcessCpu`), its GPU's compute
-    processes, and the servers' main pids (:mod:`harness.disturbance`).
+    and the servers' main pids (:class:`~operations.serving.neighbours.ProcessCpu`),
+    and its GPU's compute processes (:mod:`harness.disturbance`).
     """
 
     host: str
@@ -106,9 +105,8 @@ class LinkSnapshot:
     driver_parameters: dict[str, str] = field(default_factory=dict)
     error: str | None = None
     sockets: dict[str, dict[str, int]] = field(default_factory=dict)
-    cpu: dict[str, float] | None = None
+    cpu: dict[str, Any] | None = None
     gpu: list[dict[str, Any]] = field(default_factory=list)
-    server_pids: dict[str, int] = field(default_factory=dict)
     # The GPU memory the site allows processes other than twinbolt's.
     gpu_allowed_mib: int = 0
 
@@ -127,8 +125,7 @@ def queries(settings: WorkstationSettings, beside: bool = False) -> list[remote.
         remote.Query("sockets", PeerSockets(), {"peer": settings.peer_link_address}),
     ]
     return link + ([remote.Query("cpu", ProcessCpu(), servers),
-                    remote.Query("gpu", GpuProcesses()),
-                    remote.Query("servers", ServicePids(), servers)] if beside else [])
+                    remote.Query("gpu", GpuProcesses())] if beside else [])
 
 
 def from_reading(reading: remote.Reading, gpu_allowed_mib: int = 0) -> LinkSnapshot:
@@ -146,7 +143,6 @@ def from_reading(reading: remote.Reading, gpu_allowed_mib: int = 0) -> LinkSnaps
         driver_parameters=module.get("parameters", {}),
         cpu=reading.values.get("cpu"),
         gpu=reading.values.get("gpu") or [],
-        server_pids=reading.values.get("servers") or {},
         gpu_allowed_mib=gpu_allowed_mib,
     )
 

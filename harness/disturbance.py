@@ -166,7 +166,8 @@ def host_reading(before: LinkSnapshot, after: LinkSnapshot, link: dict[str, Any]
         wire = sockets["wire_bytes"]
         foreign_bytes = max(0, counters["tx_bytes"] + counters["rx_bytes"]
                             - round(wire * (1 + LINK_SLACK)))
-    gpu = foreign_problems(after.gpu, set(after.server_pids.values()), after.gpu_allowed_mib)
+    servers = set((after.cpu or {}).get("pids", {}).values())
+    gpu = foreign_problems(after.gpu, servers, after.gpu_allowed_mib)
     # Its last line is the GPU layer's fix for a run: how to stop or allow it.
     return {"cpu_seconds": cpu, "link_bytes": foreign_bytes, "gpu": gpu[:-1]}
 

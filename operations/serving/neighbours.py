@@ -46,11 +46,12 @@ END { split(roots, r, " "); for (i in r) root[r[i]] = 1;
 class ProcessCpu(FactBase):
     """
     CPU seconds used so far by the processes of ``services`` and by every other
-    process on the host (kernel threads aside), each with what it has reaped.
+    process on the host (kernel threads aside), each with what it has reaped;
+    and the main pid of each service that runs, which the servers' are counted from.
 
     .. code:: python
 
-        {"servers": 1843.2, "others": 61.7}
+        {"servers": 1843.2, "others": 61.7, "pids": {"sglang-tp2-rank0": 4242}}
     """
 
     def requires_command(self, services: tuple[str, ...], init_system: InitSystem) -> str:
@@ -59,15 +60,19 @@ class ProcessCpu(FactBase):
     def command(self, services: tuple[str, ...], init_system: InitSystem) -> StringCommand:
         script = (
             'roots=; pid_of() { ' + SUPERVISORS[init_system].status_script()
-            + 'roots="$roots $pid"; }; for s in "$@"; do pid_of "$s"; done; '
+            + 'roots="$roots $pid"; [ "${pid:-0}" != 0 ] && echo "pid $1 $pid"; }; '
+            'for s in "$@"; do pid_of "$s"; done; '
             'echo "hz $(getconf CLK_TCK)"; '
             f"cat /proc/[0-9]*/stat 2>/dev/null | awk -v roots=\"$roots\" '{TICKS_AWK}'"
         )
         return shell_script(script, *services)
 
-    def process(self, output: list[str]) -> dict[str, float] | None:
-        values = dict(line.split() for line in output if len(line.split()) == 2)
+    def process(self, output: list[str]) -> dict | None:
+        words = [line.split() for line in output]
+        values = dict(word for word in words if len(word) == 2)
         if not {"hz", "servers", "others"} <= values.keys():
             return None
         hz = int(values["hz"])
-        return {"servers": int(values["servers"]) / hz, "others": int(values["others"]) / hz}
+        return {"servers": int(values["servers"]) / hz, "others": int(values["others"]) / hz,
+                "pids": {name: int(pid) for kind, name, pid in
+                         (word for word in words if len(word) == 3) if kind == "pid"}}

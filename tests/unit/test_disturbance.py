@@ -58,8 +58,9 @@ def test_the_judge_names_each_reading_past_its_threshold(
 def snapshot(at: float, others: float, tx: int, rx: int, sockets: dict,
              gpu: list | None = None) -> LinkSnapshot:
     return LinkSnapshot("wsa", at, counters={"tx_bytes": tx, "rx_bytes": rx},
-                        cpu={"servers": 100.0, "others": others}, sockets=sockets,
-                        gpu=gpu or [], server_pids={"sglang-tp2-rank0": 4242})
+                        cpu={"servers": 100.0, "others": others,
+                             "pids": {"sglang-tp2-rank0": 4242}},
+                        sockets=sockets, gpu=gpu or [])
 
 
 def socket(sent: int, received: int, segments: int) -> dict:
@@ -149,6 +150,7 @@ def test_the_workstations_reading_gives_a_servers_descendants_cpu_to_the_servers
         os.killpg(server.pid, signal.SIGKILL)
         server.wait(timeout=10)
     assert served is not None and served["servers"] >= 0.29
+    assert served["pids"] == {"x": server.pid}
     assert served["others"] > 0
 
 

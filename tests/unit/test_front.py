@@ -17,13 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 from operation_harness import run_operation
-from pyinfra.facts.files import Sha1File
-from test_gateway import PROXY, converged_gateway
+from test_gateway import PROXY, converged_gateway, with_older_file
 
 from operations.gateway import proxy as gateway
 from operations.gateway.front import BINARY, Front, front_service, render_config
 from operations.gateway.proxy import wanted_routing
-from operations.plumbing.facts import FileDigest
 
 FRONT = PROXY.front
 
@@ -47,12 +45,8 @@ def test_the_front_listens_where_users_connect_and_sends_to_litellms_loopback() 
 
 
 def test_a_changed_front_config_restarts_the_front_alone_and_is_waited_for() -> None:
-    facts = converged_gateway(True, wanted_routing(PROXY, True))
-
-    def older_front(cls: type, kwargs: dict) -> object:
-        if cls in (Sha1File, FileDigest) and kwargs["path"] == FRONT.config_file:
-            return "0" * 40 if cls is Sha1File else "644 " + "0" * 40
-        return facts(cls, kwargs)
+    older_front = with_older_file(converged_gateway(True, wanted_routing(PROXY, True)),
+                                  FRONT.config_file)
     commands = run_operation(gateway.proxy, older_front, proxy=PROXY, fallback=True)
     assert commands[0].startswith("upload ") and commands[0].endswith(f" {FRONT.config_file}")
     assert commands[-2:] == ["SVDIR=/etc/service sv restart litellm-front", "call wait_until"]

@@ -493,14 +493,19 @@ def test_the_reload_is_waited_out_until_its_new_workers_are_there(
         repr(not_yet.format(0)), repr(not_yet.format(1)), repr("")]
 
 
-def test_a_config_change_the_api_does_not_show_reloads_the_proxy() -> None:
-    """The retry policy is in the file only: a new file alone must reload the proxy."""
-    facts = converged_gateway(True, wanted_routing(PROXY, True))
-
-    def older_file(cls: type, kwargs: dict) -> object:
-        if cls in (Sha1File, FileDigest) and kwargs["path"] == PROXY.config_file:
+def with_older_file(facts, path: str):
+    """``facts``, but the file at ``path`` holds something else than what it renders."""
+    def older(cls: type, kwargs: dict) -> object:
+        if cls in (Sha1File, FileDigest) and kwargs["path"] == path:
             return "0" * 40 if cls is Sha1File else "644 " + "0" * 40
         return facts(cls, kwargs)
+    return older
+
+
+def test_a_config_change_the_api_does_not_show_reloads_the_proxy() -> None:
+    """The retry policy is in the file only: a new file alone must reload the proxy."""
+    older_file = with_older_file(converged_gateway(True, wanted_routing(PROXY, True)),
+                                 PROXY.config_file)
     commands = run_operation(gateway.proxy, older_file, proxy=PROXY, fallback=True)
     assert commands[-2:] == ["SVDIR=/etc/service sv reload litellm", "call wait_until"]
 
