@@ -38,21 +38,14 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from harness import (
-    campaign,
-    compare,
-    events,
-    linktest,
-    linktest_report,
-    matrix,
-    report_schema,
-)
-from harness.diagnose import Diagnosis, diagnose
-from harness.measure import NotMeasurable, failures, measure_state
-from harness.soak import Schedule, recorded, soak
-from harness.status import Status, observe
-from harness.topology import Topology
-from harness.windows import WINDOWS, EndpointDown, WindowSettings
+from harness.hosts.diagnose import Diagnosis, diagnose
+from harness.hosts.status import Status, observe
+from harness.hosts.topology import Topology
+from harness.measuring.windows import WINDOWS, EndpointDown, WindowSettings
+from harness.reporting import compare, linktest_report, report_schema
+from harness.runs import campaign, events, linktest, matrix
+from harness.runs.measure import NotMeasurable, failures, measure_state
+from harness.runs.soak import Schedule, recorded, soak
 from operations.safety import ledger
 from operations.states import STATES
 

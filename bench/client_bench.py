@@ -33,7 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.client import Sample, session, stream_chat  # noqa: E402
+from harness.measuring.client import Sample, session, stream_chat  # noqa: E402
 
 # SGLang's chunk, as the simulator streams it (~190 bytes on the wire).
 CHUNK = {"id": "chatcmpl-0123456789abcdef0123456789abcdef", "object": "chat.completion.chunk",

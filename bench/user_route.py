@@ -29,7 +29,7 @@ from openai import OpenAI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.remote import remote_command  # noqa: E402
+from harness.hosts.remote import remote_command  # noqa: E402
 from operations.site.hosts import in_group, inventory_entries, ssh_config  # noqa: E402
 from operations.site.settings import GatewaySettings  # noqa: E402
 

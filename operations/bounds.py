@@ -2,7 +2,7 @@
 How long a whole ``deploy.py`` run may take, derived from the site's settings,
 for whoever runs one as a process: the failed run's rollback
 (``operations/safety/rollback.py``), the campaign's and the soak's deploys
-(``harness/campaign.py``); and how long its proof, ``pytest tests/verify``, may.
+(``harness/runs/campaign.py``); and how long its proof, ``pytest tests/verify``, may.
 
 Each step of a run is bounded already, a remote command by the site's ``[ssh]
 command_timeout_seconds``, a wait by itself and one command more

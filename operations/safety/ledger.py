@@ -66,7 +66,7 @@ FAILED = ("rolled_back", "interrupted", "rollback_failed", "stopped")
 # "guarded": the guard on a workstation found the candidate's link stalled and
 # restored the stock driver, with no run watching (operations/safety/guard.py);
 # "unaddressed": it found the link up without its address, which is no stall.
-# "hotplug", "suspend": a soak's event and what it did (harness/events.py).
+# "hotplug", "suspend": a soak's event and what it did (harness/runs/events.py).
 OUTCOMES = ("accepted", "refused", *FAILED, "measured", "guarded", "unaddressed", "hotplug",
             "suspend")
 

@@ -309,7 +309,7 @@ class Serving(_Section):
     # owned by user, mode 0600, so that no command line holds them.
     keys_file: AbsolutePath = "/etc/twinbolt/sglang_keys.yaml"
     # Each workstation GPU's memory bandwidth, for the measurement's roofline
-    # (harness/roofline.py); NVIDIA's figure for an RTX 5090.
+    # (harness/judging/roofline.py); NVIDIA's figure for an RTX 5090.
     gpu_memory_bandwidth_gb_s: PositiveNumber = 1792.0
 
     @model_validator(mode="after")

@@ -1,6 +1,6 @@
 """
 twinbolt's windows as SGLang's ``bench_serving --output-file`` lines
-(``harness/bench_serving.py``), against the source of every release the locks
+(``harness/reporting/bench_serving.py``), against the source of every release the locks
 pin: the fields are upstream's, read from the dict ``benchmark()`` appends to
 the output file, and so are the units and the TPOT. None is listed here.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from harness import bench_serving
+from harness.reporting import bench_serving
 from operations.plumbing.venvs import lock_pins
 
 REPO = Path(__file__).resolve().parents[2]

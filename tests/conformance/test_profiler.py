@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from harness import profile
+from harness.measuring import profile
 from lab.sglang_sim import api
 from lab.sglang_sim.profiler import (
     ALREADY_PROFILING,

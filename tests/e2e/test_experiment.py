@@ -23,9 +23,11 @@ from e2e_helpers import (
     ssh,
 )
 
-from harness import linktest_report, matrix, profile
-from harness.report import headline as report_headline
-from harness.topology import Topology
+from harness.hosts.topology import Topology
+from harness.measuring import profile
+from harness.reporting import linktest_report
+from harness.reporting.report import headline as report_headline
+from harness.runs import matrix
 from operations.safety import ledger
 
 # One short window keeps the whole file within a few minutes.

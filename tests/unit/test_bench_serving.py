@@ -8,7 +8,7 @@ import math
 import pytest
 from test_measure_reports import measurement
 
-from harness import bench_serving, report
+from harness.reporting import bench_serving, report
 
 
 def sample(sent: float, ttft: float, seconds: float | None, prompt: int, tokens: int | None,

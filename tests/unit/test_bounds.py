@@ -26,9 +26,9 @@ from pyinfra.api.operations import run_ops
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.server import Command
 
-from harness import campaign
-from harness.topology import Topology
-from harness.windows import WindowSettings
+from harness.hosts.topology import Topology
+from harness.measuring.windows import WindowSettings
+from harness.runs import campaign
 from operations import bounds
 from operations import run as runs
 from operations import step as steps

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import diagnose
-from harness.remote import Reading
-from harness.topology import Topology
+from harness.hosts import diagnose
+from harness.hosts.remote import Reading
+from harness.hosts.topology import Topology
 from operations.plumbing.probes import Answer
 from operations.serving.sglang import TP_RANKS
 from operations.serving.transport import Connections

@@ -1,5 +1,5 @@
 """
-Whether a window was measured clean (harness/disturbance.py): the judge, its
+Whether a window was measured clean (harness/judging/disturbance.py): the judge, its
 readings, and the figures it leaves out.
 """
 
@@ -16,11 +16,14 @@ import pytest
 from simulator import simulator
 from test_measure_reports import campaign_reports
 
-from harness import compare, counters, disturbance, server_stats
-from harness.counters import LinkSnapshot
-from harness.disturbance import Process
-from harness.report import headline, markdown
-from harness.server_stats import ServerSnapshot
+from harness.hosts import counters
+from harness.hosts.counters import LinkSnapshot
+from harness.judging import disturbance
+from harness.judging.disturbance import Process
+from harness.measuring import server_stats
+from harness.measuring.server_stats import ServerSnapshot
+from harness.reporting import compare
+from harness.reporting.report import headline, markdown
 from operations.serving.neighbours import ProcessCpu
 
 MIB = 1024 * 1024

@@ -6,8 +6,9 @@ import os
 import re
 from pathlib import Path
 
-from harness import compare, field_report, linktest_report
-from harness.windows import WindowSettings
+from harness.judging import field_report
+from harness.measuring.windows import WindowSettings
+from harness.reporting import compare, linktest_report
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / field_report.PAGE
@@ -28,8 +29,8 @@ def page_figures() -> str:
 
 def test_the_page_lists_exactly_the_modules_figures() -> None:
     assert page_figures() == field_report.tables(), (
-        f"{field_report.PAGE} and harness/field_report.py disagree: put the output of "
-        "`python -m harness.field_report` between the page's markers")
+        f"{field_report.PAGE} and harness/judging/field_report.py disagree: put the output of "
+        "`python -m harness.judging.field_report` between the page's markers")
 
 
 def test_every_figure_says_what_it_is_and_the_reports_use_only_the_modules() -> None:
@@ -67,7 +68,7 @@ def repository_files() -> list[Path]:
 
 def test_no_file_of_the_repository_cites_a_reference_outside_it() -> None:
     files = repository_files()
-    assert REPO / "harness" / "field_report.py" in files and PAGE in files
+    assert REPO / "harness" / "judging" / "field_report.py" in files and PAGE in files
     citing = [str(path.relative_to(REPO)) for path in files
               if OUTSIDE in path.read_text(errors="replace")]
     assert citing == [], f"these name {OUTSIDE}, which a clone does not have: {citing}"

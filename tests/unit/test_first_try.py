@@ -7,8 +7,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from harness.compare import comparison_header
-from harness.report import table
+from harness.reporting.compare import comparison_header
+from harness.reporting.report import table
 
 REPO = Path(__file__).resolve().parents[2]
 NOBODY = "65534"

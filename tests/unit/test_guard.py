@@ -19,7 +19,7 @@ from pyinfra.facts.files import Directory, File, Md5File, Sha1File, Sha256File
 from pyinfra.facts.server import TmpDir
 from pyinfra.operations import files
 
-from harness.status import guard_fired
+from harness.hosts.status import guard_fired
 from operations.plumbing.facts import FileDigest, digest
 from operations.run import Run
 from operations.safety import guard, ledger

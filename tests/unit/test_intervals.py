@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from harness import intervals
+from harness.judging import intervals
 
 STOCK = [100.0, 104.0, 97.0, 101.0, 99.0]
 

@@ -41,7 +41,7 @@ class WrongImport:
         return f"{self.contract}: {self.module} += {self.line!r}"
 
 
-# The imported modules import nothing of twinbolt's (lab.topology, harness.intervals),
+# The imported modules import nothing of twinbolt's (lab.topology, harness.judging.intervals),
 # and the importing ones are imported by no other contract's sources, so that each
 # wrong import breaks its own contract and no other.
 WRONG_IMPORTS = [
@@ -58,8 +58,15 @@ WRONG_IMPORTS = [
     WrongImport("serving-gateway-not-thunderbolt", "operations/serving/sglang.py",
                 "from operations.thunderbolt.driver import CandidateModule"),
     WrongImport("operations-not-lab", "operations/part.py", "from lab import topology"),
-    WrongImport("harness-not-lab", "harness/report.py", "from lab.topology import STATE"),
-    WrongImport("operations-not-harness", "operations/part.py", "from harness import intervals"),
+    # Reading the hosts imports what judges them: a floor above.
+    WrongImport("harness-layers", "harness/hosts/remote.py",
+                "from harness.judging import field_report"),
+    # A module of harness/ outside every package (the contract is exhaustive).
+    WrongImport("harness-layers", "harness/unplaced.py", "import json"),
+    WrongImport("harness-not-lab", "harness/reporting/report.py",
+                "from lab.topology import STATE"),
+    WrongImport("operations-not-harness", "operations/part.py",
+                "from harness.judging import intervals"),
 ]
 
 

@@ -13,7 +13,8 @@ from operation_harness import a_run, run_operation
 from pyinfra.api import OperationError
 from pyinfra.facts.server import KernelVersion
 
-from harness import matrix, remote
+from harness.hosts import remote
+from harness.runs import matrix
 from operations import step as steps
 from operations.plumbing.facts import MARKER
 from operations.run import Run

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import compare, linktest, linktest_report
-from harness.compare import NOT_REPORTED
+from harness.reporting import compare, linktest_report
+from harness.reporting.compare import NOT_REPORTED
+from harness.runs import linktest
 from operations.site.hosts import InventoryEntry
 from operations.site.settings import WorkstationSettings
 

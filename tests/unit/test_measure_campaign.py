@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import campaign, linktest_report, progress, windows
-from harness.campaign import Campaign, CampaignRefused, StepFailed
-from harness.windows import WindowSettings
+from harness import progress
+from harness.measuring import windows
+from harness.measuring.windows import WindowSettings
+from harness.reporting import linktest_report
+from harness.runs import campaign
+from harness.runs.campaign import Campaign, CampaignRefused, StepFailed
 
 REPO = Path(__file__).resolve().parents[2]
 

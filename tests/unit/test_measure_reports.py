@@ -11,12 +11,16 @@ from pathlib import Path
 import pytest
 
 import experiment
-from harness import campaign, caveats, compare, counters, intervals, remote, report, server_stats
-from harness.client import Sample
-from harness.counters import LinkCounters, LinkSnapshot
-from harness.server_stats import ServerSnapshot
-from harness.topology import Endpoint, Topology
-from harness.windows import WindowSettings
+from harness.hosts import counters, remote
+from harness.hosts.counters import LinkCounters, LinkSnapshot
+from harness.hosts.topology import Endpoint, Topology
+from harness.judging import intervals
+from harness.measuring import server_stats
+from harness.measuring.client import Sample
+from harness.measuring.server_stats import ServerSnapshot
+from harness.measuring.windows import WindowSettings
+from harness.reporting import caveats, compare, report
+from harness.runs import campaign
 from operations.plumbing.facts import MARKER
 from operations.site.hosts import InventoryEntry
 from operations.thunderbolt.link import XDomainLink

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import remote, status
-from harness.status import Status, Unknown
-from harness.topology import Topology
+from harness.hosts import remote, status
+from harness.hosts.status import Status, Unknown
+from harness.hosts.topology import Topology
 from operations.serving.sglang import speculative_of
 from operations.site.hosts import InventoryEntry
 from operations.states import NEXTN_3_1_4, STATES

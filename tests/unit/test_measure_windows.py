@@ -10,10 +10,11 @@ import httpx
 import pytest
 from simulator import NEXTN, simulator
 
-from harness import report, windows
-from harness.client import Sample, stream_chat, stream_generate
-from harness.topology import Endpoint
-from harness.windows import WindowSettings
+from harness.hosts.topology import Endpoint
+from harness.measuring import windows
+from harness.measuring.client import Sample, stream_chat, stream_generate
+from harness.measuring.windows import WindowSettings
+from harness.reporting import report
 from lab.sglang_sim.api import FLUSHED
 
 SHORT = WindowSettings(single_tokens=64, concurrent_requests=3, concurrent_tokens=32,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import experiment
-from harness import topology
+from harness.hosts import topology
 from operations.part import Part
 from operations.run import Run
 from operations.safety import lock

@@ -20,7 +20,8 @@ from typing import Any
 import matplotlib
 import pytest
 
-from harness import bench_serving, campaign, compare, linktest_report, report, report_schema
+from harness.reporting import bench_serving, compare, linktest_report, report, report_schema
+from harness.runs import campaign
 
 matplotlib.use("Agg")
 

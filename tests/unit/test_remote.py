@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api import FactBase
 
-from harness import remote
+from harness.hosts import remote
 from operations.site.hosts import InventoryEntry, ssh_config
 from operations.thunderbolt.link import RouteInterface
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from harness import report, roofline
+from harness.judging import roofline
+from harness.reporting import report
 
 # The lab's model: Qwen3-32B's shape, 27e9 NVFP4 weights (4.5 bits each).
 SHAPE = {"layers": 64, "hidden_size": 5120, "activation_bytes": 2, "draft_layers": 1,

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.counters import from_reading
-from harness.remote import Reading
+from harness.hosts.counters import from_reading
+from harness.hosts.remote import Reading
 from operations import part
 from operations.gateway import proxy
 from operations.safety import guard

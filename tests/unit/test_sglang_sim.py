@@ -16,7 +16,7 @@ import httpx
 import pytest
 from simulator import SHAPE, WEIGHT_BYTES, model_dir
 
-from harness import profile, traces
+from harness.measuring import profile, traces
 from lab.sglang_sim import link
 from lab.sglang_sim.engine import Speculation
 from lab.sglang_sim.link import socket_ifname

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from simulator import simulator
 
-from harness import soak
-from harness.topology import Endpoint
+from harness.hosts.topology import Endpoint
+from harness.runs import soak
 from operations.states import STATES
 
 LINK = {"seconds": 5.0, "counters": {"rx_errors": 0, "retrans_segs": 3, "tx_bytes": 10},

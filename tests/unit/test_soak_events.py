@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness import counters, events, soak
-from harness.counters import LinkSnapshot
-from harness.events import Event, EventFailed
+from harness.hosts import counters
+from harness.hosts.counters import LinkSnapshot
+from harness.runs import events, soak
+from harness.runs.events import Event, EventFailed
 from operations.site.hosts import InventoryEntry
 from operations.states import STATES
 
@@ -171,7 +172,7 @@ def test_while_an_event_has_the_cable_out_an_empty_interval_is_no_stall() -> Non
 def test_a_site_suspend_sets_the_wake_alarm_then_sleeps_detached_under_sudo(monkeypatch) -> None:
     import subprocess
 
-    from harness import remote
+    from harness.hosts import remote
 
     sent: list[str] = []
 

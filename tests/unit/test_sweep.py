@@ -6,9 +6,10 @@ import pytest
 from test_measure_reports import measurement, window
 
 import experiment
-from harness import compare, report, sweep
-from harness.client import Sample, time_per_output_token
-from harness.windows import WindowSettings
+from harness.measuring import sweep
+from harness.measuring.client import Sample, time_per_output_token
+from harness.measuring.windows import WindowSettings
+from harness.reporting import compare, report
 
 
 def test_a_levels_window_names_its_level_and_no_other_name_does():

@@ -12,7 +12,8 @@ import pytest
 from test_measure_reports import measurement, window
 from test_remote import fake_hosts  # noqa: F401 (the fixture)
 
-from harness import compare, profile, report, traces
+from harness.measuring import profile, traces
+from harness.reporting import compare, report
 from lab.sglang_sim.profiler import ALLREDUCE_KERNEL, FORWARD_KERNEL, Profiler
 
 BASE_NS = 1_765_000_000_000_000_000

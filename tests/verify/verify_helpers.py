@@ -8,7 +8,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from harness import remote
+from harness.hosts import remote
 
 
 def fact(inventory_host, cls: type[FactBase], **arguments: Any) -> Any:

@@ -21,13 +21,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness import bench_serving, disturbance, profile, server_stats, sweep, traces
-from harness.client import THROUGHPUT
-from harness.counters import INTERFACE_COUNTERS, RETRANSMISSIONS, combined
-from harness.disturbance import counted
-from harness.profile import PROFILE
-from harness.topology import Endpoint, Topology
-from harness.windows import PREFILLS, WARM_SUFFIX, WindowSettings, fits
+from harness.hosts.counters import INTERFACE_COUNTERS, RETRANSMISSIONS, combined
+from harness.hosts.topology import Endpoint, Topology
+from harness.judging import disturbance
+from harness.judging.disturbance import counted
+from harness.measuring import profile, server_stats, sweep, traces
+from harness.measuring.client import THROUGHPUT
+from harness.measuring.profile import PROFILE
+from harness.measuring.windows import PREFILLS, WARM_SUFFIX, WindowSettings, fits
+from harness.reporting import bench_serving
 from operations.site.settings import WorkstationSettings
 
 FORMAT = "twinbolt-measurement/1"
@@ -96,7 +98,7 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
     output tokens, and the field's figure is a decode one (six requests). A window marked
     invalid (a cold one that found cached tokens) gives no figure; a disturbed one
     gives none, and its link counts, someone else's traffic among them, count
-    nowhere (:mod:`harness.disturbance`). Each prefill
+    nowhere (:mod:`harness.judging.disturbance`). Each prefill
     window's TTFT is keyed by the window's own name, cold (``long``) or warm
     (``long_warm``, with its hit rate), so one never stands for the other.
     """
@@ -304,7 +306,7 @@ def percent(share: float | None) -> str:
 
 
 def roofline_lines(roofline: dict[str, Any] | None) -> list[str]:
-    """The single window's roofline beside its measured rate (see ``harness/roofline.py``)."""
+    """The single window's roofline beside its measured rate (``harness/judging/roofline.py``)."""
     if roofline is None:
         return []
     lines = ["", "## Single stream against its roofline", ""]

@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from harness.client import Sample
+from harness.measuring.client import Sample
 
 GENERATION_TOKENS = "sglang:generation_tokens_total"
 # The lab's simulator only: how late the timers standing for its GPU's time woke.

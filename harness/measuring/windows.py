@@ -15,12 +15,12 @@ counters of both workstations and the servers' own counters.
   and 16 simultaneous requests, ``sweep@1`` ... ``sweep@16``), each bounded by
   its requests' output tokens and bracketed by its own counters: per level the
   aggregate and per-request tok/s, TTFT and time per output token
-  (:mod:`harness.sweep`).
+  (:mod:`harness.measuring.sweep`).
 - ``profile``: one request of 128 output tokens under SGLang's own profiler,
   on every server: per rank, the share of its time in all-reduce, in compute
   and idle, one all-reduce's latency, and the time lost in stalls that
   coincide with a TP socket's retransmissions; and NCCL's own lines naming
-  its transport (:mod:`harness.profile`, :mod:`harness.traces`).
+  its transport (:mod:`harness.measuring.profile`, :mod:`harness.measuring.traces`).
 - ``prefix_warm`` and ``long_warm``: the same windows warm. The cache is primed
   first, unmeasured (``prefix_warm`` sends the prefix with another word,
   ``long_warm`` the same input), then the window is measured and reports its
@@ -43,7 +43,7 @@ nothing cached (its priming did not hold). A warm window keeps its own name, so
 its figures never stand in a cold window's place.
 
 A window is also left out when something else ran beside it: its readings say
-what (:mod:`harness.disturbance`), and it is measured again once at the end.
+what (:mod:`harness.judging.disturbance`), and it is measured again once at the end.
 """
 
 from __future__ import annotations
@@ -60,11 +60,13 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, field_validator
 
-from harness import counters, disturbance, field_report, profile, server_stats, sweep
-from harness.client import Sample, rate, session, span, stream_generate
-from harness.profile import PROFILE
+from harness.hosts import counters
+from harness.hosts.topology import Endpoint
+from harness.judging import disturbance, field_report
+from harness.measuring import profile, server_stats, sweep
+from harness.measuring.client import Sample, rate, session, span, stream_generate
+from harness.measuring.profile import PROFILE
 from harness.progress import reporting, say, where
-from harness.topology import Endpoint
 
 WARM_SUFFIX = "_warm"
 # The prefill windows, each measured cold and warm ("<name>_warm").
@@ -88,7 +90,7 @@ class WindowSettings(BaseModel):
     """
     The sizes of the windows, which the CLI may shorten. The single and
     concurrent windows, the prefix and the long window's output default to the
-    field report's request shapes (:mod:`harness.field_report`); its long input
+    field report's request shapes (:mod:`harness.judging.field_report`); its long input
     was 199,860 tokens, here about 200K.
 
     + single_tokens: output tokens of the single-stream request
@@ -142,7 +144,7 @@ class Measurement:
     link_snapshot: LinkSnapshots
     server_info: dict[str, Any]
     profile_hosts: profile.ProfileHosts | None = None
-    # The CPU seconds others used on this machine so far (harness.disturbance).
+    # The CPU seconds others used on this machine so far (harness.judging.disturbance).
     machine_cpu: Callable[[], float] = disturbance.machine_cpu_seconds
 
     @property
@@ -569,7 +571,7 @@ async def run(endpoint: Endpoint, names: list[str], settings: WindowSettings,
               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """
     Run the named windows one after another, in the order given, the sweep one
-    level at a time; then each window that was disturbed (:mod:`harness.disturbance`)
+    level at a time; then each window that was disturbed (:mod:`harness.judging.disturbance`)
     once more, marked ``again``.
 
     Returns the first server's ``/server_info`` (redacted, for the report's

@@ -29,10 +29,11 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from harness import remote, traces
-from harness.counters import PeerSockets
-from harness.disturbance import counted
-from harness.topology import Topology
+from harness.hosts import remote
+from harness.hosts.counters import PeerSockets
+from harness.hosts.topology import Topology
+from harness.judging.disturbance import counted
+from harness.measuring import traces
 from operations.services import ServiceLogMatches
 from operations.serving.sglang import service_for
 from operations.site.settings import WorkstationSettings

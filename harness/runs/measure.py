@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import counters, remote, report, roofline, windows
-from harness.matrix import record_measurement
-from harness.profile import ProfileHosts
+from harness.hosts import counters, remote
+from harness.hosts.status import observe
+from harness.hosts.topology import Topology
+from harness.judging import roofline
+from harness.measuring import windows
+from harness.measuring.profile import ProfileHosts
 from harness.progress import say
-from harness.status import observe
-from harness.topology import Topology
+from harness.reporting import report
+from harness.runs.matrix import record_measurement
 from operations.serving.transport import ModelShape
 from operations.site.settings import WorkstationSettings
 from operations.states import resolve_state
@@ -62,7 +65,7 @@ async def measure_state(topology: Topology, names: list[str], settings: windows.
 async def single_stream_bound(topology: Topology, server_info: dict,
                               results: list[dict]) -> dict | None:
     """
-    The roofline of the single window (:mod:`harness.roofline`), from the model
+    The roofline of the single window (:mod:`harness.judging.roofline`), from the model
     files on the first workstation (rank 0, or a replica of the same model).
     """
     first = topology.workstations[0]

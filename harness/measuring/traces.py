@@ -30,7 +30,7 @@ from itertools import pairwise
 from statistics import median
 from typing import Any
 
-from harness.sweep import percentile
+from harness.measuring.sweep import percentile
 
 ALLREDUCE_PREFIXES = ("ncclDevKernel_AllReduce", "ncclKernel_AllReduce")
 KERNEL_CATEGORY = "kernel"

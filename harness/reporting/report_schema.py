@@ -3,8 +3,8 @@ What ``experiment.py compare`` reads of a report file, checked before it reads i
 
 A comparison takes any file it is given: a JSON list, a string, a report of
 another tool or an older one missing a figure. Each is read here against the
-parts of a measurement (``harness/report.py``) or a linktest
-(``harness/linktest_report.py``) that the comparison uses, chosen by its
+parts of a measurement (``harness/reporting/report.py``) or a linktest
+(``harness/reporting/linktest_report.py``) that the comparison uses, chosen by its
 ``format``, so that a file that is neither is one line naming the file and what
 it lacks, never a traceback halfway through the table. Anything else a report
 holds is left as it is.
@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from harness import linktest, report
+from harness.reporting import linktest_report, report
 
 Count = int | None
 Figure = float | None
@@ -101,14 +101,14 @@ class Observed(_Part):
 
 
 class Linktest(_Part):
-    format: Literal[linktest.FORMAT]
+    format: Literal[linktest_report.FORMAT]
     state: str
     observed: Observed
     runs: list[Annotated[Flows | Probes | LoadAndPing, Field(discriminator="kind")]]
 
 
 # The kinds of report a comparison reads, by their format.
-KINDS: dict[str, type[BaseModel]] = {report.FORMAT: Measurement, linktest.FORMAT: Linktest}
+KINDS: dict[str, type[BaseModel]] = {report.FORMAT: Measurement, linktest_report.FORMAT: Linktest}
 
 
 def load(path: Path) -> dict[str, Any]:

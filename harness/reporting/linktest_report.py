@@ -15,14 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import field_report
-from harness.compare import axis_top
-from harness.counters import combined
-from harness.field_report import NOT_REPORTED, Reported
-from harness.linktest import FLOW_COUNTS, FORMAT
-from harness.report import number, replaced, table, write_text
+from harness.hosts.counters import combined
+from harness.judging import field_report
+from harness.judging.field_report import NOT_REPORTED, Reported
+from harness.reporting.compare import axis_top
+from harness.reporting.report import number, replaced, table, write_text
 from operations.serving.transport import UBUNTU_CONGESTION_CONTROL
 from operations.states import Driver
+
+# What a linktest report says it is, and the flows it runs at once each way.
+FORMAT = "twinbolt-linktest/1"
+FLOW_COUNTS = (1, 2, 4)
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,7 @@ class FieldColumn:
     figures: dict[str, Reported]
 
 
-# The field report's network-only figures (harness/field_report.py, listed in
+# The field report's network-only figures (harness/judging/field_report.py, listed in
 # docs/field-report.md), by the driver each part measured.
 FIELD_NETWORK: dict[Driver, FieldColumn] = {
     Driver.STOCK: FieldColumn("stock-direction control", {

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from harness import field_report, linktest_report
-from harness.compare import CANDIDATE, CONTROL
+from harness.judging import field_report
+from harness.reporting import linktest_report
+from harness.reporting.compare import CANDIDATE, CONTROL
 
 # inventory.py puts the embedded lab's hosts in this group; a site's never are.
 LAB_GROUP = "lab"

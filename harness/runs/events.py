@@ -31,9 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from harness import counters, remote
+from harness.hosts import counters, remote
+from harness.hosts.topology import Topology
 from harness.progress import say
-from harness.topology import Topology
 from operations.serving.transport import RETRANSMISSIONS
 from operations.site.hosts import REPO
 

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import remote
-from harness.report import headline, table
-from harness.topology import Topology
+from harness.hosts import remote
+from harness.hosts.topology import Topology
+from harness.reporting.report import headline, table
 from operations.safety import ledger
 from operations.site.settings import WorkstationSettings
 from operations.states import Driver, State

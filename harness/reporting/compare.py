@@ -5,7 +5,7 @@ with the ratios' intervals and verdicts, and a PNG chart.
 A state measured in several trials (a campaign's ``--trials``, or several
 reports of it given to ``experiment.py compare``) is one row: each figure's
 median and 95% interval, each count's total and its trials
-(:mod:`harness.intervals`). Each ratio is taken against a reference row: by
+(:mod:`harness.judging.intervals`). Each ratio is taken against a reference row: by
 default the row above, so that in a campaign (one layer changed per step) every
 ratio is the effect of the one layer the "changed" column names; or against a
 named baseline state. A ratio is never printed without its interval and its
@@ -24,10 +24,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness import field_report, intervals, server_stats, sweep
-from harness.counters import combined
-from harness.field_report import NOT_REPORTED, Reported
-from harness.report import headline, number, percent, replaced, table
+from harness.hosts.counters import combined
+from harness.judging import field_report, intervals
+from harness.judging.field_report import NOT_REPORTED, Reported
+from harness.measuring import server_stats, sweep
+from harness.reporting.report import headline, number, percent, replaced, table
 from operations.states import STATES, layers_changed
 
 RATE = ("faster", "slower")
@@ -50,7 +51,7 @@ COLD_AND_WARM = (
     ("long_warm_ttft_s", "long TTFT s, warm", 3, LONGER),
     ("long_warm_hit_rate", "long hit rate, warm", 3, None),
 )
-# The sweep's figures at each level (harness.sweep), and its counts.
+# The sweep's figures at each level (harness.measuring.sweep), and its counts.
 SWEEP_FIGURES = (
     ("aggregate_tok_s", "aggregate tok/s", 1, RATE),
     ("per_request_tok_s", "per-request tok/s p50", 1, RATE),
@@ -71,7 +72,7 @@ ARCHITECTURES = (
     ("per_request_tok_s", "per-request tok/s p50", ("faster per request", "slower per request")),
 )
 SWEEP_CHARTED = ("aggregate_tok_s", "per_request_tok_s")
-# The profile window's figures per rank (harness.profile): (key, title, as a share?).
+# The profile window's figures per rank (harness.measuring.profile): (key, title, as a share?).
 PROFILED = (
     ("allreduce_share", "all-reduce", True),
     ("compute_share", "compute", True),
@@ -102,7 +103,7 @@ DIGITS = {key: digits for key, _, digits, _ in (*FIGURES, *COLD_AND_WARM)} | dic
 CONTROL, CANDIDATE = "tp2_stock", "tp2_e2e"
 
 # Every model-workload figure the field report gives for (CONTROL, CANDIDATE), by
-# headline key (harness/field_report.py, listed in docs/field-report.md); None
+# headline key (harness/judging/field_report.py, listed in docs/field-report.md); None
 # where it gives none, so a comparison says "not reported" only there.
 FIELD_REPORT: dict[str, tuple[Reported | None, Reported | None]] = {
     "single_tok_s": (field_report.STOCK_SINGLE_TOK_S, field_report.CANDIDATE_SINGLE_TOK_S),

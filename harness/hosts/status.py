@@ -3,7 +3,7 @@ Which declared state the hosts are observed to be in, layer by layer and host
 by host: the reconcile loop's "observed" and "diff", read-only.
 
 Each layer is read with its own facts (one SSH round trip per host, see
-:mod:`harness.remote`) and, for the speculative decoder, from rank 0's or the
+:mod:`harness.hosts.remote`) and, for the speculative decoder, from rank 0's or the
 replicas' ``/server_info`` (what runs, not what a unit file says). The observed
 layers are compared with every declared state's, layer by layer, the gateway's
 fallback too, though a declared state derives it. A layer the hosts disagree
@@ -18,8 +18,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness import remote
-from harness.topology import Topology, server_url
+from harness.hosts import remote
+from harness.hosts.topology import Topology, server_url
 from operations.gateway.proxy import LiveRouting, ProxyConfig, fallback_present
 from operations.safety.guard import GuardState, summary
 from operations.services import RunningServices

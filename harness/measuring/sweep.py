@@ -31,9 +31,9 @@ from itertools import pairwise
 from statistics import fmean
 from typing import Any
 
-from harness.client import Sample, rate, span, time_per_output_token
-from harness.disturbance import counted
-from harness.server_stats import cumulative
+from harness.judging.disturbance import counted
+from harness.measuring.client import Sample, rate, span, time_per_output_token
+from harness.measuring.server_stats import cumulative
 
 PREFIX = "sweep@"
 

@@ -11,7 +11,7 @@ are in, production included, whose replicas never use the link.
 The flows are real ``iperf3`` (Debian's package), the probes real ``ping``, each
 run on the workstations over SSH, bound to the link's addresses, and bounded in
 time on both sides; the counters are the measurement's own
-(:mod:`harness.counters`), read before and after each run.
+(:mod:`harness.hosts.counters`), read before and after each run.
 """
 
 from __future__ import annotations
@@ -26,18 +26,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from harness import counters, remote
+from harness.hosts import counters, remote
+from harness.hosts.status import observe
+from harness.hosts.topology import Topology
 from harness.progress import say
-from harness.report import number
-from harness.status import observe
-from harness.topology import Topology
+from harness.reporting.linktest_report import FLOW_COUNTS, FORMAT
+from harness.reporting.report import number
 from operations.serving.transport import AVAILABLE_CONGESTION_CONTROL, UBUNTU_CONGESTION_CONTROL
 from operations.site.settings import WorkstationSettings
 
 T = TypeVar("T")
 
-FORMAT = "twinbolt-linktest/1"
-FLOW_COUNTS = (1, 2, 4)
 # A short default: the report's runs were longer; --seconds makes them so
 # (whole seconds: iperf3 reads --time as an integer).
 FLOW_SECONDS = 3

@@ -48,12 +48,14 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from harness import caveats, compare, disturbance, linktest, linktest_report, report
-from harness.measure import NotMeasurable, failures, measure_state
+from harness.hosts.status import guard_fired, guard_states, observe
+from harness.hosts.topology import Topology
+from harness.judging import disturbance
+from harness.measuring.windows import EndpointDown, WindowSettings, both_temperatures, levels
 from harness.progress import placed, reporting, say
-from harness.status import guard_fired, guard_states, observe
-from harness.topology import Topology
-from harness.windows import EndpointDown, WindowSettings, both_temperatures, levels
+from harness.reporting import caveats, compare, linktest_report, report
+from harness.runs import linktest
+from harness.runs.measure import NotMeasurable, failures, measure_state
 from operations.plumbing.probes import stopped_at_bound
 from operations.site.hosts import REPO
 from operations.states import State, UnknownState, layers_changed, resolve_state

@@ -11,15 +11,15 @@ shapes. One hardware pair, each figure one observation: controlled observations,
 not a benchmark, so no figure has an interval.
 
 ``docs/field-report.md`` lists the same figures with their meaning, generated
-from this module (``python -m harness.field_report`` prints its tables;
+from this module (``python -m harness.judging.field_report`` prints its tables;
 ``tests/unit/test_field_report.py`` checks that the page and the module agree).
 Reports cite that page. Used by:
 
-- :mod:`harness.compare`: the model-workload figures, beside ``tp2_stock`` and
+- :mod:`harness.reporting.compare`: the model-workload figures, beside ``tp2_stock`` and
   ``tp2_e2e`` ("The field report side by side");
-- :mod:`harness.linktest_report`: the network-only figures, beside a linktest of
+- :mod:`harness.reporting.linktest_report`: the network-only figures, beside a linktest of
   the same driver;
-- :mod:`harness.windows`: the request shapes, the windows' default sizes.
+- :mod:`harness.measuring.windows`: the request shapes, the windows' default sizes.
 
 A figure the report words as a range or in words keeps its words (``text``);
 ``value`` is the number a ratio may use, ``None`` where none can. A figure the

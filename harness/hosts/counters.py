@@ -16,8 +16,8 @@ from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from harness import remote
-from harness.topology import Topology
+from harness.hosts import remote
+from harness.hosts.topology import Topology
 from operations.serving.gpu import GpuProcesses
 from operations.serving.neighbours import ProcessCpu
 from operations.serving.sglang import GPU_SERVICES
@@ -91,7 +91,7 @@ class LinkSnapshot:
     One workstation's link at one instant (``at``: monotonic seconds on this
     machine), and what ran beside its servers: the CPU seconds of its processes
     and the servers' main pids (:class:`~operations.serving.neighbours.ProcessCpu`),
-    and its GPU's compute processes (:mod:`harness.disturbance`).
+    and its GPU's compute processes (:mod:`harness.judging.disturbance`).
     """
 
     host: str

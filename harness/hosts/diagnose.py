@@ -34,10 +34,10 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harness import remote
-from harness.counters import RECEIVER_ERRORS, PeerSockets, socket_deltas
-from harness.status import Status, classify_driver, observe
-from harness.topology import Topology, server_url
+from harness.hosts import remote
+from harness.hosts.counters import RECEIVER_ERRORS, PeerSockets, socket_deltas
+from harness.hosts.status import Status, classify_driver, observe
+from harness.hosts.topology import Topology, server_url
 from operations.gateway.proxy import ROLES, serving_deployments
 from operations.gateway.route import RoleAnswers, answer_problems
 from operations.plumbing import probes

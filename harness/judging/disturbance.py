@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.counters import LinkSnapshot
+from harness.hosts.counters import LinkSnapshot
 from operations.serving.gpu import foreign_problems
 
 MIB = 1024 * 1024
@@ -154,7 +154,7 @@ def host_reading(before: LinkSnapshot, after: LinkSnapshot, link: dict[str, Any]
     """
     What ran beside one workstation's servers between two snapshots: the others'
     CPU seconds, the link's bytes beyond the TP sockets' (``link``:
-    :func:`~harness.counters.delta`), and the GPU's foreign processes at the end.
+    :func:`~harness.hosts.counters.delta`), and the GPU's foreign processes at the end.
     ``None`` where a reading is missing.
     """
     cpu = None

@@ -5,7 +5,7 @@ counters sampled every interval, and a watch on the candidate.
 A short measurement window bounds a rare fault's rate; it cannot catch it. The
 soak runs one request after another through the state's endpoint (rank 0, or
 the router in production) and, every interval, reads both workstations' link
-counters (:func:`harness.counters.snapshot`): the tokens served in the
+counters (:func:`harness.hosts.counters.snapshot`): the tokens served in the
 interval, the TP sockets' and the host's retransmissions, and the receiver
 errors. Under the candidate driver (``tx_e2e=1``) the first receiver error, or
 an interval in which no request completes (a stall), ends the soak: production
@@ -14,7 +14,7 @@ when and why. Under the stock driver both are recorded, not acted on: receiver
 errors are what the stock driver is known for.
 
 With a :class:`Schedule`, the soak plays events while its traffic runs (the
-cable pulled and put back, a workstation asleep: :mod:`harness.events`); each
+cable pulled and put back, a workstation asleep: :mod:`harness.runs.events`); each
 event's outcome goes into the report and the compatibility ledger.
 
 The report is a JSON file and a PNG chart of the three series over time, the
@@ -32,10 +32,12 @@ from typing import Any
 
 import httpx
 
-from harness import campaign, counters, events, matrix, report
+from harness.hosts import counters
+from harness.hosts.status import guard_fired, guard_states
+from harness.hosts.topology import Endpoint, Topology
 from harness.progress import say
-from harness.status import guard_fired, guard_states
-from harness.topology import Endpoint, Topology
+from harness.reporting import report
+from harness.runs import campaign, events, matrix
 from operations.plumbing import probes
 from operations.states import State
 

@@ -33,8 +33,8 @@ import math
 from statistics import fmean, pstdev
 from typing import Any
 
-from harness.client import time_per_output_token
-from harness.sweep import percentile
+from harness.measuring.client import time_per_output_token
+from harness.measuring.sweep import percentile
 
 # benchmark()'s result in sglang 0.5.23, in its order.
 FIELDS = (
