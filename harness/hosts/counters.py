@@ -149,7 +149,7 @@ def from_reading(reading: remote.Reading, gpu_allowed_mib: int = 0) -> LinkSnaps
 
 async def snapshot(topology: Topology, beside: bool = False) -> dict[str, LinkSnapshot]:
     """Both workstations' links, read at once; ``beside``: what ran beside the servers too."""
-    settings = {entry.name: WorkstationSettings.of(entry) for entry in topology.workstations}
+    settings = {entry.name: entry.settings for entry in topology.workstations}
     readings = await remote.read_all(
         {entry: queries(settings[entry.name], beside) for entry in topology.workstations},
         topology.ssh_config,

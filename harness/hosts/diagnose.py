@@ -37,7 +37,7 @@ from typing import Any
 from harness.hosts import remote
 from harness.hosts.counters import RECEIVER_ERRORS, PeerSockets, socket_deltas
 from harness.hosts.status import Status, classify_driver, observe
-from harness.hosts.topology import Topology, server_url
+from harness.hosts.topology import Gateway, Topology, Workstation
 from operations.gateway.proxy import ROLES, serving_deployments
 from operations.gateway.route import RoleAnswers, answer_problems
 from operations.plumbing import probes
@@ -47,7 +47,6 @@ from operations.services import ServiceLog, ServiceProcess
 from operations.serving import transport
 from operations.serving.gpu import Gpus
 from operations.serving.sglang import TP_RANKS, server_info, server_info_problems, service_for
-from operations.site.settings import GatewaySettings, WorkstationSettings
 from operations.states import STATES, State
 from operations.thunderbolt.driver import (
     TBNET_E2E,
@@ -146,8 +145,8 @@ class Diagnosis:
 # Reading
 
 
-def first_reading(entry: Any, state: State) -> list[remote.Query]:
-    settings = WorkstationSettings.of(entry)
+def first_reading(entry: Workstation, state: State) -> list[remote.Query]:
+    settings = entry.settings
     interface, module = settings.link.interface, settings.candidate.module_name
     init = settings.serving.init_system
     services = [service_for(state.serving, settings.rank)]
@@ -171,8 +170,8 @@ def first_reading(entry: Any, state: State) -> list[remote.Query]:
     ]
 
 
-def second_reading(entry: Any) -> list[remote.Query]:
-    settings = WorkstationSettings.of(entry)
+def second_reading(entry: Workstation) -> list[remote.Query]:
+    settings = entry.settings
     interface, peer = settings.link.interface, settings.peer_link_address
     return [
         remote.Query("counters", transport.LinkCounters(), {"interface": interface}),
@@ -182,8 +181,8 @@ def second_reading(entry: Any) -> list[remote.Query]:
     ]
 
 
-def gateway_reading(entry: Any) -> list[remote.Query]:
-    settings = GatewaySettings.of(entry)
+def gateway_reading(entry: Gateway) -> list[remote.Query]:
+    settings = entry.settings
     return [remote.Query("roles", RoleAnswers(),
                          {"url": settings.proxy_url,
                           "master_key_file": settings.roles.master_key_file,
@@ -194,11 +193,11 @@ def gateway_reading(entry: Any) -> list[remote.Query]:
 async def server_probes(topology: Topology, state: State) -> dict[str, tuple[Any, Any]]:
     """Each server clients reach: a bounded completion, and rank 0's ``/server_info``."""
     model = topology.served_model_name
-    urls = [server_url(entry) for entry in topology.workstations]
+    urls = [entry.settings.server_url for entry in topology.workstations]
     if state.tensor_parallel:
-        urls = [server_url(topology.rank0)]
+        urls = [topology.rank0.settings.server_url]
     elif topology.gateway:
-        urls.append(GatewaySettings.of(topology.gateway).router_url)
+        urls.append(topology.gateway.settings.router_url)
 
     headers = topology.headers
 
@@ -295,7 +294,7 @@ def sockets_rung(topology: Topology, state: State, first: dict[str, remote.Readi
         rung.saw(f"{state.name} runs no TP group", SKIP)
         return rung
     for entry, before, after in readable(rung, topology, first, second):
-        settings = WorkstationSettings.of(entry)
+        settings = entry.settings
         process = before.values[f"process {TP_RANKS[settings.rank]}"]
         reading = after.values["connections"]
         held = transport.connections_of(reading, process["pid"]) if process["pid"] else []
@@ -314,7 +313,7 @@ def interface_rung(topology: Topology, state: State, first: dict[str, remote.Rea
                    second: dict[str, remote.Reading]) -> Rung:
     rung = Rung(5, "thunderbolt0")
     for entry, before, after in readable(rung, topology, first, second):
-        settings = WorkstationSettings.of(entry)
+        settings = entry.settings
         interface, address = settings.link.interface, settings.link_address
         seen = before.values["interface"]
         for problem in interface_problems(seen, interface, address, settings.link.address_owner):
@@ -341,7 +340,7 @@ def interface_rung(topology: Topology, state: State, first: dict[str, remote.Rea
 def driver_rung(topology: Topology, state: State, first: dict[str, remote.Reading]) -> Rung:
     rung = Rung(6, "driver")
     for entry, reading in readable(rung, topology, first):
-        candidate_build = WorkstationSettings.of(entry).candidate_build_id
+        candidate_build = entry.settings.candidate_build_id
         value, text = classify_driver(reading.values["module"], reading.values["stock_build"],
                                       candidate_build)
         rung.saw(f"{entry.name}: {text}", PASS if value == state.driver else FAIL)
@@ -380,7 +379,7 @@ def xdomain_rung(topology: Topology, state: State, first: dict[str, remote.Readi
             rung.saw(f"{entry.name}: no XDomain peer is connected", link_verdict(state))
             continue
         rate, lanes = trained_rate(xdomain)
-        link = WorkstationSettings.of(entry).link
+        link = entry.settings.link
         expected = (link.expected_rate_gbps, link.expected_lanes)
         text = (f"{entry.name}: {rate:g} Gb/s over {lanes} lane(s) to {xdomain['peer']} "
                 f"(device {xdomain['device']}), expected {expected[0]:g} over {expected[1]}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.hosts import remote
-from harness.hosts.topology import Topology, server_url
+from harness.hosts.topology import Topology
 from operations.gateway.proxy import LiveRouting, ProxyConfig, fallback_present
 from operations.safety.guard import GuardState, summary
 from operations.services import RunningServices
@@ -179,7 +179,7 @@ async def guard_states(topology: Topology) -> dict[str, dict[str, Any]]:
     reads as its error.
     """
     queries = {entry: [remote.Query("guard", GuardState(),
-                                    {"init_system": WorkstationSettings.of(entry)
+                                    {"init_system": entry.settings
                                      .serving.init_system})]
                for entry in topology.workstations}
     readings = await remote.read_all(queries, topology.ssh_config)
@@ -213,11 +213,11 @@ async def server_infos(urls: list[str], headers: dict[str, str]) -> dict[str, di
 
 async def observe(topology: Topology) -> Status:
     """Read every host and every server once, and judge the layers."""
-    hosts = {entry: workstation_queries(WorkstationSettings.of(entry))
+    hosts = {entry: workstation_queries(entry.settings)
              for entry in topology.workstations}
     if topology.gateway:
-        hosts[topology.gateway] = gateway_queries(GatewaySettings.of(topology.gateway))
-    urls = [server_url(entry) for entry in topology.workstations]
+        hosts[topology.gateway] = gateway_queries(topology.gateway.settings)
+    urls = [entry.settings.server_url for entry in topology.workstations]
     readings, infos = await asyncio.gather(remote.read_all(hosts, topology.ssh_config),
                                            server_infos(urls, topology.headers))
     fronted = fronted_elsewhere(topology, readings, urls)
@@ -264,7 +264,7 @@ def driver_layer(topology: Topology, readings: dict[str, remote.Reading],
         if reading.error:
             seen[entry.name] = Unknown("unreachable")
             continue
-        candidate_build = WorkstationSettings.of(entry).candidate_build_id
+        candidate_build = entry.settings.candidate_build_id
         module = reading.values["module"]
         value, text = classify_driver(module, reading.values["stock_build"], candidate_build)
         seen[entry.name] = value
@@ -302,7 +302,7 @@ def link_rows(topology: Topology, readings: dict[str, remote.Reading],
                 + f" to {xdomain['peer']}" if xdomain else "no XDomain peer")
         carrier = "carrier" if interface["carrier"] else "no carrier"
         addresses = ", ".join(interface["addresses"]) or "no address"
-        name = WorkstationSettings.of(entry).link.interface
+        name = entry.settings.link.interface
         rows.append(("link", entry.name, f"{rate}; {name} {carrier}, {addresses}"))
 
 
@@ -349,7 +349,7 @@ def speculative_layer(topology: Topology, infos: dict[str, dict | None],
                       rows: list[tuple[str, str, str]]) -> Any:
     seen = {}
     for entry in topology.workstations:
-        url = server_url(entry)
+        url = entry.settings.server_url
         info = infos[url]
         if info is None:
             rows.append(("speculative", entry.name, f"no /server_info at {url}"))
@@ -376,7 +376,7 @@ def gateway_layer(topology: Topology, readings: dict[str, remote.Reading],
     if reading.error:
         return Unknown("unreachable")
     live, config = reading.values["live"], reading.values["config"]
-    proxy = GatewaySettings.of(topology.gateway).roles.litellm_service
+    proxy = topology.gateway.settings.roles.litellm_service
     in_file = fallback_present(config or {})
     file_text = f"config file: general fallback {'present' if in_file else 'absent'}"
     if live is None:

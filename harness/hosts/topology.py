@@ -4,7 +4,9 @@ gateway, an SSH config to reach them, and where each state is served.
 
 Everything comes from ``operations.site.hosts`` (pyinfra's own merge of the
 inventory, group data and site data), so the harness reaches the hosts pyinfra
-deploys to, with the same keys and host-key checking.
+deploys to, with the same keys and host-key checking. Each host's settings are
+built once, when the topology is, as ``deploy.py`` builds them once per host:
+the harness reads ``host.settings``, never the raw data again.
 """
 
 from __future__ import annotations
@@ -45,17 +47,52 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
+class Workstation(InventoryEntry):
+    """A workstation of the inventory with its typed settings, built once."""
+
+    settings: WorkstationSettings = field(init=False, hash=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "settings", WorkstationSettings.of(self))
+
+    @classmethod
+    def of(cls, entry: InventoryEntry) -> Workstation:
+        return entry if isinstance(entry, cls) else cls(entry.name, entry.groups, entry.data)
+
+
+@dataclass(frozen=True)
+class Gateway(InventoryEntry):
+    """The gateway of the inventory with its typed settings, built once."""
+
+    settings: GatewaySettings = field(init=False, hash=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "settings", GatewaySettings.of(self))
+
+    @classmethod
+    def of(cls, entry: InventoryEntry) -> Gateway:
+        return entry if isinstance(entry, cls) else cls(entry.name, entry.groups, entry.data)
+
+
+@dataclass(frozen=True)
 class Topology:
     """
     One pair of the inventory, as the harness looks at it: its workstations
     rank 0 first, the gateway, their SSH config, and the pair's name when the
     inventory has other pairs (``None``: the pair is the site's only one).
+    Entries it is given become typed hosts (``Workstation``, ``Gateway``).
     """
 
-    workstations: tuple[InventoryEntry, ...]
-    gateway: InventoryEntry | None
+    workstations: tuple[Workstation, ...]
+    gateway: Gateway | None
     ssh_config: Path
     pair: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "workstations",
+                           tuple(Workstation.of(entry) for entry in self.workstations))
+        if self.gateway is not None:
+            object.__setattr__(self, "gateway", Gateway.of(self.gateway))
 
     @classmethod
     def load(cls, directory: Path, pair: str | None = None) -> Topology:
@@ -110,56 +147,52 @@ class Topology:
         return f"pair {self.pair}" if self.pair else ""
 
     @property
-    def rank0(self) -> InventoryEntry:
+    def rank0(self) -> Workstation:
         """The TP group's rank 0: the one rank clients reach, and the rendezvous."""
         return self.workstations[0]
 
     @property
     def tp_size(self) -> int:
         """The TP group's size, as the site gives it to every workstation."""
-        return WorkstationSettings.of(self.rank0).tp_size
+        return self.rank0.settings.tp_size
 
     @property
     def deploy_timeout(self) -> int:
         """The bound of one ``deploy.py`` run, from the site's settings (``operations.bounds``)."""
-        return bounds.deploy_timeout(WorkstationSettings.of(self.rank0))
+        return bounds.deploy_timeout(self.rank0.settings)
 
     @property
     def verify_timeout(self) -> int:
         """The bound of one ``pytest tests/verify`` run (``operations.bounds``)."""
-        return bounds.verify_timeout(WorkstationSettings.of(self.rank0))
+        return bounds.verify_timeout(self.rank0.settings)
 
     @property
     def served_model_name(self) -> str:
         """The model every server serves: a site-wide setting, read from any workstation."""
-        return WorkstationSettings.of(self.rank0).serving.served_model_name
+        return self.rank0.settings.serving.served_model_name
 
     @property
     def headers(self) -> dict[str, str]:
         """What the SGLang servers and the router ask of a caller: the servers' key."""
-        return keys.bearer(WorkstationSettings.of(self.rank0).serving.api_key_file)
+        return keys.bearer(self.rank0.settings.serving.api_key_file)
 
     @property
     def admin_headers(self) -> dict[str, str]:
         """What the SGLang servers' admin endpoints ask instead: their admin key."""
-        return keys.bearer(WorkstationSettings.of(self.rank0).serving.admin_api_key_file)
+        return keys.bearer(self.rank0.settings.serving.admin_api_key_file)
 
     def endpoint(self, state: State) -> Endpoint:
         """The serving endpoint of ``state``, from the inventory's addresses and ports."""
         model = self.served_model_name
         credentials = {"headers": self.headers, "admin_headers": self.admin_headers}
         if state.tensor_parallel:
-            rank0 = server_url(self.rank0)
+            rank0 = self.rank0.settings.server_url
             return Endpoint(rank0, model, (rank0,), f"TP rank 0 on {self.rank0.name}",
                             **credentials)
-        servers = tuple(server_url(entry) for entry in self.workstations)
+        servers = tuple(entry.settings.server_url for entry in self.workstations)
         if self.gateway is None:
             raise ValueError("the inventory has no gateway: production is served by its router")
-        router = GatewaySettings.of(self.gateway).router_url
+        router = self.gateway.settings.router_url
         return Endpoint(router, model, servers, f"sglang-router on {self.gateway.name}",
                         **credentials)
 
-
-def server_url(workstation: InventoryEntry) -> str:
-    """The SGLang server of a workstation, as the router and the probes reach it."""
-    return WorkstationSettings.of(workstation).server_url

@@ -36,7 +36,6 @@ from harness.judging.disturbance import counted
 from harness.measuring import traces
 from operations.services import ServiceLogMatches
 from operations.serving.sglang import service_for
-from operations.site.settings import WorkstationSettings
 from operations.states import State
 
 PROFILE = "profile"
@@ -171,7 +170,7 @@ class ProfileHosts:
     state: State
 
     def samplers(self, seconds: float) -> list[Sampler]:
-        return [Sampler(entry.name, entry.sudo, WorkstationSettings.of(entry).peer_link_address,
+        return [Sampler(entry.name, entry.sudo, entry.settings.peer_link_address,
                         self.topology.ssh_config, seconds)
                 for entry in self.topology.workstations]
 
@@ -187,8 +186,8 @@ class ProfileHosts:
         """NCCL's INFO lines of each workstation's server, as its log kept them."""
         readings = await remote.read_all({
             entry: [remote.Query("nccl", ServiceLogMatches(), {
-                "service": service_for(self.state.serving, WorkstationSettings.of(entry).rank),
-                "init_system": WorkstationSettings.of(entry).serving.init_system,
+                "service": service_for(self.state.serving, entry.settings.rank),
+                "init_system": entry.settings.serving.init_system,
                 "text": NCCL_INFO})]
             for entry in self.topology.workstations}, self.topology.ssh_config)
         return {host: reading.values.get("nccl") or [] for host, reading in readings.items()}

@@ -30,7 +30,6 @@ from harness.measuring.client import THROUGHPUT
 from harness.measuring.profile import PROFILE
 from harness.measuring.windows import PREFILLS, WARM_SUFFIX, WindowSettings, fits
 from harness.reporting import bench_serving
-from operations.site.settings import WorkstationSettings
 
 FORMAT = "twinbolt-measurement/1"
 GIB = 1 << 30
@@ -74,7 +73,7 @@ def hosts(topology: Topology | None, windows: list[dict[str, Any]]) -> dict[str,
     if topology is None:
         return {}
     first = windows[0]["link"]["before"] if windows else {}
-    settings = {entry.name: WorkstationSettings.of(entry) for entry in topology.workstations}
+    settings = {entry.name: entry.settings for entry in topology.workstations}
     return {
         entry.name: {
             "rank": settings[entry.name].rank,

@@ -74,7 +74,7 @@ class Direction:
 
 def directions(topology: Topology) -> list[Direction]:
     """Each workstation sending to its peer across the cable: both directions."""
-    workstations = [WorkstationSettings.of(entry) for entry in topology.workstations]
+    workstations = [entry.settings for entry in topology.workstations]
     by_address = {settings.link_address: settings for settings in workstations}
     return [Direction(settings, by_address[settings.peer_link_address])
             for settings in workstations]

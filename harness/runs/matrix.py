@@ -20,13 +20,12 @@ from harness.hosts import remote
 from harness.hosts.topology import Topology
 from harness.reporting.report import headline, table
 from operations.safety import ledger
-from operations.site.settings import WorkstationSettings
 from operations.states import Driver, State
 
 
 def ledger_path(topology: Topology) -> Path:
     """The ledger the inventory names (``[ledger] path``), as the deploy writes it."""
-    return Path(WorkstationSettings.of(topology.workstations[0]).ledger.path).expanduser()
+    return Path(topology.workstations[0].settings.ledger.path).expanduser()
 
 
 def row_key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
@@ -107,7 +106,7 @@ def identity_queries(topology: Topology) -> list[remote.Query]:
     reads them in sections of its own, which a group's sections cannot nest in.
     """
     arguments = ledger.HostIdentity.arguments(
-        WorkstationSettings.of(topology.workstations[0]).candidate.module_name)
+        topology.workstations[0].settings.candidate.module_name)
     return [remote.Query(key, fact(), arguments.get(key, {}))
             for key, fact in ledger.HostIdentity.members.items()]
 

@@ -23,7 +23,6 @@ from harness.progress import say
 from harness.reporting import report
 from harness.runs.matrix import record_measurement
 from operations.serving.transport import ModelShape
-from operations.site.settings import WorkstationSettings
 from operations.states import resolve_state
 
 
@@ -69,7 +68,7 @@ async def single_stream_bound(topology: Topology, server_info: dict,
     files on the first workstation (rank 0, or a replica of the same model).
     """
     first = topology.workstations[0]
-    serving = WorkstationSettings.of(first).serving
+    serving = first.settings.serving
     reading = await remote.read(
         first.name, [remote.Query("shape", ModelShape(),
                                   {"model_path": serving.model_path})],

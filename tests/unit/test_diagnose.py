@@ -6,24 +6,23 @@ from pathlib import Path
 
 from harness.hosts import diagnose
 from harness.hosts.remote import Reading
-from harness.hosts.topology import Topology
+from harness.hosts.topology import Topology, Workstation
 from operations.plumbing.probes import Answer
 from operations.serving.sglang import TP_RANKS
 from operations.serving.transport import Connections
-from operations.site.hosts import InventoryEntry
 from operations.states import STATES
 
 TP2_E2E, PRODUCTION = STATES["tp2_e2e"], STATES["production"]
 
 
-def workstation(name: str, rank: int, address: str, peer: str) -> InventoryEntry:
-    return InventoryEntry(name, ("workstations",), {
+def workstation(name: str, rank: int, address: str, peer: str, **more) -> Workstation:
+    return Workstation(name, ("workstations",), {
         "rank": rank, "ssh_hostname": f"10.0.0.{rank + 1}", "thunderbolt_address": address,
         "peer_thunderbolt_address": peer, "link_interface": "thunderbolt0",
         "link_expected_rate_gbps": 20.0, "link_expected_lanes": 1, "serving_port": 30000,
         "link_address_owner": "twinbolt",
         "candidate_module_name": "thunderbolt_net", "candidate_path": None,
-        "candidate_sha256": None})
+        "candidate_sha256": None, **more})
 
 
 TOPOLOGY = Topology((workstation("wsa", 0, "169.254.77.1", "169.254.77.2"),
@@ -144,8 +143,8 @@ def test_the_route_names_who_served_each_role_and_fails_a_missing_fallback() -> 
 
 def test_every_query_of_both_readings_builds_its_command() -> None:
     """A fact's command may be a method or a plain string (Gpus): both must reach the script."""
-    entry = workstation("wsa", 0, "169.254.77.1", "169.254.77.2")
-    entry.data.update(serving_init_system="runit", run_dir="/run/twinbolt")
+    entry = workstation("wsa", 0, "169.254.77.1", "169.254.77.2",
+                        serving_init_system="runit", run_dir="/run/twinbolt")
     for state in (TP2_E2E, PRODUCTION):
         for query in (*diagnose.first_reading(entry, state), *diagnose.second_reading(entry)):
             assert isinstance(query.command(), str) and query.command(), query.key

@@ -14,6 +14,7 @@ from pyinfra.api import OperationError
 from pyinfra.facts.server import KernelVersion
 
 from harness.hosts import remote
+from harness.hosts.topology import Workstation
 from harness.runs import matrix
 from operations import step as steps
 from operations.plumbing.facts import MARKER
@@ -455,7 +456,7 @@ def test_records_are_json_lines_with_sorted_keys(tmp_path) -> None:
 
 def test_the_harness_reads_the_identity_as_the_deploy_does(run) -> None:
     """Each member in a section of the harness's own script, run here; nothing nested."""
-    entry = SimpleNamespace(name="wsa", data={"candidate_module_name": "thunderbolt_net"})
+    entry = Workstation("wsa", ("workstations",), {"candidate_module_name": "thunderbolt_net"})
     queries = matrix.identity_queries(SimpleNamespace(workstations=[entry]))
     assert [query.key for query in queries] == list(ledger.HostIdentity.members)
     output = subprocess.run(["sh", "-c", remote.script(queries)], capture_output=True,

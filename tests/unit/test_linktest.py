@@ -11,23 +11,21 @@ from pathlib import Path
 
 import pytest
 
+from harness.hosts.topology import Workstation
 from harness.reporting import compare, linktest_report
 from harness.reporting.compare import NOT_REPORTED
 from harness.runs import linktest
-from operations.site.hosts import InventoryEntry
-from operations.site.settings import WorkstationSettings
 
 
 def workstation(name: str, address: str, peer: str, interface: str = "thunderbolt0"
-                ) -> InventoryEntry:
-    return InventoryEntry(name, ("workstations",), {
+                ) -> Workstation:
+    return Workstation(name, ("workstations",), {
         "thunderbolt_address": address, "peer_thunderbolt_address": peer,
         "link_interface": interface})
 
 
-LOOPBACK = linktest.Direction(
-    WorkstationSettings.of(workstation("wsa", "127.0.0.1", "127.0.0.1", "lo")),
-    WorkstationSettings.of(workstation("wsb", "127.0.0.1", "127.0.0.1", "lo")))
+LOOPBACK = linktest.Direction(workstation("wsa", "127.0.0.1", "127.0.0.1", "lo").settings,
+                              workstation("wsb", "127.0.0.1", "127.0.0.1", "lo").settings)
 
 
 def shell(command: str) -> subprocess.CompletedProcess[str]:
