@@ -26,7 +26,7 @@ from harness.runs import campaign
 matplotlib.use("Agg")
 
 HERE = Path(__file__).resolve().parent / "recorded_campaign"
-REPORTS = HERE / "reports"
+REPORTS = HERE / "recorded"
 EXPECTED = HERE / "expected"
 
 
