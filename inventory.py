@@ -1,5 +1,7 @@
 """
-The hosts: a real site when ``TWINBOLT_SITE`` names a site file, else the embedded lab.
+The hosts: a real site when ``TWINBOLT_SITE`` names a site file, else the embedded
+lab, as ``python -m lab up`` lists it (``operations/site/listing.py``): this file
+imports nothing of the lab.
 
 Groups: ``workstations`` (every pair's, pair by pair, rank 0 first in each),
 ``gateway``, and each pair's own, ``pair_<name>``, which holds the gateway too
@@ -29,14 +31,8 @@ if pyinfra.state.cwd and Path(pyinfra.state.cwd).resolve() != _CHECKOUT:
         f"checks, the handling of Ctrl-C) from the current directory only, and this is "
         f"{pyinfra.state.cwd}; cd {_CHECKOUT} and run the command again. Nothing was changed")
 
-from operations.plumbing.connect import connection_data
-from operations.site.model import (
-    SITE_ENV,
-    load_site,
-    pair_group,
-    sudo_data,
-    tp_group_data,
-)
+from operations.site.listing import listing_path, load_listing
+from operations.site.model import SITE_ENV, load_site
 from operations.site.options import carried_data
 
 if os.environ.get(SITE_ENV):
@@ -46,53 +42,15 @@ if os.environ.get(SITE_ENV):
     _pairs = _site.pair_groups()
 
 else:
-    # The lab's hosts as lab/topology.py makes them; `python -m lab up` creates
-    # these files, and both honour the same TWINBOLT_LAB_STATE override.
-    from lab import topology as _lab
-
-    _CANDIDATE = _lab.STATE / "modules" / "candidate" / "thunderbolt_net.ko"
-    _CANDIDATE_SHA256 = _CANDIDATE.with_name(_CANDIDATE.name + ".sha256")
-    _SSH_PORT = 22
-
-    # As on a real site, some hosts are reached as an unprivileged admin account
-    # with passwordless sudo (the lab's `twinbolt`, a real sudoers entry), one as root.
-    def _lab_ssh(host: _lab.LabHost) -> dict[str, object]:
-        return {
-            "ssh_hostname": host.management_address,
-            "ssh_user": host.ssh_user,
-            "ssh_port": _SSH_PORT,
-            "ssh_key": str(_lab.STATE / "ssh" / "id_ed25519"),
-            "ssh_known_hosts_file": str(_lab.STATE / "ssh" / "known_hosts"),
-            "ssh_strict_host_key_checking": "yes",
-            **sudo_data(host.ssh_user != "root"),
-            **connection_data(host.management_address, _SSH_PORT),
-        }
-
-    def _lab_workstation(pair: _lab.LabPair, rank: int, host: _lab.LabHost) -> dict[str, object]:
-        links = [str(workstation.link_address) for workstation in pair.workstations]
-        return {
-            **_lab_ssh(host),
-            **tp_group_data(pair.name, links, rank),
-            "candidate_path": str(_CANDIDATE),
-            "ledger_path": str(_lab.STATE / "ledger.jsonl"),
-            **{f"serving_{name}": str(path) for name, path in _lab.SGLANG_KEYS.items()},
-            # Until the lab has built the candidate there is no checksum; the
-            # driver layer reports that, the inventory must still load.
-            "candidate_sha256": (
-                next(iter(_CANDIDATE_SHA256.read_text().split()), None)
-                if _CANDIDATE_SHA256.exists()
-                else None
-            ),
-        }
-
-    # The pairs `python -m lab up --pairs N` built, as the lab records them.
-    workstations = [(host.name, _lab_workstation(pair, rank, host))
-                    for pair in _lab.lab_pairs() for rank, host in enumerate(pair.workstations)]
-    gateway = [(_lab.GATEWAY.name, _lab_ssh(_lab.GATEWAY))]
-    _pairs = {pair_group(pair.name): [*(host.name for host in pair.workstations),
-                                      _lab.GATEWAY.name]
-              for pair in _lab.lab_pairs()}
-    lab = [host.name for host in _lab.hosts()]
+    # The lab's hosts, as `python -m lab up` lists them in its state directory
+    # (lab/listing.py; TWINBOLT_LAB_STATE overrides where): a file like a site's,
+    # validated as it is read.
+    _listing = load_listing(listing_path(_CHECKOUT))
+    workstations = _listing.hosts("workstations")
+    gateway = _listing.hosts("gateway")
+    _pairs = _listing.pairs
+    # Its extra group, ``lab``, after ``workstations`` and ``gateway``.
+    globals()[_listing.extra[0]] = _listing.extra[1]
 
 # A rollback's --data, carried by the run that started it (operations/site/options.py):
 # host data, which wins over group data as --data does.

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from lab import cable, cgroups, faults, hostfs, hostinit, modules, network, ssh
+from lab import cable, cgroups, faults, hostfs, hostinit, listing, modules, network, ssh
 from lab.network import in_host
 from lab.topology import (
     BRIDGE,
@@ -214,6 +214,8 @@ def up(init: str | None = None, pairs: int = 1) -> None:
     # The operator's side: a lab brought up before the servers had keys gets them too.
     ssh.sglang_keys()
     if healthy() and init in (None, init_system()) and pairs == pair_count():
+        # A lab brought up before the inventory read its listing gets one.
+        listing.write()
         say(f"already up ({described()}); nothing changed")
         return
     started = time.monotonic()
@@ -226,6 +228,8 @@ def up(init: str | None = None, pairs: int = 1) -> None:
     INIT_FILE.write_text(f"{init or init_system()}\n")
     PAIRS_FILE.write_text(f"{pairs}\n")
     modules.build_all()
+    # The inventory's hosts: the pairs recorded above, the candidate's checksum just built.
+    listing.write()
     ssh.prepare()
     for host in hosts():
         hostfs.prepare(host)
@@ -441,6 +445,8 @@ def down(quiet: bool = False) -> None:
     # A lab brought up again boots systemd, one pair, unless asked otherwise.
     INIT_FILE.unlink(missing_ok=True)
     PAIRS_FILE.unlink(missing_ok=True)
+    # The inventory lists the lab `up` would build again: one pair.
+    listing.write()
     OWNER_FILE.unlink(missing_ok=True)
     faults.clear()
     cable.forget()

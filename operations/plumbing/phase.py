@@ -22,10 +22,24 @@ def executing() -> bool:
 
 def run_now(command: StringCommand) -> tuple[bool, Any]:
     """
-    Run ``command`` at once, inside an operation, as the operation's own commands
-    run: pyinfra applies the connector arguments (``_sudo`` from a site's host
-    data above all) to the commands an operation yields and to its facts, but
-    not to a direct ``host.run_shell_command``.
+    Run ``command`` at once, while operations execute, as the operation's own
+    commands run: pyinfra applies the connector arguments (``_sudo`` from a
+    site's host data above all) to the commands an operation yields and to its
+    facts, but not to a direct ``host.run_shell_command``.
+
+    Only where pyinfra leaves no other way, each caller saying why:
+
+    - bookkeeping about the run, not the hosts' declared state (the host lock,
+      the guard's events moved aside): pyinfra reports every command an
+      operation yields, a ``FunctionCommand`` too, as a change (its "Success"),
+      and a converged run must report none;
+    - a command whose outcome decides a refusal (the lock taken by another run
+      first): a refusal is an ``OperationError`` raised by the operation's body,
+      which ends the run; raised in a ``FunctionCommand``, pyinfra would log it
+      as an unexpected error of a callback and fail the host instead;
+    - a command inside a wait that already runs as the step's own
+      ``FunctionCommand`` (the link's address, applied as the interface
+      appears): a callback cannot yield a command.
     """
     return host.run_shell_command(command, **connector_arguments())
 

@@ -365,7 +365,10 @@ def reported(run: Guarded, init_system: InitSystem, ledger_path: str) -> Iterato
     appended, and then they move to :data:`REPORTED`; a run that fails in between
     leaves them aside, for the next run to read again. That is bookkeeping about
     the hosts, not their state: reported as no change, and left alone by
-    ``--dry``. Only a run that holds this host's lock reads them, so a run the
+    ``--dry``. So both moves run in the body, at execute time
+    (:func:`~operations.plumbing.phase.run_now`): pyinfra reports any command an
+    operation yields as a change, and a move aside that fails refuses the run,
+    which only the body can. Only a run that holds this host's lock reads them, so a run the
     lock refuses never takes them from the one that holds it. Call it after
     ``lock.held`` and ``ledger.observed``, whose reading of the controller the
     records name, and before the stall refusal, which counts them in this very run.

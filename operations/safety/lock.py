@@ -25,8 +25,16 @@ two runs taking over one stale lock cannot both win and no reader ever sees a
 half-written lock.
 
 The lock is bookkeeping about the run, not part of the hosts' declared state, so
-taking and releasing it is done inside the operations at execute time and
-reported as "no change": a converged second run still shows no change anywhere.
+taking and releasing it is done inside the operations at execute time
+(:func:`~operations.plumbing.phase.run_now`), never while the run is only
+planned or predicted, and reported as "no change": a converged second run still
+shows no change anywhere. pyinfra leaves no other way: it reports every command
+an operation yields as a change, and a refusal (the lock taken first by another
+run) must be raised by the operation's body to end the run as a refusal.
+
+One lock is taken while the run is planned, not by a step: the gateway's, for
+a run that leaves pairs out (:func:`gateway_taken`), because the plan itself
+reads what another run may be changing.
 """
 
 from __future__ import annotations
@@ -373,6 +381,14 @@ def gateway_taken(gateway: Host, run_dir: str, run: Locking, dry: bool, timeout:
     on another pair changes only while it holds the gateway. So two runs on
     different pairs plan and run one after the other, and neither can leave
     the router without a serving pair.
+
+    Why here, while the run is planned, and not as a step: pyinfra plans every
+    host's operations (``deploy.py``, once per host) before it executes any,
+    and the gateway's plan, which operations it calls and with what, is read
+    from the router now. A step would take the lock only after that plan was
+    made from a router another run was changing. The wait polls from this
+    machine, not in a remote loop, because whether a holder is gone is judged
+    here (its pid, on this machine's boot: :meth:`RunOwner.gone`).
 
     The wait is said every :data:`GATEWAY_REPORT_SECONDS`; past ``timeout`` the
     run is refused, having taken nothing. A ``dry`` run waits and takes nothing.

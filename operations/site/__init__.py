@@ -2,7 +2,8 @@
 The site: the inventory's data and the run's command line, as typed values.
 
 ``model`` (the site file's schema, the only one), ``settings`` (one typed
-object per host, built from it once), ``overrides`` (a ``--data`` item checked
+object per host, built from it once), ``listing`` (a site given as its
+hosts' inventory data: what the embedded lab writes), ``overrides`` (a ``--data`` item checked
 as the site's value would be), ``options`` (the run's own ``--data`` options,
 and the rollback's keys apart), ``hosts`` (the inventory's entries),
 ``syntax`` (what a value may hold to be written into a unit, a script, an

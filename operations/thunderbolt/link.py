@@ -268,6 +268,10 @@ def apply_address(interface: str, address: str, prefix_length: int) -> None:
     """
     Give a freshly created interface its declared address, if it exists and lacks
     it: loading thunderbolt_net makes a new ``thunderbolt0`` with none.
+
+    Called by :func:`trained`'s wait, which runs as the step's own command, at
+    execute time: the interface may appear (or come back after a retraining) at
+    any moment of it, and a running callback cannot yield a command of its own.
     """
     state = host.get_fact(InterfaceState, interface=interface)
     if state["exists"] and address not in state["addresses"]:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lab import modules
+from lab import listing, modules
+from lab.topology import init_system, lab_pairs
 from operations import services
 from operations.gateway import proxy as gateway
 from operations.services import Service
@@ -49,15 +50,18 @@ class InventoryHost:
     data: HostData
 
 
-def inventory(site: Path | None = None) -> dict[str, InventoryHost]:
+def inventory(site: Path | None = None, lab_state: Path | None = None
+              ) -> dict[str, InventoryHost]:
     """
     The hosts pyinfra's CLI makes of ``inventory.py`` (group data included), by
-    name, rank 0 first: a site file's, or the embedded lab's.
+    name, rank 0 first: a site file's, or the embedded lab's whose state is ``lab_state``.
     """
     environment = {key: value for key, value in os.environ.items()
                    if key not in ("TWINBOLT_SITE", "TWINBOLT_LAB_STATE")}
     if site:
         environment["TWINBOLT_SITE"] = str(site)
+    if lab_state:
+        environment["TWINBOLT_LAB_STATE"] = str(lab_state)
     listed = subprocess.run(
         [str(Path(sys.executable).with_name("pyinfra")), "inventory.py", "debug-inventory",
          "--json"],
@@ -67,6 +71,16 @@ def inventory(site: Path | None = None) -> dict[str, InventoryHost]:
     return {host["name"]: InventoryHost(host["name"], tuple(host["groups"]),
                                         HostData(host["data"]))
             for host in json.loads(listed.stdout)}
+
+
+def lab_inventory(state: Path) -> dict[str, InventoryHost]:
+    """
+    The embedded lab's hosts, its state in ``state`` as `python -m lab up` leaves it
+    for the inventory: the listing of one pair, the init system this checkout's lab boots.
+    """
+    (state / "init").write_text(f"{init_system()}\n")
+    listing.write(lab_pairs(1), state)
+    return inventory(lab_state=state)
 
 
 def site_inventory(directory: Path) -> dict[str, InventoryHost]:

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from conformance_helpers import Rendered, inventory, site_inventory
+from conformance_helpers import Rendered, lab_inventory, site_inventory
 
 
 @pytest.fixture(scope="session")
@@ -14,6 +14,6 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
 
 
 @pytest.fixture(scope="session")
-def lab_rendered() -> Rendered:
+def lab_rendered(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
     """What twinbolt renders for the embedded lab's hosts (no site file)."""
-    return Rendered.of(inventory())
+    return Rendered.of(lab_inventory(tmp_path_factory.mktemp("lab")))

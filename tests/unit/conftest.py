@@ -1,4 +1,7 @@
-"""Shared fixtures: a minimal valid site file, and pyinfra's CLI run from the repository."""
+"""
+Shared fixtures: a minimal valid site file, the embedded lab's state as `python -m
+lab up` leaves it for the inventory, and pyinfra's CLI run from the repository.
+"""
 
 import os
 import subprocess
@@ -8,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lab import modules
+from lab import listing, modules
+from lab.topology import init_system, lab_pairs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,13 +44,30 @@ def write_site(tmp_path: Path, candidate_module: bytes) -> Callable[[str], Path]
     return write
 
 
+@pytest.fixture(scope="session")
+def lab_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """
+    A lab's state directory as `python -m lab up` leaves it for the inventory: its
+    listing of one pair (lab/listing.py), and the init system this checkout's lab
+    boots, which group_data/lab.py reads there.
+    """
+    state = tmp_path_factory.mktemp("lab")
+    (state / "init").write_text(f"{init_system()}\n")
+    listing.write(lab_pairs(1), state)
+    return state
+
+
 @pytest.fixture
-def run_pyinfra() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Run the real pyinfra CLI from the repository, with extra environment."""
+def run_pyinfra(lab_state: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """
+    Run the real pyinfra CLI from the repository, with extra environment; the lab
+    is :func:`lab_state`'s unless ``TWINBOLT_LAB_STATE`` is given.
+    """
 
     def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         unset = {"TWINBOLT_SITE", "TWINBOLT_LAB_STATE"}
         environment = {k: v for k, v in os.environ.items() if k not in unset}
+        environment["TWINBOLT_LAB_STATE"] = str(lab_state)
         return subprocess.run(
             [str(Path(sys.executable).with_name("pyinfra")), *args],
             cwd=REPO,

@@ -98,9 +98,10 @@ def test_no_table_is_an_error_never_an_empty_plan(output: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def lab_hosts() -> dict[str, InventoryEntry]:
+def lab_hosts(lab_state: Path) -> dict[str, InventoryEntry]:
     environment = {key: value for key, value in os.environ.items()
                    if key not in ("TWINBOLT_SITE", "TWINBOLT_LAB_STATE")}
+    environment["TWINBOLT_LAB_STATE"] = str(lab_state)
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(environment)

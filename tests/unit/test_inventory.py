@@ -11,7 +11,8 @@ from pyinfra.api import State
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import _get_group_data
 
-from lab.topology import init_system
+from lab import listing
+from lab.topology import init_system, lab_pairs
 from operations.site.hosts import InventoryEntry, inventory_entries
 from operations.site.model import (
     GATEWAY_DEFAULTS,
@@ -23,7 +24,6 @@ from operations.site.model import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-LAB = REPO / ".lab"
 MINIMAL_SITE = (Path(__file__).parent / "minimal_site.toml").read_text()
 TWO_PAIRS_SITE = (Path(__file__).parent / "two_pairs_site.toml").read_text()
 
@@ -56,7 +56,7 @@ def test_lab_groups(inventory):
     assert members["lab"] == ["wsa", "wsb", "gw"]
 
 
-def test_lab_ssh_data(inventory):
+def test_lab_ssh_data(inventory, lab_state):
     """wsa and gw are reached as an unprivileged account with sudo, wsb as root."""
     hosts = inventory()
     for name, address, user in (("wsa", "10.66.0.11", "twinbolt"), ("wsb", "10.66.0.12", "root"),
@@ -67,8 +67,8 @@ def test_lab_ssh_data(inventory):
         assert (data.get("_sudo"), data.get("sudo")) == ((True, True) if user != "root"
                                                          else (None, None))
         assert data["ssh_port"] == 22
-        assert data["ssh_key"] == str(LAB / "ssh" / "id_ed25519")
-        assert data["ssh_known_hosts_file"] == str(LAB / "ssh" / "known_hosts")
+        assert data["ssh_key"] == str(lab_state / "ssh" / "id_ed25519")
+        assert data["ssh_known_hosts_file"] == str(lab_state / "ssh" / "known_hosts")
         assert data["ssh_strict_host_key_checking"] == "yes"
 
 
@@ -94,8 +94,8 @@ def test_lab_workstations_know_their_rank_and_the_link(inventory):
 
 
 def test_a_lab_of_two_pairs_has_a_group_and_a_tp_group_for_each(inventory, tmp_path):
-    """`python -m lab up --pairs 2` records its pairs; the inventory reads them."""
-    (tmp_path / "pairs").write_text("2\n")
+    """`python -m lab up --pairs 2` lists its pairs; the inventory reads them."""
+    listing.write(lab_pairs(2), tmp_path)
     hosts = inventory(TWINBOLT_LAB_STATE=str(tmp_path))
     members = groups(hosts)
     assert members["workstations"] == ["wsa", "wsb", "wsc", "wsd"]
@@ -130,12 +130,14 @@ def test_lab_candidate_checksum_is_read_when_the_lab_has_built_it(inventory, tmp
     candidate.with_name("thunderbolt_net.ko.sha256").write_text(
         "ab" * 32 + "  thunderbolt_net.ko\n"
     )
+    listing.write(lab_pairs(1), tmp_path)
     data = inventory(TWINBOLT_LAB_STATE=str(tmp_path))["wsb"]["data"]
     assert data["candidate_path"] == str(candidate)
     assert data["candidate_sha256"] == "ab" * 32
 
 
 def test_lab_without_a_candidate_still_loads(inventory, tmp_path):
+    listing.write(lab_pairs(1), tmp_path)
     data = inventory(TWINBOLT_LAB_STATE=str(tmp_path))["wsa"]["data"]
     assert data["candidate_sha256"] is None
 
@@ -286,3 +288,40 @@ def test_a_run_started_outside_the_checkout_is_refused_clearly(tmp_path) -> None
             f"checks, the handling of Ctrl-C) from the current directory only, and this is "
             f"{tmp_path}; cd {REPO} and run the command again. Nothing was changed") in output
     assert "Traceback" not in output
+
+
+def test_a_lab_that_was_never_brought_up_is_no_site(run_pyinfra, tmp_path):
+    result = run_pyinfra("inventory.py", "debug-inventory", "--json",
+                         TWINBOLT_LAB_STATE=str(tmp_path))
+    assert result.returncode != 0
+    assert f"the embedded lab's {tmp_path / 'inventory.json'}" in result.stderr + result.stdout
+    assert "python -m lab up" in result.stderr + result.stdout
+
+
+def _mislisted(document: dict, how: str) -> str:
+    """``document`` made wrong in one way, and what the inventory must say of it."""
+    if how == "a pair out of order":
+        document["pairs"]["pair_b"] = ["wsd", "wsc", "gw"]
+        return "the pairs' groups hold wsa, wsb, wsd, wsc"
+    if how == "a port that is a command":
+        document["gateway"][0][1]["ssh_port"] = "22; reboot"
+        return "gw: its data must give ssh_hostname (a host name or address) and ssh_port"
+    if how == "a key that is no host data's":
+        document["workstations"][0][1]["Not A Key"] = 1
+        return "workstations.0.1.Not A Key.[key]: String should match pattern"
+    document["extra"] = ["lab", ["wsa", "gw"]]
+    return "the extra group 'lab' must be a new group of every host"
+
+
+@pytest.mark.parametrize("how", ["a pair out of order", "a port that is a command",
+                                 "a key that is no host data's", "a lab group short of hosts"])
+def test_the_labs_listing_is_validated_as_a_site_file_is(run_pyinfra, tmp_path, how):
+    """The listing is a file on disk like a site's: hostile until validated."""
+    path = listing.write(lab_pairs(2), tmp_path)
+    document = json.loads(path.read_text())
+    said = _mislisted(document, how)
+    path.write_text(json.dumps(document))
+    result = run_pyinfra("inventory.py", "debug-inventory", "--json",
+                         TWINBOLT_LAB_STATE=str(tmp_path))
+    assert result.returncode != 0
+    assert said in result.stderr + result.stdout

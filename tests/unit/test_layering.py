@@ -2,10 +2,14 @@
 The layering contracts (pyproject.toml's ``[tool.importlinter]``) hold on the tree,
 and each one fails on a deliberate wrong import: lint-imports runs on a copy of
 the packages with one import added that breaks that contract and no other.
+
+The top-level modules a run loads are no packages, which import-linter cannot
+check: their imports are read here, with ``ast``.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -118,3 +122,35 @@ def test_a_wrong_import_breaks_its_contract_and_no_other(tmp_path: Path,
     assert verdicts == {name: "BROKEN" if id_ == wrong.contract else "KEPT"
                         for id_, name in names.items()}
     assert code != 0
+
+
+# What pyinfra loads for a run, on a real site as on the lab: none of it imports the
+# lab (the inventory reads the listing the lab writes: operations/site/listing.py).
+RUN_MODULES = ("inventory.py", "deploy.py", "config.py")
+
+
+def imported(source: str) -> set[str]:
+    """Every module ``source`` imports, anywhere in it, each by its full dotted name."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+    return found
+
+
+def from_the_lab(modules: set[str]) -> set[str]:
+    return {module for module in modules if module == "lab" or module.startswith("lab.")}
+
+
+@pytest.mark.parametrize("module", RUN_MODULES)
+def test_a_run_imports_nothing_of_the_lab(module: str) -> None:
+    assert from_the_lab(imported((REPO / module).read_text())) == set()
+
+
+@pytest.mark.parametrize("line", ["from lab import topology", "import lab.topology as _lab",
+                                  "from lab.topology import STATE",
+                                  "if True:\n    from lab import topology"])
+def test_an_import_of_the_lab_is_seen_wherever_it_is(line: str) -> None:
+    assert from_the_lab(imported(f"import os\n{line}\n")) != set()
