@@ -43,7 +43,6 @@ the link's retraining, the proxy's restart) by its own wait and one command more
 the rollback by every wait of a production converge.
 """
 
-from functools import partial
 
 import pyinfra
 from pyinfra import host, inventory
@@ -171,8 +170,7 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
             sglang.tp_rank(
                 name="Serving: the TP ranks stop if the driver under them is to change",
                 sglang=part.sglang, present=False,
-                _if=[run.attempt.healthy,
-                     partial(driver.swap_planned, state.driver, workstation.candidate)])
+                _if=[run.attempt.healthy, workstation.driver_swaps])
         # The outage has begun: the user's route must survive it before the GPUs are borrowed.
         route.roles_proven(
             name="Gateway: small answers through the fallback while the replicas are down, "
@@ -187,8 +185,7 @@ with host.arguments(_ignore_errors=True, _if=[run.attempt.healthy]):
     if workstation:
         guard.armed(name="Guard: disarmed before any driver reload, and under a stock driver",
                     guard=workstation.guard, present=False,
-                    _if=[run.attempt.healthy,
-                         partial(guard.disarm_first, state.driver, workstation.candidate)])
+                    _if=[run.attempt.healthy, workstation.guard_disarms_first])
         driver.module(name=f"Driver: thunderbolt_net is the {state.driver} build",
                       loaded=state.driver, candidate=workstation.candidate,
                       run_dir=part.settings.run_dir)

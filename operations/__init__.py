@@ -12,20 +12,20 @@ down this list, from the run to the plumbing:
   ``rollback`` (a failure after a change ends in a verified production) and
   ``interrupt`` (a signal is a failure too);
 - the layers, in the runbook's order, each with its facts, its judgements and
-  its operations: ``serving/`` (``gpu``, ``sglang`` on the workstations,
-  ``router`` its part on the gateway, ``transport`` where the TP group's bytes
-  go) and ``gateway/`` (``proxy``, and ``route``: the proofs of the user's
-  route through it), above ``services`` (long-running services on runit or
-  systemd, and their logs);
+  its operations, none importing another: ``serving/`` (``gpu``, ``sglang`` on
+  the workstations, ``router`` its part on the gateway, ``transport`` where
+  the TP group's bytes go), ``gateway/`` (``proxy``, and ``route``: the proofs
+  of the user's route through it) and ``thunderbolt/`` (``driver`` and
+  ``link``), above ``services`` (long-running services on runit or systemd,
+  and their logs);
 - ``site/``: the inventory's data and the command line as typed values
   (``model``, ``settings``, ``overrides``, ``options``, ``hosts``, ``syntax``,
   ``releases``: what the supported SGLang releases accept differently);
-- ``thunderbolt/``: ``driver``, ``link`` and ``module_file``, the layers
-  below serving;
 - ``step`` (the ``@operation(Layer)`` decorator: a step declares its layer,
   refuses before any change or fails after one) and ``states`` (the declared
   states);
-- ``plumbing/``: ``phase``, ``facts``, ``probes``, ``connect`` and ``venvs``.
+- ``plumbing/``: ``phase``, ``facts``, ``probes``, ``connect``, ``venvs`` and
+  ``module_file``.
 
 Each package's own docstring says what it owns and what it must not touch.
 """

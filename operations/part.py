@@ -26,7 +26,7 @@ from operations.gateway.proxy import START_TIMEOUT_SECONDS as PROXY_START_TIMEOU
 from operations.gateway.proxy import Proxy
 from operations.run import Run
 from operations.safety import lock
-from operations.safety.guard import Guard
+from operations.safety.guard import Guard, disarm_first
 from operations.serving import router
 from operations.serving.router import Router
 from operations.serving.sglang import Sglang, replica_runs
@@ -37,8 +37,8 @@ from operations.site.settings import (
     WorkstationSettings,
     derived,
 )
-from operations.states import State
-from operations.thunderbolt.driver import CandidateModule
+from operations.states import Driver, State
+from operations.thunderbolt.driver import CandidateModule, swap_planned
 from operations.thunderbolt.link import ExpectedLink
 
 
@@ -58,18 +58,25 @@ class WorkstationPart:
     guard: Guard
     pair: list[str]
     gateway_address: str
-    # What a refusal before any change keeps: production's replica, serving here.
-    # Asked when a step runs (its _if), as facts are.
+    # The conditions of its steps (their _if), each a layer's answer from its
+    # facts, asked when the step runs as facts are, so that deploy.py names them
+    # and no layer is handed another's: what a refusal before any change keeps
+    # (production's replica, serving here), whether the driver step will reload
+    # the module (the TP ranks above it stop first), and whether the guard is
+    # disarmed before that step.
     replica_serves: Callable[[], bool]
     no_replica_serves: Callable[[], bool]
+    driver_swaps: Callable[[], bool]
+    guard_disarms_first: Callable[[], bool]
 
     @classmethod
-    def of(cls, settings: WorkstationSettings, inventory: Inventory,
-           the_sglang: Sglang) -> WorkstationPart:
+    def of(cls, settings: WorkstationSettings, inventory: Inventory, the_sglang: Sglang,
+           target: Driver) -> WorkstationPart:
         link = derived(ExpectedLink, settings, settings.link)
+        candidate = CandidateModule.of(settings)
         return cls(
             settings=settings,
-            candidate=settings.candidate_module,
+            candidate=candidate,
             link=link,
             link_bound=settings.bound(link.wait_seconds),
             guard=Guard.of(settings, link),
@@ -78,6 +85,8 @@ class WorkstationPart:
             gateway_address=GatewaySettings.of(inventory.get_group("gateway")[0]).address,
             replica_serves=partial(replica_runs, the_sglang),
             no_replica_serves=partial(replica_runs, the_sglang, running=False),
+            driver_swaps=partial(swap_planned, target, candidate),
+            guard_disarms_first=partial(disarm_first, target, candidate),
         )
 
 
@@ -121,7 +130,7 @@ class Part:
         if "workstations" in host.groups:
             settings = WorkstationSettings.of(host)
             the_sglang = Sglang.from_host(host)
-            workstation = WorkstationPart.of(settings, inventory, the_sglang)
+            workstation = WorkstationPart.of(settings, inventory, the_sglang, state.driver)
         else:
             settings = GatewaySettings.of(host)
             the_sglang = workstation = None

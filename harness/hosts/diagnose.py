@@ -50,6 +50,7 @@ from operations.serving.sglang import TP_RANKS, server_info, server_info_problem
 from operations.states import STATES, State
 from operations.thunderbolt.driver import (
     TBNET_E2E,
+    CandidateModule,
     LoadedModule,
     ModuleFileBuildId,
     PeerCapabilities,
@@ -340,7 +341,7 @@ def interface_rung(topology: Topology, state: State, first: dict[str, remote.Rea
 def driver_rung(topology: Topology, state: State, first: dict[str, remote.Reading]) -> Rung:
     rung = Rung(6, "driver")
     for entry, reading in readable(rung, topology, first):
-        candidate_build = entry.settings.candidate_build_id
+        candidate_build = CandidateModule.of(entry.settings).readable_build_id
         value, text = classify_driver(reading.values["module"], reading.values["stock_build"],
                                       candidate_build)
         rung.saw(f"{entry.name}: {text}", PASS if value == state.driver else FAIL)

@@ -33,7 +33,12 @@ from operations.serving.sglang import (
 )
 from operations.site.settings import GatewaySettings, WorkstationSettings
 from operations.states import DECLARED, STATES, ServingMode, Speculative, State
-from operations.thunderbolt.driver import LoadedModule, ModuleFileBuildId, loaded_driver
+from operations.thunderbolt.driver import (
+    CandidateModule,
+    LoadedModule,
+    ModuleFileBuildId,
+    loaded_driver,
+)
 from operations.thunderbolt.link import InterfaceState, XDomainLink, trained_rate
 
 
@@ -264,7 +269,7 @@ def driver_layer(topology: Topology, readings: dict[str, remote.Reading],
         if reading.error:
             seen[entry.name] = Unknown("unreachable")
             continue
-        candidate_build = entry.settings.candidate_build_id
+        candidate_build = CandidateModule.of(entry.settings).readable_build_id
         module = reading.values["module"]
         value, text = classify_driver(module, reading.values["stock_build"], candidate_build)
         seen[entry.name] = value

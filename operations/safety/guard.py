@@ -124,7 +124,7 @@ class Guard:
         return derived(
             cls, settings, settings.candidate, settings.serving, link=link,
             rank_service=TP_RANKS[settings.rank],
-            staged_candidate=staged_path(settings.run_dir, settings.candidate_module),
+            staged_candidate=staged_path(settings.run_dir, CandidateModule.of(settings)),
             **{field.name: field.default for field in fields(cls)
                if field.name in _READS_THE_HOST},
         )

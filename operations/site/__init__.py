@@ -10,7 +10,7 @@ and the rollback's keys apart), ``hosts`` (the inventory's entries),
 ssh_config), ``releases`` (what the supported SGLang releases accept).
 
 It owns what the operator wrote; it must not touch a host, nor import the
-layers that read it (serving, the gateway) or the run. Below it: the
-declared states, the plumbing, and the Thunderbolt layer's description of
-the candidate module, which it checks at load.
+layers that read it (serving, the gateway, the driver and the link) or the
+run. Below it: the declared states and the plumbing, whose module reader
+checks a candidate file at load.
 """

@@ -43,6 +43,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 from pyinfra.api.exceptions import InventoryError
 
+from operations.plumbing import module_file
 from operations.plumbing.connect import connection_data
 from operations.site.releases import QUANTIZATIONS
 from operations.site.syntax import (
@@ -58,7 +59,6 @@ from operations.site.syntax import (
     ServiceName,
     no_control_characters,
 )
-from operations.thunderbolt import module_file
 
 SITE_ENV = "TWINBOLT_SITE"
 # The module twinbolt swaps, and the name its candidate's .modinfo must give.
@@ -163,7 +163,7 @@ LocalPath = Annotated[Path, AfterValidator(_one_line), AfterValidator(_from_site
 LocalFile = Annotated[Path, AfterValidator(_one_line), AfterValidator(_from_site_dir),
                      AfterValidator(_existing_file)]
 # The candidate: a thunderbolt_net module, plain or compressed
-# (operations/thunderbolt/module_file.py).
+# (operations/plumbing/module_file.py).
 CandidateFile = Annotated[LocalFile, AfterValidator(_thunderbolt_net_module)]
 Sha256 = Annotated[str, AfterValidator(_lowercase_sha256)]
 LinkLocalAddress = Annotated[IPv4Address, AfterValidator(_link_local)]

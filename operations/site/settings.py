@@ -40,8 +40,6 @@ from operations.site.model import (
     nested_section,
     site_default,
 )
-from operations.thunderbolt.driver import CandidateModule
-from operations.thunderbolt.module_file import NotAModule
 
 Section = TypeVar("Section", bound=BaseModel)
 LayerSettings = TypeVar("LayerSettings")
@@ -208,22 +206,6 @@ class WorkstationSettings(HostSettings):
     def server_url(self) -> str:
         """This workstation's SGLang server, as the router, the probes and clients reach it."""
         return http_url(self.address, self.serving.port)
-
-    @property
-    def candidate_module(self) -> CandidateModule:
-        return CandidateModule(self.candidate.path, self.candidate.sha256,
-                               self.candidate.module_name)
-
-    @property
-    def candidate_build_id(self) -> str | None:
-        """
-        The candidate's GNU build ID, or None when its file is missing or no ELF
-        module: a report still reads the host, and the driver layer says why.
-        """
-        try:
-            return self.candidate_module.build_id
-        except (OSError, NotAModule):
-            return None
 
 
 @dataclass(frozen=True)

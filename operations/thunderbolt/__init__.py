@@ -1,12 +1,12 @@
 """
 The Thunderbolt layers: the ``thunderbolt_net`` driver and the link it carries.
 
-``driver`` (which build is loaded, the candidate's checks, the swap),
+``driver`` (which build is loaded, the candidate's checks, the swap) and
 ``link`` (the ThunderboltIP link retrained at the expected speed, and the peer
-answering across it) and ``module_file`` (what a kernel module file declares,
-read on the operator's machine).
+answering across it).
 
-It owns the kernel module and the link; it must not touch serving, the gateway
-or the site model: it is given concrete values (a candidate, a rate, an
-address) by the runbook.
+It owns the kernel module and the link, and reads the site's settings as the
+other layers do; it must not touch serving or the gateway, which share its
+floor: it is given concrete values (a candidate, a rate, an address) by the
+runbook, and they are given none of its.
 """

@@ -28,11 +28,12 @@ from pyinfra.facts.files import File
 from pyinfra.facts.server import KernelVersion
 from pyinfra.operations import files
 
+from operations.plumbing import module_file
 from operations.plumbing.facts import EmptyMeansSomething, shell_script
 from operations.plumbing.phase import executing
+from operations.site.settings import WorkstationSettings
 from operations.states import STOCK_BUILDS, Driver
 from operations.step import Layer, failing, operation, refuse
-from operations.thunderbolt import module_file
 
 LAYER = Layer.DRIVER
 TBNET_E2E = 0x1
@@ -232,6 +233,12 @@ class CandidateModule:
     sha256: str | None
     name: str = "thunderbolt_net"
 
+    @classmethod
+    def of(cls, settings: WorkstationSettings) -> CandidateModule:
+        """The candidate the site names for this workstation."""
+        return cls(settings.candidate.path, settings.candidate.sha256,
+                   settings.candidate.module_name)
+
     @cached_property
     def _file(self) -> module_file.ModuleFile:
         return module_file.read(self.path or "")
@@ -242,6 +249,17 @@ class CandidateModule:
         if self._file.build_id is None:
             raise module_file.NotAModule(f"candidate {self.path} carries no GNU build-id note")
         return self._file.build_id
+
+    @property
+    def readable_build_id(self) -> str | None:
+        """
+        The build-id, or None when the file is missing or no ELF module: a report
+        still reads the host, and :meth:`problems` says why.
+        """
+        try:
+            return self.build_id
+        except (OSError, module_file.NotAModule):
+            return None
 
     @property
     def signed(self) -> bool:

@@ -57,9 +57,10 @@ WRONG_IMPORTS = [
                 "from operations.gateway import route"),
     # A new package of operations/ that takes no floor (the contract is exhaustive).
     WrongImport("operations-layers", "operations/unplaced.py", "import json"),
-    WrongImport("serving-gateway-not-thunderbolt", "operations/gateway/route.py",
+    # The driver's and the link's floor is serving's and the gateway's: given values.
+    WrongImport("operations-layers", "operations/gateway/route.py",
                 "from operations.thunderbolt import link"),
-    WrongImport("serving-gateway-not-thunderbolt", "operations/serving/sglang.py",
+    WrongImport("operations-layers", "operations/serving/sglang.py",
                 "from operations.thunderbolt.driver import CandidateModule"),
     WrongImport("operations-not-lab", "operations/part.py", "from lab import topology"),
     # Reading the hosts imports what judges them: a floor above.

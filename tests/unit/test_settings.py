@@ -21,6 +21,7 @@ from operations.site.settings import (
     WorkstationSettings,
     derived,
 )
+from operations.states import Driver
 from operations.thunderbolt.driver import CandidateModule
 
 
@@ -120,9 +121,9 @@ def test_the_candidate_module_and_its_build_id_when_it_cannot_be_read(tmp_path):
     settings = WorkstationSettings.of(InventoryEntry("ws", (), {
         "candidate_path": str(tmp_path / "missing.ko"), "candidate_sha256": "ab" * 32,
         "candidate_module_name": "tbnet_candidate"}))
-    assert settings.candidate_module == CandidateModule(str(tmp_path / "missing.ko"), "ab" * 32,
-                                                        "tbnet_candidate")
-    assert settings.candidate_build_id is None
+    assert CandidateModule.of(settings) == CandidateModule(str(tmp_path / "missing.ko"), "ab" * 32,
+                                                           "tbnet_candidate")
+    assert CandidateModule.of(settings).readable_build_id is None
 
 
 def test_the_measured_link_rate_is_the_link_layers_slower_direction():
@@ -202,7 +203,7 @@ def test_every_field_of_a_layer_is_a_setting_of_its_name_or_listed_as_computed(
                                            "gateway": [gateway]}.get)
     the_sglang = sglang.Sglang.from_host(workstations[0])
     the_part = part.WorkstationPart.of(WorkstationSettings.of(workstations[0]), inventory,
-                                       the_sglang)
+                                       the_sglang, Driver.CANDIDATE)
     the_router = router.Router.from_hosts(gateway, workstations)
     the_proxy = proxy.Proxy.from_host(gateway, the_router.served_model_name, the_router.url,
                                       the_router.api_key_file)

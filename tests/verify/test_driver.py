@@ -24,7 +24,7 @@ XDOMAIN_DEVICES = "/sys/bus/thunderbolt/devices"
 
 
 def candidate_of(workstation) -> CandidateModule:
-    return WorkstationSettings.of(workstation).candidate_module
+    return CandidateModule.of(WorkstationSettings.of(workstation))
 
 
 def loaded_build_id(workstation) -> str:
