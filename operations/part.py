@@ -35,7 +35,6 @@ from operations.site.settings import (
     GatewaySettings,
     HostSettings,
     WorkstationSettings,
-    derived,
 )
 from operations.states import State
 from operations.thunderbolt.driver import CandidateModule
@@ -66,7 +65,7 @@ class WorkstationPart:
     @classmethod
     def of(cls, settings: WorkstationSettings, inventory: Inventory,
            the_sglang: Sglang) -> WorkstationPart:
-        link = derived(ExpectedLink, settings, settings.link)
+        link = settings.expected_link
         return cls(
             settings=settings,
             candidate=settings.candidate_module,

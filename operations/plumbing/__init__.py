@@ -2,8 +2,9 @@
 Plumbing: what every layer's steps stand on, and no layer of its own.
 
 ``phase`` (executing or only planning, and which hosts an operation concerns),
-``facts`` (what facts share, several read as one command), ``probes`` (real
-requests and bounded waits), ``connect`` (pyinfra's SSH connection with
+``facts`` (what facts share, several read as one command), ``reading`` (what
+a harness reads of a host for a layer, and the layer's judge of it),
+``probes`` (real requests and bounded waits), ``connect`` (pyinfra's SSH connection with
 Nagle's algorithm off, bounded when it drops) and ``venvs`` (pinned Python
 packages).
 

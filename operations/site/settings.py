@@ -41,6 +41,7 @@ from operations.site.model import (
     site_default,
 )
 from operations.thunderbolt.driver import CandidateModule
+from operations.thunderbolt.link import ExpectedLink
 from operations.thunderbolt.module_file import NotAModule
 
 Section = TypeVar("Section", bound=BaseModel)
@@ -213,6 +214,11 @@ class WorkstationSettings(HostSettings):
     def candidate_module(self) -> CandidateModule:
         return CandidateModule(self.candidate.path, self.candidate.sha256,
                                self.candidate.module_name)
+
+    @property
+    def expected_link(self) -> ExpectedLink:
+        """The link as the link layer expects it of this workstation, from its settings."""
+        return derived(ExpectedLink, self, self.link)
 
     @property
     def candidate_build_id(self) -> str | None:
