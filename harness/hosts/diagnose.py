@@ -49,12 +49,6 @@ from operations.serving.sglang import TP_RANKS, server_info, server_info_problem
 from operations.states import STATES, State
 from operations.thunderbolt import driver_reading, link_reading
 from operations.thunderbolt.driver import TBNET_E2E
-from operations.thunderbolt.link import (
-    cable_problems,
-    interface_problems,
-    silent_peer,
-    trained_rate,
-)
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 # Each probe is bounded: a hung rank must not hang the diagnosis.
@@ -287,14 +281,12 @@ def interface_rung(topology: Topology, state: State, first: dict[str, remote.Rea
     for entry, before, after in readable(rung, topology, first, second):
         settings = entry.settings
         interface, address = settings.link.interface, settings.link_address
-        seen = before.values["interface"]
-        for problem in interface_problems(seen, interface, address, settings.link.address_owner):
+        judged = link_reading.judge_interface(settings, {**before.values,
+                                                         "answers": after.values["answers"]})
+        for problem in judged.problems:
             rung.saw(f"{entry.name}: {problem}", link_verdict(state))
-        if not seen["exists"] or not seen["carrier"]:
+        if not judged.observed["carrier"]:
             continue
-        if not after.values["answers"]:
-            rung.saw(f"{entry.name}: {silent_peer(interface, settings.peer_link_address)}",
-                     link_verdict(state))
         errors = (after.values["counters"].get(RECEIVER_ERRORS, 0)
                   - before.values["counters"].get(RECEIVER_ERRORS, 0))
         window = after.at - before.at
@@ -348,14 +340,14 @@ def xdomain_rung(topology: Topology, state: State, first: dict[str, remote.Readi
         if xdomain is None:
             rung.saw(f"{entry.name}: no XDomain peer is connected", link_verdict(state))
             continue
-        rate, lanes = trained_rate(xdomain)
+        judged = link_reading.judge_cable(entry.settings, reading.values)
+        rate, lanes = judged.observed["rate"]
         link = entry.settings.link
         expected = (link.expected_rate_gbps, link.expected_lanes)
         text = (f"{entry.name}: {rate:g} Gb/s over {lanes} lane(s) to {xdomain['peer']} "
                 f"(device {xdomain['device']}), expected {expected[0]:g} over {expected[1]}")
-        found, _ = cable_problems(xdomain, *expected)
-        rung.saw(text, link_verdict(state) if found else PASS)
-        for problem in found:
+        rung.saw(text, link_verdict(state) if judged.problems else PASS)
+        for problem in judged.problems:
             rung.saw(f"{entry.name}: {problem}", link_verdict(state))
     return rung
 

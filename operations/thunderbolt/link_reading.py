@@ -3,7 +3,8 @@ The link layer as a harness reads a host: the XDomain peer and the rate it
 trained at, the interface, and the peer answering across it.
 
 Status, diagnose and a window's counters read the same facts as the link step,
-and judge them by its judges (:func:`cable_problems`, :func:`interface_problems`).
+and judge them by its judges (:func:`cable_problems`, :func:`interface_problems`,
+:func:`silent_peer`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from operations.thunderbolt.link import (
     XDomainLink,
     cable_problems,
     interface_problems,
+    silent_peer,
     trained_rate,
 )
 
@@ -47,20 +49,44 @@ def answers(host: Host) -> list[Query]:
                   {"address": link.peer_link_address, "interface": link.interface})]
 
 
-def judge(host: Host, values: dict[str, Any]) -> Judgement:
+def judge_cable(host: Host, values: dict[str, Any]) -> Judgement:
     """
-    The rate the link trained at (``rate``: Gb/s and lanes, ``None`` without a
-    peer) and the line an operator reads (``seen``); the cable's and the
-    interface's problems.
+    The XDomain peer: the rate the link trained at (``rate``: Gb/s and lanes,
+    ``None`` without a peer) and the line an operator reads (``seen``); the
+    cable's problems.
     """
     link = host.expected_link
-    xdomain, interface = values["xdomain"], values["interface"]
+    xdomain = values["xdomain"]
     rate = trained_rate(xdomain) if xdomain else None
-    peer = (f"{rate[0]:g} Gb/s ({rate[1]} lane(s)) to {xdomain['peer']}" if rate
-            else "no XDomain peer")
-    carrier = "carrier" if interface["carrier"] else "no carrier"
-    addresses = ", ".join(interface["addresses"]) or "no address"
-    cable, _ = cable_problems(xdomain, link.expected_rate_gbps, link.expected_lanes)
-    return Judgement({"rate": rate, "seen": f"{peer}; {link.interface} {carrier}, {addresses}"},
-                     cable + interface_problems(interface, link.interface, link.link_address,
-                                                link.address_owner))
+    found, _ = cable_problems(xdomain, link.expected_rate_gbps, link.expected_lanes)
+    return Judgement({"rate": rate, "seen": f"{rate[0]:g} Gb/s ({rate[1]} lane(s)) to "
+                                            f"{xdomain['peer']}" if rate else "no XDomain peer"},
+                     found)
+
+
+def judge_interface(host: Host, values: dict[str, Any]) -> Judgement:
+    """
+    The interface: whether it has ``carrier`` and the line an operator reads
+    (``seen``); why it cannot carry traffic, and, where the peer's ``answers``
+    were read, a silent peer across a link with carrier.
+    """
+    link = host.expected_link
+    seen = values["interface"]
+    found = interface_problems(seen, link.interface, link.link_address, link.address_owner)
+    carrier = seen["exists"] and seen["carrier"]
+    if carrier and "answers" in values and not values["answers"]:
+        found.append(silent_peer(link.interface, link.peer_link_address))
+    addresses = ", ".join(seen["addresses"]) or "no address"
+    return Judgement({"carrier": carrier, "seen": f"{link.interface} "
+                      f"{'carrier' if seen['carrier'] else 'no carrier'}, {addresses}"}, found)
+
+
+def judge(host: Host, values: dict[str, Any]) -> Judgement:
+    """
+    The cable and the interface together: the link's ``rate`` and the line an
+    operator reads (``seen``); both judges' problems.
+    """
+    cable, interface = judge_cable(host, values), judge_interface(host, values)
+    return Judgement({"rate": cable.observed["rate"],
+                      "seen": f"{cable.observed['seen']}; {interface.observed['seen']}"},
+                     cable.problems + interface.problems)

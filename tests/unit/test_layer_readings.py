@@ -81,6 +81,25 @@ def test_the_link_judge(seen, interface, observed, problems) -> None:
     assert judged.problems == problems
 
 
+SILENT = ("the peer 169.254.77.2 does not answer across thunderbolt0 although it has carrier: "
+          "no traffic moves (a TX credit stall under tx_e2e=1?)")
+
+
+@pytest.mark.parametrize(("interface", "answers", "carrier", "problems"), [
+    (UP, True, True, []),
+    # Only a link with carrier can be silent; without answers read, nobody asked.
+    (UP, False, True, [SILENT]),
+    (UP, None, True, []),
+    ({"exists": False, "carrier": False, "addresses": []}, False, False,
+     ["thunderbolt0 does not exist (is the driver loaded?)"]),
+])
+def test_the_interface_judge_hears_a_silent_peer(interface, answers, carrier, problems) -> None:
+    values = {"interface": interface} | ({} if answers is None else {"answers": answers})
+    judged = link_reading.judge_interface(WORKSTATION, values)
+    assert judged.observed["carrier"] is carrier
+    assert judged.problems == problems
+
+
 @pytest.mark.parametrize(("running", "serving", "seen", "problems"), [
     (["sglang-replica"], "replicas", "sglang-replica", []),
     (["sglang-tp2-rank0"], "tp2", "sglang-tp2-rank0", []),
