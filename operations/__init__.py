@@ -24,8 +24,13 @@ down this list, from the run to the plumbing:
 - ``step`` (the ``@operation(Layer)`` decorator: a step declares its layer,
   refuses before any change or fails after one) and ``states`` (the declared
   states);
-- ``plumbing/``: ``phase``, ``facts``, ``probes``, ``connect``, ``venvs`` and
-  ``module_file``.
+- ``plumbing/``: ``phase``, ``facts``, ``reading``, ``probes``, ``connect``,
+  ``venvs`` and ``module_file``.
+
+Each layer exports its reading of a host (the facts a harness reads for it,
+with their arguments, as :class:`~operations.plumbing.reading.Query`) and its
+judge of the values read: status, diagnose, the counters and ``tests/verify``
+read and judge a layer through these, never with facts of their own choosing.
 
 Each package's own docstring says what it owns and what it must not touch.
 """

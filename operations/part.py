@@ -35,7 +35,6 @@ from operations.site.settings import (
     GatewaySettings,
     HostSettings,
     WorkstationSettings,
-    derived,
 )
 from operations.states import Driver, State
 from operations.thunderbolt.driver import CandidateModule, swap_planned
@@ -72,7 +71,7 @@ class WorkstationPart:
     @classmethod
     def of(cls, settings: WorkstationSettings, inventory: Inventory, the_sglang: Sglang,
            target: Driver) -> WorkstationPart:
-        link = derived(ExpectedLink, settings, settings.link)
+        link = ExpectedLink.of(settings)
         candidate = CandidateModule.of(settings)
         return cls(
             settings=settings,

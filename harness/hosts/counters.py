@@ -4,8 +4,7 @@ Transport counters of the Thunderbolt link, read on both workstations at once.
 The field report's fourth lesson: application figures mean something only next
 to the transport counters of the same bounded window. A window is therefore
 bracketed by two snapshots, each one SSH round trip per workstation running the
-link and driver layers' own facts plus :class:`LinkCounters`, and reported as
-their difference.
+link, driver and serving layers' own readings, and reported as their difference.
 """
 
 from __future__ import annotations
@@ -14,75 +13,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
-
 from harness.hosts import remote
 from harness.hosts.topology import Topology
-from operations.serving.gpu import GpuProcesses
-from operations.serving.neighbours import ProcessCpu
-from operations.serving.sglang import GPU_SERVICES
-from operations.serving.transport import (
-    INTERFACE_COUNTERS,
-    RETRANSMISSIONS,
-    LinkCounters,
-    ipv4_endpoint,
-)
+from operations.serving import reading as serving_reading
+from operations.serving.transport import INTERFACE_COUNTERS, RETRANSMISSIONS
 from operations.site.settings import WorkstationSettings
-from operations.thunderbolt.driver import LoadedModule
-from operations.thunderbolt.link import XDomainLink, trained_rate
+from operations.thunderbolt import driver_reading, link_reading
+from operations.thunderbolt.link import trained_rate
 
 # rx_errors is the sum of the others (plus allocation failures): the one to total.
 RECEIVER_ERRORS = "rx_errors"
-SOCKET_COUNTERS = ("retrans", "bytes_retrans", "lost", "bytes_sent", "bytes_received",
-                   "segs_out", "segs_in")
 # What the link carries per TCP segment beyond its payload: Ethernet's header (14
 # bytes), IPv4's (20) and TCP's with timestamps (32).
 SEGMENT_HEADER_BYTES = 66
-
-
-class PeerSockets(FactBase):
-    """
-    The TCP connections to ``peer`` (the peer's Thunderbolt address: the TP
-    group's NCCL, Gloo and SGLang sockets), each with its own retransmission
-    counters from ``ss -tin``: unlike ``RetransSegs`` they count nothing of SSH,
-    the desktop or a download sharing the host.
-
-    ``retrans`` is the socket's lifetime total (the second figure of ss's
-    ``retrans:unacked/total``); ss leaves a zero counter out. The bytes and
-    segments each way say what the socket put on the wire.
-
-    .. code:: python
-
-        {"169.254.77.1:5757>169.254.77.2:42304": {"retrans": 9, "bytes_retrans": 426129,
-                                                   "lost": 0, "bytes_sent": 91553, ...}}
-    """
-
-    default = dict
-
-    def requires_command(self, peer: str) -> str:
-        return "ss"
-
-    def command(self, peer: str) -> StringCommand:
-        return StringCommand("ss", "-tinH", "state", "established", "dst", QuoteString(peer))
-
-    def process(self, output: list[str]) -> dict[str, dict[str, int]]:
-        sockets: dict[str, dict[str, int]] = {}
-        counters: dict[str, int] = {}
-        for line in output:
-            if not line[:1].isspace():
-                # "Recv-Q Send-Q Local Peer": the connection; its counters follow.
-                *_, local, peer = line.split()
-                key = f"{ipv4_endpoint(local).replace('%', '@')}>{ipv4_endpoint(peer)}"
-                counters = sockets.setdefault(key,
-                                              dict.fromkeys(SOCKET_COUNTERS, 0))
-                continue
-            for word in line.split():
-                name, _, value = word.partition(":")
-                if name == "retrans":
-                    counters["retrans"] = int(value.partition("/")[2])
-                elif name in SOCKET_COUNTERS:
-                    counters[name] = int(value)
-        return sockets
 
 
 @dataclass(frozen=True)
@@ -117,15 +60,9 @@ def queries(settings: WorkstationSettings, beside: bool = False) -> list[remote.
     measurement window judges itself by (a soak or a linktest samples faster
     without them).
     """
-    servers = {"services": GPU_SERVICES, "init_system": settings.serving.init_system}
-    link = [
-        remote.Query("xdomain", XDomainLink()),
-        remote.Query("module", LoadedModule(), {"module": settings.candidate.module_name}),
-        remote.Query("counters", LinkCounters(), {"interface": settings.link.interface}),
-        remote.Query("sockets", PeerSockets(), {"peer": settings.peer_link_address}),
-    ]
-    return link + ([remote.Query("cpu", ProcessCpu(), servers),
-                    remote.Query("gpu", GpuProcesses())] if beside else [])
+    link = [*link_reading.trained(settings), *driver_reading.loaded(settings),
+            *serving_reading.transport(settings)]
+    return link + (serving_reading.beside(settings) if beside else [])
 
 
 def from_reading(reading: remote.Reading, gpu_allowed_mib: int = 0) -> LinkSnapshot:

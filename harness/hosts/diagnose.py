@@ -35,36 +35,20 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from harness.hosts import remote
-from harness.hosts.counters import RECEIVER_ERRORS, PeerSockets, socket_deltas
-from harness.hosts.status import Status, classify_driver, observe
+from harness.hosts.counters import RECEIVER_ERRORS, socket_deltas
+from harness.hosts.status import Status, observe
 from harness.hosts.topology import Gateway, Topology, Workstation
-from operations.gateway.proxy import ROLES, serving_deployments
-from operations.gateway.route import RoleAnswers, answer_problems
+from operations.gateway import reading as gateway_reading
+from operations.gateway.proxy import serving_deployments
+from operations.gateway.route import answer_problems
 from operations.plumbing import probes
-from operations.safety.guard import GuardState, summary
-from operations.safety.lock import HostLock
-from operations.services import ServiceLog, ServiceProcess
+from operations.safety import reading as safety_reading
+from operations.serving import reading as serving_reading
 from operations.serving import transport
-from operations.serving.gpu import Gpus
-from operations.serving.sglang import TP_RANKS, server_info, server_info_problems, service_for
+from operations.serving.sglang import TP_RANKS, server_info, server_info_problems
 from operations.states import STATES, State
-from operations.thunderbolt.driver import (
-    TBNET_E2E,
-    CandidateModule,
-    LoadedModule,
-    ModuleFileBuildId,
-    PeerCapabilities,
-    SignatureEnforcement,
-)
-from operations.thunderbolt.link import (
-    InterfaceState,
-    PeerAnswers,
-    XDomainLink,
-    cable_problems,
-    interface_problems,
-    silent_peer,
-    trained_rate,
-)
+from operations.thunderbolt import driver_reading, link_reading
+from operations.thunderbolt.driver import TBNET_E2E
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 # Each probe is bounded: a hung rank must not hang the diagnosis.
@@ -147,48 +131,29 @@ class Diagnosis:
 
 
 def first_reading(entry: Workstation, state: State) -> list[remote.Query]:
+    """
+    Every layer's reading, the driver's and the serving layer's for a diagnosis:
+    the peer's E2E bit, signature enforcement, the TP sockets and the link's
+    counters before the probes, the GPUs, the lock, and the server ``state``
+    runs here with its log.
+    """
     settings = entry.settings
-    interface, module = settings.link.interface, settings.candidate.module_name
-    init = settings.serving.init_system
-    services = [service_for(state.serving, settings.rank)]
-    return [
-        remote.Query("module", LoadedModule(), {"module": module}),
-        remote.Query("stock_build", ModuleFileBuildId(), {"module": module}),
-        remote.Query("xdomain", XDomainLink()),
-        remote.Query("peer", PeerCapabilities()),
-        remote.Query("interface", InterfaceState(), {"interface": interface}),
-        remote.Query("counters", transport.LinkCounters(), {"interface": interface}),
-        remote.Query("sockets", PeerSockets(), {"peer": settings.peer_link_address}),
-        remote.Query("signatures", SignatureEnforcement()),
-        remote.Query("gpus", Gpus()),
-        remote.Query("lock", HostLock(), {"run_dir": settings.run_dir}),
-        remote.Query("guard", GuardState(), {"init_system": init}),
-        *(query for name in services for query in (
-            remote.Query(f"process {name}", ServiceProcess(),
-                         {"service": name, "init_system": init}),
-            remote.Query(f"log {name}", ServiceLog(),
-                         {"service": name, "init_system": init, "lines": LOG_LINES}))),
-    ]
+    return [*driver_reading.diagnosis(settings), *link_reading.reading(settings),
+            *serving_reading.transport(settings), *serving_reading.gpus(),
+            *safety_reading.lock(settings), *safety_reading.reading(settings),
+            *serving_reading.ranks(settings, state.serving, LOG_LINES)]
 
 
 def second_reading(entry: Workstation) -> list[remote.Query]:
+    """After the probes: the counters and sockets again, the peer answering, the connections."""
     settings = entry.settings
-    interface, peer = settings.link.interface, settings.peer_link_address
-    return [
-        remote.Query("counters", transport.LinkCounters(), {"interface": interface}),
-        remote.Query("sockets", PeerSockets(), {"peer": peer}),
-        remote.Query("answers", PeerAnswers(), {"address": peer, "interface": interface}),
-        remote.Query("connections", transport.Connections()),
-    ]
+    return [*serving_reading.transport(settings), *link_reading.answers(settings),
+            *serving_reading.connections()]
 
 
-def gateway_reading(entry: Gateway) -> list[remote.Query]:
-    settings = entry.settings
-    return [remote.Query("roles", RoleAnswers(),
-                         {"url": settings.proxy_url,
-                          "master_key_file": settings.roles.master_key_file,
-                          "roles": ROLES, "tokens": PROBE_TOKENS,
-                          "timeout": PROBE_TIMEOUT_SECONDS})]
+def roles_reading(entry: Gateway) -> list[remote.Query]:
+    """Each user's role, asked through the proxy within the probes' bounds."""
+    return gateway_reading.roles(entry.settings, PROBE_TOKENS, PROBE_TIMEOUT_SECONDS)
 
 
 async def server_probes(topology: Topology, state: State) -> dict[str, tuple[Any, Any]]:
@@ -316,14 +281,12 @@ def interface_rung(topology: Topology, state: State, first: dict[str, remote.Rea
     for entry, before, after in readable(rung, topology, first, second):
         settings = entry.settings
         interface, address = settings.link.interface, settings.link_address
-        seen = before.values["interface"]
-        for problem in interface_problems(seen, interface, address, settings.link.address_owner):
+        judged = link_reading.judge_interface(settings, {**before.values,
+                                                         "answers": after.values["answers"]})
+        for problem in judged.problems:
             rung.saw(f"{entry.name}: {problem}", link_verdict(state))
-        if not seen["exists"] or not seen["carrier"]:
+        if not judged.observed["carrier"]:
             continue
-        if not after.values["answers"]:
-            rung.saw(f"{entry.name}: {silent_peer(interface, settings.peer_link_address)}",
-                     link_verdict(state))
         errors = (after.values["counters"].get(RECEIVER_ERRORS, 0)
                   - before.values["counters"].get(RECEIVER_ERRORS, 0))
         window = after.at - before.at
@@ -341,10 +304,8 @@ def interface_rung(topology: Topology, state: State, first: dict[str, remote.Rea
 def driver_rung(topology: Topology, state: State, first: dict[str, remote.Reading]) -> Rung:
     rung = Rung(6, "driver")
     for entry, reading in readable(rung, topology, first):
-        candidate_build = CandidateModule.of(entry.settings).readable_build_id
-        value, text = classify_driver(reading.values["module"], reading.values["stock_build"],
-                                      candidate_build)
-        rung.saw(f"{entry.name}: {text}", PASS if value == state.driver else FAIL)
+        judged = driver_reading.judge(entry.settings, reading.values, state.driver)
+        rung.saw(f"{entry.name}: {judged.observed['seen']}", FAIL if judged.problems else PASS)
         peer = reading.values["peer"]
         if peer is None:
             rung.saw(f"{entry.name}: no peer advertises a ThunderboltIP service",
@@ -354,13 +315,13 @@ def driver_rung(topology: Topology, state: State, first: dict[str, remote.Readin
                      f"prtcstns 0x{peer['prtcstns']:08x}, bit 0 clear) under tx_e2e=1", FAIL)
         else:
             rung.saw(f"{entry.name}: the peer advertises prtcstns 0x{peer['prtcstns']:08x}")
-        guard = reading.values["guard"]
+        guard = safety_reading.judge(reading.values).observed
         if guard["armed"] != (state.driver.is_candidate):
             rung.saw(f"{entry.name}: the guard is {'' if guard['armed'] else 'not '}armed under "
                      f"the {state.driver} driver", WARN)
         # What the guard did while no run watched, until a run reads it.
         for event in guard["events"]:
-            rung.saw(f"{entry.name}: the guard {summary(event)}", WARN)
+            rung.saw(f"{entry.name}: the guard {event}", WARN)
     return rung
 
 
@@ -379,14 +340,14 @@ def xdomain_rung(topology: Topology, state: State, first: dict[str, remote.Readi
         if xdomain is None:
             rung.saw(f"{entry.name}: no XDomain peer is connected", link_verdict(state))
             continue
-        rate, lanes = trained_rate(xdomain)
+        judged = link_reading.judge_cable(entry.settings, reading.values)
+        rate, lanes = judged.observed["rate"]
         link = entry.settings.link
         expected = (link.expected_rate_gbps, link.expected_lanes)
         text = (f"{entry.name}: {rate:g} Gb/s over {lanes} lane(s) to {xdomain['peer']} "
                 f"(device {xdomain['device']}), expected {expected[0]:g} over {expected[1]}")
-        found, _ = cable_problems(xdomain, *expected)
-        rung.saw(text, link_verdict(state) if found else PASS)
-        for problem in found:
+        rung.saw(text, link_verdict(state) if judged.problems else PASS)
+        for problem in judged.problems:
             rung.saw(f"{entry.name}: {problem}", link_verdict(state))
     return rung
 
@@ -426,7 +387,7 @@ async def diagnose(topology: Topology) -> Diagnosis:
     first = await remote.read_all({entry: first_reading(entry, state)
                                    for entry in topology.workstations},
                                   topology.ssh_config)
-    gateway_queries = ({topology.gateway: gateway_reading(topology.gateway)}
+    gateway_queries = ({topology.gateway: roles_reading(topology.gateway)}
                        if topology.gateway else {})
     gateway, answers = await asyncio.gather(
         remote.read_all(gateway_queries, topology.ssh_config), server_probes(topology, state))

@@ -3,9 +3,10 @@ Several pyinfra facts read from one host in one SSH round trip.
 
 The harness reads hosts outside a pyinfra run (a measurement window cannot wait
 for pyinfra to connect, and its counters must be read at one instant), but it
-must read them exactly as the layers do. So it runs the layers' own facts: each
-fact's ``command`` goes into one shell script, and each section of the output
-goes to that fact's ``process``, with pyinfra's rule that a failed or silent
+must read them exactly as the layers do. So it runs the layers' own readings
+(lists of :class:`~operations.plumbing.reading.Query`): each fact's ``command``
+goes into one shell script, and each section of the output goes to that fact's
+``process``, with pyinfra's rule that a failed or silent
 command yields the fact's ``default``. On a host that is reached as a user with
 sudo, the script runs under sudo, as pyinfra runs the facts there.
 """
@@ -15,28 +16,15 @@ from __future__ import annotations
 import asyncio
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyinfra.api import FactBase
-
-from operations.plumbing.facts import FactGroup, raw_command, section_values, sections_script
+from operations.plumbing.facts import FactGroup, section_values, sections_script
+from operations.plumbing.reading import Query
 from operations.site.hosts import InventoryEntry
 
 SSH_TIMEOUT_SECONDS = 30.0
-
-
-@dataclass(frozen=True)
-class Query:
-    """One fact to read: the name its value is filed under, the fact, its arguments."""
-
-    key: str
-    fact: FactBase
-    arguments: dict[str, Any] = field(default_factory=dict)
-
-    def command(self) -> str:
-        return raw_command(self.fact, self.arguments)
 
 
 @dataclass(frozen=True)

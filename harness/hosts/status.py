@@ -20,26 +20,16 @@ from typing import Any
 
 from harness.hosts import remote
 from harness.hosts.topology import Topology
-from operations.gateway.proxy import LiveRouting, ProxyConfig, fallback_present
-from operations.safety.guard import GuardState, summary
-from operations.services import RunningServices
-from operations.serving.router import RouterWorkers
-from operations.serving.sglang import (
-    ROUTER,
-    SGLANG_SERVICES,
-    server_info,
-    serving_of,
-    speculative_of,
-)
+from operations.gateway import reading as gateway_reading
+from operations.safety import reading as safety_reading
+from operations.serving import reading as serving_reading
+from operations.serving.sglang import ROUTER, server_info, speculative_of
 from operations.site.settings import GatewaySettings, WorkstationSettings
 from operations.states import DECLARED, STATES, ServingMode, Speculative, State
-from operations.thunderbolt.driver import (
-    CandidateModule,
-    LoadedModule,
-    ModuleFileBuildId,
-    loaded_driver,
-)
-from operations.thunderbolt.link import InterfaceState, XDomainLink, trained_rate
+from operations.thunderbolt import driver_reading, link_reading
+
+# What each workstation is read for, layer by layer, in the order status shows them.
+WORKSTATION_LAYERS = (driver_reading, link_reading, serving_reading, safety_reading)
 
 
 @dataclass(frozen=True)
@@ -146,35 +136,16 @@ def agreed(values: dict[str, Any], what: str) -> Any:
 
 
 def workstation_queries(settings: WorkstationSettings) -> list[remote.Query]:
-    module = settings.candidate.module_name
-    return [
-        remote.Query("module", LoadedModule(), {"module": module}),
-        remote.Query("stock_build", ModuleFileBuildId(), {"module": module}),
-        remote.Query("xdomain", XDomainLink()),
-        remote.Query("interface", InterfaceState(), {"interface": settings.link.interface}),
-        remote.Query("services", RunningServices(),
-                     {"prefix": SGLANG_SERVICES, "init_system": settings.serving.init_system}),
-        remote.Query("guard", GuardState(), {"init_system": settings.serving.init_system}),
-    ]
+    """Each layer's reading of a workstation, in one list: one SSH round trip."""
+    return [query for layer in WORKSTATION_LAYERS for query in layer.reading(settings)]
 
 
 def gateway_queries(settings: GatewaySettings) -> list[remote.Query]:
-    roles = settings.roles
-    init_system = roles.init_system
-    return [
-        remote.Query("router", RunningServices(), {"prefix": ROUTER, "init_system": init_system}),
-        remote.Query("proxy", RunningServices(), {"prefix": roles.litellm_service,
-                                                   "init_system": init_system}),
-        # The running proxy's routing is the truth; the file is what it would load next.
-        remote.Query("live", LiveRouting(), {
-            "url": settings.proxy_url,
-            "master_key_file": roles.master_key_file,
-        }),
-        remote.Query("config", ProxyConfig(), {"path": roles.litellm_config_file}),
-        # Which replicas the router fronts: other pairs' keep serving small.
-        remote.Query("workers", RouterWorkers(), {
-            "url": settings.router_url, "key_file": roles.router_key_file}),
-    ]
+    """
+    The router and the replicas it fronts (other pairs' keep serving small), and
+    the proxy: the running proxy's routing is the truth, its file what it would load next.
+    """
+    return [*serving_reading.router(settings), *gateway_reading.reading(settings)]
 
 
 async def guard_states(topology: Topology) -> dict[str, dict[str, Any]]:
@@ -183,10 +154,7 @@ async def guard_states(topology: Topology) -> dict[str, dict[str, Any]]:
     whether it is armed, and its events no run has read; an unreachable host
     reads as its error.
     """
-    queries = {entry: [remote.Query("guard", GuardState(),
-                                    {"init_system": entry.settings
-                                     .serving.init_system})]
-               for entry in topology.workstations}
+    queries = {entry: safety_reading.reading(entry.settings) for entry in topology.workstations}
     readings = await remote.read_all(queries, topology.ssh_config)
     return {name: ({"error": reading.error} if reading.error else reading.values["guard"])
             for name, reading in readings.items()}
@@ -199,9 +167,8 @@ def guard_fired(guards: dict[str, dict[str, Any]]) -> list[str]:
         if "error" in guard:
             found.append(f"{name}: the guard cannot be read: {guard['error']}")
             continue
-        found += [f"{name}: the guard {summary(event)}" for event in guard["events"]]
-        if not guard["armed"] and not guard["events"]:
-            found.append(f"{name}: the guard is not armed")
+        found += [f"{name}: {problem}"
+                  for problem in safety_reading.judge({"guard": guard}).problems]
     return found
 
 
@@ -269,30 +236,12 @@ def driver_layer(topology: Topology, readings: dict[str, remote.Reading],
         if reading.error:
             seen[entry.name] = Unknown("unreachable")
             continue
-        candidate_build = CandidateModule.of(entry.settings).readable_build_id
-        module = reading.values["module"]
-        value, text = classify_driver(module, reading.values["stock_build"], candidate_build)
-        seen[entry.name] = value
-        rows.append(("driver", entry.name, text))
+        judged = driver_reading.judge(entry.settings, reading.values).observed
+        build = judged["build_id"]
+        seen[entry.name] = judged["driver"] or Unknown(f"build {build}" if build
+                                                       else "not loaded")
+        rows.append(("driver", entry.name, judged["seen"]))
     return agreed(seen, "the driver")
-
-
-def classify_driver(module: dict | None, stock_build: str | None,
-                    candidate_build: str | None) -> tuple[Any, str]:
-    """
-    ``stock``, ``stock_e2e_off``, ``candidate`` or :class:`Unknown`, by the driver
-    layer's judge; what was seen.
-    """
-    if module is None:
-        return Unknown("not loaded"), "thunderbolt_net is not loaded"
-    parameters = " ".join(f"{key}={value}" for key, value in sorted(module["parameters"].items()))
-    seen = f"build {module['build_id']}  {parameters}"
-    driver = loaded_driver(module, stock_build, candidate_build)
-    if driver is None:
-        return (Unknown(f"build {module['build_id']}"),
-                f"none of the declared builds (stock, with e2e on or off, or the candidate)"
-                f"  {seen}")
-    return driver, f"{driver}  {seen}"
 
 
 def link_rows(topology: Topology, readings: dict[str, remote.Reading],
@@ -300,15 +249,9 @@ def link_rows(topology: Topology, readings: dict[str, remote.Reading],
     """The link is no layer of a state, but every state needs it: shown, not judged."""
     for entry in topology.workstations:
         reading = readings[entry.name]
-        if reading.error:
-            continue
-        xdomain, interface = reading.values["xdomain"], reading.values["interface"]
-        rate = ("{:g} Gb/s ({} lane(s))".format(*trained_rate(xdomain))
-                + f" to {xdomain['peer']}" if xdomain else "no XDomain peer")
-        carrier = "carrier" if interface["carrier"] else "no carrier"
-        addresses = ", ".join(interface["addresses"]) or "no address"
-        name = entry.settings.link.interface
-        rows.append(("link", entry.name, f"{rate}; {name} {carrier}, {addresses}"))
+        if not reading.error:
+            rows.append(("link", entry.name,
+                         link_reading.judge(entry.settings, reading.values).observed["seen"]))
 
 
 def guard_rows(topology: Topology, readings: dict[str, remote.Reading],
@@ -321,19 +264,19 @@ def guard_rows(topology: Topology, readings: dict[str, remote.Reading],
         reading = readings[entry.name]
         if reading.error:
             continue
-        guard = reading.values["guard"]
+        guard = safety_reading.judge(reading.values).observed
         rows.append(("guard", entry.name, "armed" if guard["armed"] else "not armed"))
-        rows.extend(("guard", entry.name, summary(event)) for event in guard["events"])
+        rows.extend(("guard", entry.name, event) for event in guard["events"])
 
 
 def serving_layer(topology: Topology, readings: dict[str, remote.Reading],
                   rows: list[tuple[str, str, str]], fronted: list[str]) -> Any:
     shape = {}
-    for rank, entry in enumerate(topology.workstations):
-        reading = readings[entry.name]
-        running = reading.values.get("services", [])
-        rows.append(("serving", entry.name, ", ".join(running) or "no SGLang service"))
-        shape[entry.name] = serving_of(running, rank) or Unknown(", ".join(running) or "nothing")
+    for entry in topology.workstations:
+        judged = serving_reading.judge(entry.settings, readings[entry.name].values).observed
+        rows.append(("serving", entry.name, judged["seen"]))
+        shape[entry.name] = judged["serving"] or Unknown(", ".join(judged["running"])
+                                                         or "nothing")
     router = False
     if topology.gateway:
         reading = readings[topology.gateway.name]
@@ -380,18 +323,6 @@ def gateway_layer(topology: Topology, readings: dict[str, remote.Reading],
     reading = readings[name]
     if reading.error:
         return Unknown("unreachable")
-    live, config = reading.values["live"], reading.values["config"]
-    proxy = topology.gateway.settings.roles.litellm_service
-    in_file = fallback_present(config or {})
-    file_text = f"config file: general fallback {'present' if in_file else 'absent'}"
-    if live is None:
-        running = proxy in reading.values["proxy"]
-        rows.append(("gateway", name, f"{proxy} {'running' if running else 'stopped'}, "
-                                      f"its API does not answer; {file_text}"))
-        return Unknown(f"{proxy} does not answer")
-    general = live["fallbacks"].get("small", [])
-    context = live["context_window_fallbacks"].get("small", [])
-    rows.append(("gateway", name,
-                 f"{proxy}: small -> {', '.join(general) or 'nothing'} on any error; "
-                 f"small -> {', '.join(context) or 'nothing'} on context overflow; {file_text}"))
-    return fallback_present(live)
+    judged = gateway_reading.judge(topology.gateway.settings, reading.values)
+    rows.append(("gateway", name, judged.observed["seen"]))
+    return Unknown(judged.problems[0]) if judged.problems else judged.observed["fallback"]

@@ -12,8 +12,8 @@ directory under ``/tmp`` (SGLang's own default, and no unit of twinbolt's has
 and removes it.
 
 A stall is matched with the retransmissions that caused it by time: each
-workstation's TP sockets (``ss -tin`` to the peer's link address, the
-counters fact's own) are read every :data:`SAMPLE_SECONDS` with the host's
+workstation's TP sockets (``ss -tin`` to the peer's link address, the serving
+layer's reading of them) are read every :data:`SAMPLE_SECONDS` with the host's
 wall clock, the clock its ranks' traces count from.
 """
 
@@ -30,12 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.hosts import remote
-from harness.hosts.counters import PeerSockets
 from harness.hosts.topology import Topology
 from harness.judging.disturbance import counted
 from harness.measuring import traces
-from operations.services import ServiceLogMatches
-from operations.serving.sglang import service_for
+from operations.serving import reading as serving_reading
+from operations.serving.transport import PeerSockets
 from operations.states import State
 
 PROFILE = "profile"
@@ -47,8 +46,6 @@ SAMPLE_MARK = "@ "
 SAMPLE_END = "."
 TRACE_SUFFIX = ".trace.json.gz"
 TRACE_MARK = "== "
-# NCCL_DEBUG=INFO's lines: NCCL's interface, channels and transport.
-NCCL_INFO = "NCCL INFO"
 # Where each window's traces go, one new directory each, removed once fetched.
 TRACE_ROOT = "/tmp/twinbolt-profile-"
 
@@ -67,10 +64,13 @@ def start_body(directory: str) -> dict[str, Any]:
             "record_shapes": False}
 
 
-def sampler_script(peer: str, seconds: float) -> str:
-    """Every :data:`SAMPLE_SECONDS`, for at most ``seconds``: the time, then the TP sockets."""
+def sampler_script(sockets: list[remote.Query], seconds: float) -> str:
+    """
+    Every :data:`SAMPLE_SECONDS`, for at most ``seconds``: the time, then the TP
+    sockets (the serving layer's reading of them, :func:`serving_reading.sockets`).
+    """
     rounds = int(seconds / SAMPLE_SECONDS) + 1
-    sockets = remote.Query("sockets", PeerSockets(), {"peer": peer}).command()
+    sockets = "; ".join(query.command() for query in sockets)
     return (f"i=0; while [ $i -lt {rounds} ]; do echo \"{SAMPLE_MARK}$(date +%s%N)\"; "
             f"{sockets}; echo {SAMPLE_END}; sleep {SAMPLE_SECONDS}; i=$((i + 1)); done")
 
@@ -112,13 +112,13 @@ def parse_fetched(output: str) -> dict[str, bytes]:
 @dataclass
 class Sampler:
     """
-    One workstation's TP sockets to ``peer``, sampled from :meth:`start` until
-    :meth:`stop`, for ``seconds`` at the most.
+    One workstation's TP sockets (the serving layer's reading of them), sampled
+    from :meth:`start` until :meth:`stop`, for ``seconds`` at the most.
     """
 
     host: str
     sudo: bool
-    peer: str
+    sockets: list[remote.Query]
     ssh_config: Path
     seconds: float
     _process: asyncio.subprocess.Process | None = None
@@ -127,7 +127,7 @@ class Sampler:
 
     async def start(self) -> None:
         """Start sampling; return once the first sample's time has come (SSH is connected)."""
-        command = remote.remote_command(sampler_script(self.peer, self.seconds), self.sudo)
+        command = remote.remote_command(sampler_script(self.sockets, self.seconds), self.sudo)
         self._process = await asyncio.create_subprocess_exec(
             *remote.ssh_argv(self.host, command, self.ssh_config),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
@@ -170,7 +170,7 @@ class ProfileHosts:
     state: State
 
     def samplers(self, seconds: float) -> list[Sampler]:
-        return [Sampler(entry.name, entry.sudo, entry.settings.peer_link_address,
+        return [Sampler(entry.name, entry.sudo, serving_reading.sockets(entry.settings),
                         self.topology.ssh_config, seconds)
                 for entry in self.topology.workstations]
 
@@ -185,10 +185,7 @@ class ProfileHosts:
     async def nccl_lines(self) -> dict[str, list[str]]:
         """NCCL's INFO lines of each workstation's server, as its log kept them."""
         readings = await remote.read_all({
-            entry: [remote.Query("nccl", ServiceLogMatches(), {
-                "service": service_for(self.state.serving, entry.settings.rank),
-                "init_system": entry.settings.serving.init_system,
-                "text": NCCL_INFO})]
+            entry: serving_reading.nccl(entry.settings, self.state.serving)
             for entry in self.topology.workstations}, self.topology.ssh_config)
         return {host: reading.values.get("nccl") or [] for host, reading in readings.items()}
 

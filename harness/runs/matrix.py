@@ -20,6 +20,7 @@ from harness.hosts import remote
 from harness.hosts.topology import Topology
 from harness.reporting.report import headline, table
 from operations.safety import ledger
+from operations.safety import reading as safety_reading
 from operations.states import Driver, State
 
 
@@ -100,20 +101,9 @@ def stalls(records: list[dict[str, Any]]) -> list[str]:
             for entry in [*ledger.SEEDED, *records] if entry["stall"]]
 
 
-def identity_queries(topology: Topology) -> list[remote.Query]:
-    """
-    :class:`~operations.safety.ledger.HostIdentity`'s members, one query each: the harness
-    reads them in sections of its own, which a group's sections cannot nest in.
-    """
-    arguments = ledger.HostIdentity.arguments(
-        topology.workstations[0].settings.candidate.module_name)
-    return [remote.Query(key, fact(), arguments.get(key, {}))
-            for key, fact in ledger.HostIdentity.members.items()]
-
-
 async def hosts_now(topology: Topology) -> list[dict[str, Any]]:
     """Each workstation's part of a record, as the hosts are now."""
-    readings = await remote.read_all({entry: identity_queries(topology)
+    readings = await remote.read_all({entry: safety_reading.identity(entry.settings)
                                       for entry in topology.workstations}, topology.ssh_config)
     return [ledger.host_entry(name, reading.values) for name, reading in readings.items()]
 

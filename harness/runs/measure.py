@@ -22,7 +22,7 @@ from harness.measuring.profile import ProfileHosts
 from harness.progress import say
 from harness.reporting import report
 from harness.runs.matrix import record_measurement
-from operations.serving.transport import ModelShape
+from operations.serving import reading as serving_reading
 from operations.states import resolve_state
 
 
@@ -70,9 +70,7 @@ async def single_stream_bound(topology: Topology, server_info: dict,
     first = topology.workstations[0]
     serving = first.settings.serving
     reading = await remote.read(
-        first.name, [remote.Query("shape", ModelShape(),
-                                  {"model_path": serving.model_path})],
-        topology.ssh_config, sudo=first.sudo)
+        first.name, serving_reading.shape(first.settings), topology.ssh_config, sudo=first.sudo)
     link_gbps = report.hosts(topology, results).get(first.name, {}).get("rx_rate_gbps")
     return roofline.beside_measurement(reading.values.get("shape"),
                                        serving.gpu_memory_bandwidth_gb_s,

@@ -36,7 +36,7 @@ from collections.abc import Collection
 from ipaddress import ip_address
 from typing import Any
 
-from pyinfra.api import FactBase, StringCommand
+from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from operations.plumbing.facts import EmptyMeansSomething, shell_script
 
@@ -45,6 +45,9 @@ INTERFACE_COUNTERS = (
     "rx_length_errors", "rx_over_errors", "rx_errors",
 )
 RETRANSMISSIONS = "retrans_segs"
+# What ``ss -tin`` says of each TP socket (:class:`PeerSockets`).
+SOCKET_COUNTERS = ("retrans", "bytes_retrans", "lost", "bytes_sent", "bytes_received",
+                   "segs_out", "segs_in")
 # The congestion control an Ubuntu workstation's TCP runs by default, which backs
 # off on loss where BBR does not: the lab's sockets and the linktest's flows ask
 # for it per socket where the kernel has it, so that their losses are an Ubuntu
@@ -213,6 +216,51 @@ def ipv4_endpoint(text: str) -> str:
     if address.startswith("[::ffff:") and address.endswith("]") and "." in address:
         return f"{address[len('[::ffff:'):-1]}:{port}"
     return text
+
+
+class PeerSockets(FactBase):
+    """
+    The TCP connections to ``peer`` (the peer's Thunderbolt address: the TP
+    group's NCCL, Gloo and SGLang sockets), each with its own retransmission
+    counters from ``ss -tin``: unlike ``RetransSegs`` they count nothing of SSH,
+    the desktop or a download sharing the host.
+
+    ``retrans`` is the socket's lifetime total (the second figure of ss's
+    ``retrans:unacked/total``); ss leaves a zero counter out. The bytes and
+    segments each way say what the socket put on the wire.
+
+    .. code:: python
+
+        {"169.254.77.1:5757>169.254.77.2:42304": {"retrans": 9, "bytes_retrans": 426129,
+                                                   "lost": 0, "bytes_sent": 91553, ...}}
+    """
+
+    default = dict
+
+    def requires_command(self, peer: str) -> str:
+        return "ss"
+
+    def command(self, peer: str) -> StringCommand:
+        return StringCommand("ss", "-tinH", "state", "established", "dst", QuoteString(peer))
+
+    def process(self, output: list[str]) -> dict[str, dict[str, int]]:
+        sockets: dict[str, dict[str, int]] = {}
+        counters: dict[str, int] = {}
+        for line in output:
+            if not line[:1].isspace():
+                # "Recv-Q Send-Q Local Peer": the connection; its counters follow.
+                *_, local, peer = line.split()
+                key = f"{ipv4_endpoint(local).replace('%', '@')}>{ipv4_endpoint(peer)}"
+                counters = sockets.setdefault(key,
+                                              dict.fromkeys(SOCKET_COUNTERS, 0))
+                continue
+            for word in line.split():
+                name, _, value = word.partition(":")
+                if name == "retrans":
+                    counters["retrans"] = int(value.partition("/")[2])
+                elif name in SOCKET_COUNTERS:
+                    counters[name] = int(value)
+        return sockets
 
 
 def endpoint(text: str) -> tuple[str, int]:

@@ -3,7 +3,8 @@ The Thunderbolt layers: the ``thunderbolt_net`` driver and the link it carries.
 
 ``driver`` (which build is loaded, the candidate's checks, the swap) and
 ``link`` (the ThunderboltIP link retrained at the expected speed, and the peer
-answering across it).
+answering across it), and ``driver_reading`` and ``link_reading`` (what a
+harness reads of a host for each layer, and each layer's judge of it).
 
 It owns the kernel module and the link, and reads the site's settings as the
 other layers do; it must not touch serving or the gateway, which share its

@@ -29,6 +29,7 @@ from pyinfra.api.command import PyinfraCommand
 from operations.plumbing import probes
 from operations.plumbing.facts import EmptyMeansSomething, shell_script
 from operations.plumbing.phase import executing, run_now
+from operations.site.settings import WorkstationSettings, derived
 from operations.step import Layer, failing, failure, operation, refuse
 
 LAYER = Layer.LINK
@@ -54,6 +55,11 @@ class ExpectedLink:
     address_owner: str
     prefix_length: int
     wait_seconds: float
+
+    @classmethod
+    def of(cls, settings: WorkstationSettings) -> ExpectedLink:
+        """The link as this workstation's settings describe it."""
+        return derived(cls, settings, settings.link)
 
 
 # Facts

@@ -25,6 +25,7 @@ from harness.measuring.server_stats import ServerSnapshot
 from harness.reporting import compare
 from harness.reporting.report import headline, markdown
 from operations.serving.neighbours import ProcessCpu
+from operations.serving.transport import SOCKET_COUNTERS
 
 MIB = 1024 * 1024
 CLEAN = {"cpu_seconds": 0.05, "link_bytes": 4096, "gpu": []}
@@ -67,7 +68,7 @@ def snapshot(at: float, others: float, tx: int, rx: int, sockets: dict,
 
 
 def socket(sent: int, received: int, segments: int) -> dict:
-    return {**dict.fromkeys(counters.SOCKET_COUNTERS, 0), "bytes_sent": sent,
+    return {**dict.fromkeys(SOCKET_COUNTERS, 0), "bytes_sent": sent,
             "bytes_received": received, "segs_out": segments, "segs_in": segments}
 
 

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from operation_harness import a_run, run_operation
@@ -20,6 +19,7 @@ from operations import step as steps
 from operations.plumbing.facts import MARKER
 from operations.run import Run
 from operations.safety import ledger
+from operations.safety import reading as safety_reading
 from operations.safety.ledger import Controller
 from operations.thunderbolt import driver
 from operations.thunderbolt.driver import (
@@ -457,7 +457,7 @@ def test_records_are_json_lines_with_sorted_keys(tmp_path) -> None:
 def test_the_harness_reads_the_identity_as_the_deploy_does(run) -> None:
     """Each member in a section of the harness's own script, run here; nothing nested."""
     entry = Workstation("wsa", ("workstations",), {"candidate_module_name": "thunderbolt_net"})
-    queries = matrix.identity_queries(SimpleNamespace(workstations=[entry]))
+    queries = safety_reading.identity(entry.settings)
     assert [query.key for query in queries] == list(ledger.HostIdentity.members)
     output = subprocess.run(["sh", "-c", remote.script(queries)], capture_output=True,
                             text=True).stdout

@@ -12,7 +12,7 @@ import pytest
 
 import experiment
 from harness.hosts import counters, remote
-from harness.hosts.counters import LinkCounters, LinkSnapshot
+from harness.hosts.counters import LinkSnapshot
 from harness.hosts.topology import Endpoint, Topology
 from harness.judging import intervals
 from harness.measuring import server_stats
@@ -22,6 +22,7 @@ from harness.measuring.windows import WindowSettings
 from harness.reporting import caveats, compare, report
 from harness.runs import campaign
 from operations.plumbing.facts import MARKER
+from operations.serving.transport import SOCKET_COUNTERS, LinkCounters, PeerSockets
 from operations.site.hosts import InventoryEntry
 from operations.thunderbolt.link import XDomainLink
 
@@ -101,16 +102,16 @@ SS_OUTPUT = [
 
 
 def test_peer_sockets_are_read_one_by_one_from_ss():
-    sockets = counters.PeerSockets().process(SS_OUTPUT)
+    sockets = PeerSockets().process(SS_OUTPUT)
     assert sockets == {
         "169.254.77.1@thunderbolt0:5757>169.254.77.2:42304":
             {"retrans": 9, "bytes_retrans": 426129, "lost": 2, "bytes_sent": 39748539,
              "bytes_received": 0, "segs_out": 957, "segs_in": 0},
         # ss leaves zero counters out.
         "169.254.77.1@thunderbolt0:5758>169.254.77.2:42310":
-            {**dict.fromkeys(counters.SOCKET_COUNTERS, 0), "bytes_sent": 100},
+            {**dict.fromkeys(SOCKET_COUNTERS, 0), "bytes_sent": 100},
         "169.254.77.1:5757>169.254.77.2:47018":
-            {**dict.fromkeys(counters.SOCKET_COUNTERS, 0), "retrans": 1},
+            {**dict.fromkeys(SOCKET_COUNTERS, 0), "retrans": 1},
     }
 
 
@@ -121,10 +122,10 @@ def test_the_real_ss_is_parsed_for_a_real_connection():
         port = client.getsockname()[1]
         client.sendall(b"x" * 100_000)
         accepted.recv(10)
-        command = counters.PeerSockets().command("127.0.0.1").get_raw_value()
+        command = PeerSockets().command("127.0.0.1").get_raw_value()
         output = subprocess.run(command, shell=True, capture_output=True, text=True).stdout
         accepted.close()
-    sockets = counters.PeerSockets().process(output.splitlines())
+    sockets = PeerSockets().process(output.splitlines())
     # Both ends of the loopback connection, each with its counters.
     mine = [key for key in sockets if key.endswith(f":{port}") or f":{port}>" in key]
     assert len(mine) == 2

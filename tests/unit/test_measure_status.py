@@ -12,6 +12,8 @@ from harness.hosts.topology import Topology
 from operations.serving.sglang import speculative_of
 from operations.site.hosts import InventoryEntry
 from operations.states import NEXTN_3_1_4, STATES
+from operations.thunderbolt import driver_reading
+from operations.thunderbolt.driver import CandidateModule
 
 STOCK, CANDIDATE = "aa" * 20, "cc" * 20
 
@@ -20,6 +22,7 @@ def entry(name: str, rank: int) -> InventoryEntry:
     return InventoryEntry(name, ("workstations",), {
         "rank": rank, "ssh_hostname": f"10.0.0.{rank + 1}", "serving_port": 30000,
         "serving_served_model_name": "qwen", "link_interface": "thunderbolt0",
+        "candidate_path": "/nonexistent/thunderbolt_net.ko", "candidate_sha256": "00" * 32,
     })
 
 
@@ -35,16 +38,29 @@ def module(build: str, **parameters: str) -> dict:
     return {"initstate": "live", "build_id": build, "parameters": {"e2e": "Y", **parameters}}
 
 
+def judged_driver(loaded: dict | None) -> dict:
+    """What the driver layer's judge observes of ``loaded``, stock being :data:`STOCK`."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(CandidateModule, "readable_build_id", property(lambda _: CANDIDATE))
+        return driver_reading.judge(TOPOLOGY.rank0.settings,
+                                    {"module": loaded, "stock_build": STOCK}).observed
+
+
 def test_the_driver_is_named_by_build_id_and_parameters():
-    assert status.classify_driver(module(STOCK), STOCK, CANDIDATE)[0] == "stock"
-    assert status.classify_driver(module(CANDIDATE, tx_e2e="Y"), STOCK, CANDIDATE)[0] == \
-        "candidate"
+    assert judged_driver(module(STOCK))["driver"] == "stock"
+    assert judged_driver(module(CANDIDATE, tx_e2e="Y"))["driver"] == "candidate"
     # The stock file loaded with e2e=0 is the field report's control, a build of its own.
-    assert status.classify_driver(module(STOCK, e2e="N"), STOCK, CANDIDATE)[0] == "stock_e2e_off"
+    assert judged_driver(module(STOCK, e2e="N"))["driver"] == "stock_e2e_off"
     # The candidate without tx_e2e=Y is no declared build.
-    value, seen = status.classify_driver(module(CANDIDATE, tx_e2e="N"), STOCK, CANDIDATE)
-    assert isinstance(value, Unknown) and "none of the declared builds" in seen
-    assert isinstance(status.classify_driver(None, STOCK, CANDIDATE)[0], Unknown)
+    seen = judged_driver(module(CANDIDATE, tx_e2e="N"))
+    assert seen["driver"] is None and "none of the declared builds" in seen["seen"]
+    assert judged_driver(None)["driver"] is None
+    # The status shows a driver that is none of the declared ones as unknown.
+    for loaded, reason in ((None, "not loaded"), (module(CANDIDATE, tx_e2e="N"),
+                                                  f"build {CANDIDATE}")):
+        readings = {name: reading(name, module=loaded, stock_build=STOCK)
+                    for name in ("wsa", "wsb")}
+        assert status.driver_layer(TOPOLOGY, readings, []) == Unknown(reason)
 
 
 def test_nextn_is_recognised_under_the_name_sglang_reports():

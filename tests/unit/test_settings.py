@@ -22,6 +22,7 @@ from operations.site.settings import (
     derived,
 )
 from operations.states import Driver
+from operations.thunderbolt import link
 from operations.thunderbolt.driver import CandidateModule
 
 
@@ -192,7 +193,7 @@ def test_every_field_of_a_layer_is_a_setting_of_its_name_or_listed_as_computed(
         computed[layer.__name__] = set(values)
         return derived(layer, *sources, prefix=prefix, **values)
 
-    for module in (sglang, router, proxy, part, guard):
+    for module in (sglang, router, proxy, link, guard):
         monkeypatch.setattr(module, "derived", recording)
     site = load_site(write_site())
     workstations = [InventoryEntry(name, ("workstations",), data)

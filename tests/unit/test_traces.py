@@ -7,6 +7,7 @@ import base64
 import gzip
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_measure_reports import measurement, window
@@ -15,6 +16,7 @@ from test_remote import fake_hosts  # noqa: F401 (the fixture)
 from harness.measuring import profile, traces
 from harness.reporting import compare, report
 from lab.sglang_sim.profiler import ALLREDUCE_KERNEL, FORWARD_KERNEL, Profiler
+from operations.serving import reading as serving_reading
 
 BASE_NS = 1_765_000_000_000_000_000
 AR = ALLREDUCE_KERNEL
@@ -219,7 +221,8 @@ def test_samples_read_the_time_and_the_tp_sockets_retransmissions():
 
 
 def test_the_sampler_bounds_its_rounds_and_reads_the_peers_sockets():
-    script = profile.sampler_script("169.254.77.2", 1.0)
+    peer = SimpleNamespace(peer_link_address="169.254.77.2")
+    script = profile.sampler_script(serving_reading.sockets(peer), 1.0)
     assert "-lt 21 " in script
     assert f"echo {profile.SAMPLE_END};" in script
     assert "dst 169.254.77.2" in script
@@ -309,7 +312,8 @@ def test_a_sampler_reads_the_sockets_until_stopped_and_its_loop_ends(fake_hosts)
     """Over ``ssh`` (here this machine's shell): samples as they come, none after the stop."""
 
     async def sample() -> list[tuple[int, int]]:
-        sampler = profile.Sampler("wsa", True, "192.0.2.7", fake_hosts, seconds=3)
+        sockets = serving_reading.sockets(SimpleNamespace(peer_link_address="192.0.2.7"))
+        sampler = profile.Sampler("wsa", True, sockets, fake_hosts, seconds=3)
         await sampler.start()
         await asyncio.sleep(0.3)
         samples = await sampler.stop()

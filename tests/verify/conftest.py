@@ -27,10 +27,10 @@ from typing import Any
 
 import pytest
 import testinfra
-from verify_helpers import fact
+from verify_helpers import read
 
-from operations.services import ServiceProcess
-from operations.serving.router import ROUTER, RouterWorkers
+from operations.serving import reading as serving_reading
+from operations.serving.sglang import ROUTER
 from operations.site.hosts import InventoryEntry, in_group, inventory_entries, ssh_config
 from operations.site.model import PAIR_GROUP_PREFIX, pair_group
 from operations.site.settings import GatewaySettings, WorkstationSettings
@@ -44,10 +44,14 @@ MASTER_SECONDS = 60
 
 @dataclass(frozen=True)
 class InventoryHost:
-    """One host of the inventory: its name, its pyinfra data, and a testinfra handle."""
+    """
+    One host of the inventory: its name, its pyinfra data, its settings (built
+    once, as ``deploy.py`` builds them once per host) and a testinfra handle.
+    """
 
     name: str
     data: dict[str, Any]
+    settings: WorkstationSettings | GatewaySettings
     host: testinfra.host.Host
 
 
@@ -132,7 +136,9 @@ def inventory_host(entry: InventoryEntry, ssh_config_file: Path) -> InventoryHos
     handle = testinfra.get_host(f"ssh://{entry.name}?controlpersist={MASTER_SECONDS}",
                                 ssh_config=str(ssh_config_file), controlpath=str(master),
                                 sudo=entry.sudo)
-    return InventoryHost(entry.name, entry.data, handle)
+    settings = (WorkstationSettings.of(entry) if "workstations" in entry.groups
+                else GatewaySettings.of(entry))
+    return InventoryHost(entry.name, entry.data, settings, handle)
 
 
 @pytest.fixture(scope="module")
@@ -172,12 +178,11 @@ def gateway(inventory: list[InventoryEntry], ssh_config_file: Path) -> Inventory
 @pytest.fixture(scope="session")
 def fronted(gateway: InventoryHost) -> list[str]:
     """The replicas the router fronts now, as its ``/workers`` lists them; none while stopped."""
-    settings = GatewaySettings.of(gateway)
-    if not fact(gateway, ServiceProcess, service=ROUTER,
-                init_system=settings.roles.init_system)["running"]:
+    settings = gateway.settings
+    router = read(gateway, serving_reading.router(settings))
+    if ROUTER not in router["router"]:
         return []
-    listed = fact(gateway, RouterWorkers, url=settings.router_url,
-                  key_file=settings.roles.router_key_file)
+    listed = router["workers"]
     assert listed is not None, (f"{gateway.name}: the router at {settings.router_url} does not "
                                 f"list its workers with the key in "
                                 f"{settings.roles.router_key_file}")

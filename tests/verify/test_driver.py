@@ -4,11 +4,10 @@ candidate would survive a reboot."""
 from __future__ import annotations
 
 import pytest
-from verify_helpers import fact
+from verify_helpers import fact, read
 
+from operations.safety import reading as safety_reading
 from operations.safety.guard import NAME as GUARD
-from operations.safety.guard import GuardState
-from operations.site.settings import WorkstationSettings
 from operations.states import STOCK_BUILDS, State
 from operations.thunderbolt.driver import (
     RX_E2E,
@@ -24,7 +23,7 @@ XDOMAIN_DEVICES = "/sys/bus/thunderbolt/devices"
 
 
 def candidate_of(workstation) -> CandidateModule:
-    return CandidateModule.of(WorkstationSettings.of(workstation))
+    return CandidateModule.of(workstation.settings)
 
 
 def loaded_build_id(workstation) -> str:
@@ -35,7 +34,7 @@ def loaded_build_id(workstation) -> str:
 
 def stock_build_id(workstation) -> tuple[str, str]:
     """The file modprobe would load, and its build-id, read as the driver layer reads it."""
-    module = WorkstationSettings.of(workstation).candidate.module_name
+    module = workstation.settings.candidate.module_name
     path = workstation.host.check_output(f"modinfo -n {module}")
     reader = ModuleFileBuildId()
     out = workstation.host.check_output(reader.command(path=path).get_raw_value())
@@ -88,7 +87,7 @@ def test_no_candidate_copy_or_option_persists(workstation, state: State) -> None
         "grep -rsl tx_e2e /etc/modprobe.d /etc/modules-load.d /etc/modules "
         "/etc/initramfs-tools").stdout.split()
     assert options == [], f"{workstation.name}: persistent tx_e2e configuration in {options}"
-    run_dir = WorkstationSettings.of(workstation).run_dir
+    run_dir = workstation.settings.run_dir
     staged = workstation.host.file(f"{run_dir}/thunderbolt_net.ko")
     if state.driver in STOCK_BUILDS:
         assert not staged.exists, f"{workstation.name}: {staged.path} is left behind"
@@ -116,15 +115,15 @@ def test_the_peer_advertises_e2e_while_the_candidate_runs(workstation, state: St
 def test_the_guard_is_armed_exactly_while_the_candidate_is_loaded(workstation,
                                                                   state: State) -> None:
     """A stall with no run watching is restored by the guard; a stock state needs none."""
-    init_system = WorkstationSettings.of(workstation).serving.init_system
-    guard = fact(workstation, GuardState, init_system=init_system)
+    armed = safety_reading.judge(read(workstation, safety_reading.reading(
+        workstation.settings))).observed["armed"]
     if state.driver == "candidate":
-        assert guard["armed"], (
+        assert armed, (
             f"{workstation.name}: the candidate is loaded but its guard ({GUARD}) is not "
             f"running, so a stall with no run watching stays; converge with: pyinfra "
             f"inventory.py deploy.py --data state={state.name}")
     else:
-        assert not guard["armed"], (
+        assert not armed, (
             f"{workstation.name}: the guard ({GUARD}) runs though {state.name} loads the "
             f"{state.driver} driver; converge with: pyinfra inventory.py deploy.py --data "
             f"state={state.name}")

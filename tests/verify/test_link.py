@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import warnings
 
-from operations.site.settings import WorkstationSettings
 from operations.states import State
 from operations.thunderbolt.link import XDOMAIN_PEERS
 
@@ -44,7 +43,7 @@ def test_exactly_one_xdomain_peer_is_connected(workstation, state: State) -> Non
 
 
 def test_link_trained_at_the_expected_rate_and_lanes(workstation, state: State) -> None:
-    link = WorkstationSettings.of(workstation).link
+    link = workstation.settings.link
     expected_rate, expected_lanes = link.expected_rate_gbps, link.expected_lanes
     peers = xdomain_peers(workstation)
     holds(state, bool(peers), f"{workstation.name}: no XDomain peer is connected ({DEVICES})")
@@ -59,7 +58,7 @@ def test_link_trained_at_the_expected_rate_and_lanes(workstation, state: State) 
 
 
 def test_interface_has_carrier_and_its_address(workstation, state: State) -> None:
-    settings = WorkstationSettings.of(workstation)
+    settings = workstation.settings
     address = settings.link_address
     interface = workstation.host.interface(settings.link.interface)
     holds(state, interface.exists, f"{workstation.name}: {interface.name} does not exist")
@@ -73,7 +72,7 @@ def test_interface_has_carrier_and_its_address(workstation, state: State) -> Non
 
 
 def test_peer_answers_across_thunderbolt0(workstation, state: State) -> None:
-    settings = WorkstationSettings.of(workstation)
+    settings = workstation.settings
     interface, peer = settings.link.interface, settings.peer_link_address
     ping = workstation.host.run(f"ping -c 1 -i 0.2 -w 2 -I {interface} {peer}")
     holds(state, ping.rc == 0,

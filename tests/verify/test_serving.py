@@ -27,7 +27,7 @@ from operations.serving.sglang import (
     tp_rank_service,
 )
 from operations.serving.transport import Connections, connection_problems, connections_of
-from operations.site.settings import GatewaySettings, WorkstationSettings
+from operations.site.settings import WorkstationSettings
 from operations.states import STATES, State
 
 TOKENS = 24
@@ -174,7 +174,7 @@ def completion_problem(base_url: str, model: str, headers: dict[str, str]) -> st
 
 def test_the_declared_sglang_servers_run_and_no_others(workstation, servers,
                                                        state: State) -> None:
-    rank = WorkstationSettings.of(workstation).rank
+    rank = workstation.settings.rank
     wanted = service_for(state.serving, rank)
     running = {name for name, server in servers.items() if server is not None}
     assert running == {wanted}, (
@@ -185,7 +185,7 @@ def test_the_declared_sglang_servers_run_and_no_others(workstation, servers,
 
 def test_the_server_runs_with_the_declared_arguments(workstation, workstations, servers,
                                                      state: State) -> None:
-    settings = WorkstationSettings.of(workstation)
+    settings = workstation.settings
     rank = settings.rank
     name = service_for(state.serving, rank)
     server = servers[name]
@@ -210,7 +210,7 @@ def test_the_server_runs_with_the_declared_arguments(workstation, workstations, 
         assert not any(word.startswith("--speculative") for word in argv)
         return
     # One rank a workstation of the inventory, each its own node; rank 0 listed first.
-    rank0_link = WorkstationSettings.of(workstations[0]).link_address
+    rank0_link = workstations[0].settings.link_address
     group = str(len(workstations))
     assert (flag(argv, "--tp-size"), flag(argv, "--nnodes"), flag(argv, "--node-rank")) == (
         group, group, str(rank)), f"{workstation.name}: {' '.join(argv)}"
@@ -244,7 +244,7 @@ def test_the_server_runs_exactly_the_service_the_deploy_renders(workstation, ser
         f"{shlex.join(declared.command)}")
     environment = {key: server["environment"].get(key) for key in declared.environment}
     assert environment == declared.environment, f"{where} has {environment}"
-    assert server["user"] == declared.user == WorkstationSettings.of(workstation).serving.user, (
+    assert server["user"] == declared.user == workstation.settings.serving.user, (
         f"{where} runs as {server['user']}, not {declared.user}")
     directory = workstation.host.check_output(
         f"realpath -m -- {shlex.quote(declared.working_directory)}")
@@ -278,7 +278,7 @@ def test_only_the_declared_server_holds_the_gpu(workstation, servers, declared: 
     assert others == [], f"{workstation.name}: other twinbolt servers hold the GPU: " + (
         described(others))
     strangers = [h for h in holders if owner(h) is None]
-    allowed = WorkstationSettings.of(workstation).serving.foreign_gpu_memory_mib or 0
+    allowed = workstation.settings.serving.foreign_gpu_memory_mib or 0
     assert sum(h["used_mib"] for h in strangers) <= allowed, (
         f"{workstation.name}: processes twinbolt did not start hold GPU memory beyond the "
         f"{allowed} MiB serving.foreign_gpu_memory_mib allows: {described(strangers)}")
@@ -332,7 +332,7 @@ def test_each_sglang_server_refuses_a_caller_without_its_key(workstations, gatew
     refuse the ordinary key too. The servers answer with it (the completions
     test, and ``/server_info`` here).
     """
-    settings = [WorkstationSettings.of(workstation) for workstation in workstations]
+    settings = [workstation.settings for workstation in workstations]
     model = settings[0].serving.served_model_name
     servers = [settings[0].server_url] if state.tensor_parallel else [
         each.server_url for each in settings]
@@ -353,7 +353,7 @@ def test_each_sglang_server_refuses_a_caller_without_its_key(workstations, gatew
         if info.status_code != 200:
             found.append(f"{url}/server_info refused its key: HTTP {info.status_code}")
     if fronted or not state.tensor_parallel:
-        router = GatewaySettings.of(gateway).router_url
+        router = gateway.settings.router_url
         answer = httpx.post(f"{router}/v1/chat/completions", json=completion_body(model),
                             timeout=10)
         if answer.status_code != 401:
@@ -364,16 +364,16 @@ def test_each_sglang_server_refuses_a_caller_without_its_key(workstations, gatew
 
 def test_clients_servers_answer_real_completions(workstations, gateway, state: State,
                                                  fronted: list[str]) -> None:
-    settings = [WorkstationSettings.of(workstation) for workstation in workstations]
+    settings = [workstation.settings for workstation in workstations]
     model = settings[0].serving.served_model_name
     if not state.tensor_parallel:
         # Each replica directly, then the route clients use.
         targets = [each.server_url for each in settings]
-        targets.append(GatewaySettings.of(gateway).router_url)
+        targets.append(gateway.settings.router_url)
     else:
         # Rank 0 only: rank 1 serves nothing but a dummy /health; and the router,
         # while it fronts other pairs' replicas.
-        targets = [settings[0].server_url, *([GatewaySettings.of(gateway).router_url]
+        targets = [settings[0].server_url, *([gateway.settings.router_url]
                                              if fronted else [])]
     headers = key_headers(settings[0])
     problems = [problem for target in targets
@@ -384,9 +384,9 @@ def test_clients_servers_answer_real_completions(workstations, gateway, state: S
 def test_the_router_is_ready_only_in_front_of_replicas(gateway, workstations, state: State,
                                                       fronted: list[str],
                                                       outside: list[str]) -> None:
-    router = processes(gateway, GatewaySettings.of(gateway).roles.init_system, set(),
+    router = processes(gateway, gateway.settings.roles.init_system, set(),
                        ROUTER)[ROUTER]
-    replicas = [WorkstationSettings.of(workstation).server_url for workstation in workstations]
+    replicas = [workstation.settings.server_url for workstation in workstations]
     if state.tensor_parallel:
         # It would count rank 1's dummy /health as a healthy worker.
         assert not set(fronted) & set(replicas), (
@@ -403,7 +403,7 @@ def test_the_router_is_ready_only_in_front_of_replicas(gateway, workstations, st
             f"{gateway.name}: sglang-router fronts {', '.join(fronted)}, not every replica "
             f"of {', '.join(replicas)}")
     # Its /health always says OK; /readiness needs a healthy worker.
-    readiness = httpx.get(f"{GatewaySettings.of(gateway).router_url}/readiness", timeout=10)
+    readiness = httpx.get(f"{gateway.settings.router_url}/readiness", timeout=10)
     assert readiness.status_code == 200, f"{gateway.name}: /readiness: {readiness.text}"
 
 
@@ -420,7 +420,7 @@ def test_the_routers_worker_api_refuses_a_caller_without_its_key(gateway) -> Non
     without the key (the ``fronted`` fixture reads it with the key, on the
     gateway); a stopped one takes no connection at all.
     """
-    settings = GatewaySettings.of(gateway)
+    settings = gateway.settings
     running = processes(gateway, settings.roles.init_system, set(), ROUTER)[ROUTER] is not None
     for method, path, body in WORKER_API_CALLS:
         try:
@@ -438,7 +438,7 @@ def test_rank0_reports_the_declared_parallelism_and_speculation(workstations,
                                                                 state: State) -> None:
     if not state.tensor_parallel:
         pytest.skip(f"{state.name} runs no TP group")
-    settings = WorkstationSettings.of(workstations[0])
+    settings = workstations[0].settings
     info = httpx.get(f"{settings.server_url}/server_info", headers=key_headers(settings),
                      timeout=10).json()
     assert info["tp_size"] == len(workstations)

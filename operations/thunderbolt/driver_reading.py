@@ -1,0 +1,68 @@
+"""
+The driver layer as a harness reads a host: which ``thunderbolt_net`` build is
+loaded, with which parameters, and whether it is one a state declares.
+
+Status, diagnose and a window's counters read the same facts and name the
+loaded build by the same judge as the driver step (:func:`loaded_driver`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from operations.plumbing.reading import Judgement, Query
+from operations.site.settings import WorkstationSettings
+from operations.states import Driver
+from operations.thunderbolt.driver import (
+    CandidateModule,
+    LoadedModule,
+    ModuleFileBuildId,
+    PeerCapabilities,
+    SignatureEnforcement,
+    loaded_driver,
+)
+
+
+def loaded(settings: WorkstationSettings) -> list[Query]:
+    """The loaded module alone: the build and parameters a window's counters record."""
+    return [Query("module", LoadedModule(), {"module": settings.candidate.module_name})]
+
+
+def reading(settings: WorkstationSettings) -> list[Query]:
+    """The loaded module, and the build ``modprobe`` would load: what tells stock from the rest."""
+    return [*loaded(settings), Query("stock_build", ModuleFileBuildId(),
+                                 {"module": settings.candidate.module_name})]
+
+
+def diagnosis(settings: WorkstationSettings) -> list[Query]:
+    """
+    The reading, the peer's capabilities (its E2E bit, which ``tx_e2e`` needs) and
+    signature enforcement (whether an unsigned candidate may load at all).
+    """
+    return [*reading(settings), Query("peer", PeerCapabilities()),
+            Query("signatures", SignatureEnforcement())]
+
+
+def judge(settings: WorkstationSettings, values: dict[str, Any],
+          expected: Driver | None = None) -> Judgement:
+    """
+    Which declared driver is loaded (``driver``, ``None`` for none of them), its
+    ``build_id`` and the line an operator reads (``seen``); a problem if it is
+    none of the declared drivers, or not ``expected``.
+    """
+    module = values["module"]
+    if module is None:
+        seen = "thunderbolt_net is not loaded"
+        return Judgement({"driver": None, "build_id": None, "seen": seen}, [seen])
+    parameters = " ".join(f"{key}={value}" for key, value in sorted(module["parameters"].items()))
+    build = f"build {module['build_id']}  {parameters}"
+    candidate_build = CandidateModule.of(settings).readable_build_id
+    driver = loaded_driver(module, values["stock_build"], candidate_build)
+    observed = {"driver": driver, "build_id": module["build_id"]}
+    if driver is None:
+        seen = ("none of the declared builds (stock, with e2e on or off, or the candidate)"
+                f"  {build}")
+        return Judgement({**observed, "seen": seen}, [seen])
+    problems = [] if expected in (None, driver) else [f"the {driver} driver is loaded, "
+                                                      f"not the {expected} driver"]
+    return Judgement({**observed, "seen": f"{driver}  {build}"}, problems)
