@@ -41,7 +41,8 @@ from pydantic import ValidationError
 from harness.hosts.diagnose import Diagnosis, diagnose
 from harness.hosts.status import Status, observe
 from harness.hosts.topology import Topology
-from harness.measuring.windows import WINDOWS, EndpointDown, WindowSettings
+from harness.measuring import windows
+from harness.measuring.windows import EndpointDown, WindowSettings
 from harness.reporting import compare, linktest_report, report_schema
 from harness.runs import campaign, events, linktest, matrix
 from harness.runs.measure import NotMeasurable, failures, measure_state
@@ -55,19 +56,21 @@ MAX_TRIALS = 50
 
 
 def window_options(parser: argparse.ArgumentParser) -> None:
-    """``--window`` and one option per window setting (``--prefix-tokens`` ...)."""
-    parser.add_argument("--window", action="append", choices=WINDOWS, dest="windows",
+    """``--window`` and one option per setting a window declares (``--prefix-tokens`` ...)."""
+    names = windows.names()
+    warm = [window.name for window in windows.DECLARED.values() if window.warm]
+    parser.add_argument("--window", action="append", choices=names, dest="windows",
                         help="a window to run (repeatable; default: all, in this order: "
-                             f"{', '.join(WINDOWS)}; a campaign runs prefix and long both "
+                             f"{', '.join(names)}; a campaign runs {' and '.join(warm)} both "
                              "cold and warm)")
-    for name, field in WindowSettings.model_fields.items():
-        if isinstance(field.default, tuple):
-            parser.add_argument(f"--{name.replace('_', '-')}", type=whole_numbers,
+    for setting in windows.settings():
+        if isinstance(setting.default, tuple):
+            parser.add_argument(f"--{setting.name.replace('_', '-')}", type=whole_numbers,
                                 metavar="N,N,...",
-                                help=f"default {','.join(map(str, field.default))}")
+                                help=f"default {','.join(map(str, setting.default))}")
         else:
-            parser.add_argument(f"--{name.replace('_', '-')}", type=type(field.default),
-                                metavar="N", help=f"default {field.default}")
+            parser.add_argument(f"--{setting.name.replace('_', '-')}", type=type(setting.default),
+                                metavar="N", help=f"default {setting.default}")
 
 
 def whole_numbers(text: str) -> tuple[int, ...]:
@@ -80,8 +83,8 @@ def whole_numbers(text: str) -> tuple[int, ...]:
 
 
 def window_settings(arguments: argparse.Namespace) -> WindowSettings:
-    given = {name: getattr(arguments, name) for name in WindowSettings.model_fields
-             if getattr(arguments, name) is not None}
+    given = {setting.name: getattr(arguments, setting.name) for setting in windows.settings()
+             if getattr(arguments, setting.name) is not None}
     return WindowSettings(**given)
 
 
@@ -121,7 +124,7 @@ async def run_diagnose(arguments: argparse.Namespace, topologies: list[Topology]
 async def measure(arguments: argparse.Namespace, topology: Topology) -> int:
     try:
         path, built = await measure_state(
-            topology, arguments.windows or list(WINDOWS), window_settings(arguments),
+            topology, arguments.windows or windows.names(), window_settings(arguments),
             arguments.out, expected=arguments.state, allow_drift=arguments.allow_drift)
     except (NotMeasurable, EndpointDown) as error:
         print(f"experiment: {error}", file=sys.stderr)
@@ -142,7 +145,7 @@ async def run_campaigns(arguments: argparse.Namespace, topologies: list[Topology
     for topology in topologies:
         where = directory / f"pair-{topology.pair}" if topology.pair else directory
         result = await campaign.Campaign(
-            topology, arguments.plan, arguments.windows or list(WINDOWS),
+            topology, arguments.plan, arguments.windows or windows.names(),
             window_settings(arguments), where, baseline=arguments.baseline,
             linktest_seconds=arguments.linktest_seconds, trials=arguments.trials).run()
         ended = (f"campaign{' on ' + topology.named if topology.pair else ''}: "

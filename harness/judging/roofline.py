@@ -68,14 +68,13 @@ def single_stream(shape: dict[str, Any], bandwidth_gb_s: float, server_info: dic
 
 
 def beside_measurement(shape: dict[str, Any] | None, bandwidth_gb_s: float,
-                       server_info: dict[str, Any], windows: list[dict[str, Any]],
+                       server_info: dict[str, Any], single: dict[str, Any] | None,
                        link_gbps: float | None) -> dict[str, Any] | None:
     """
-    The roofline of a measurement's ``single`` window, from its own request
-    (the context it decoded over: the prompt and half the completion) and
-    accept length, next to the rate it measured; ``None`` without that window.
+    The roofline of a measurement's single window, from its own request (the
+    context it decoded over: the prompt and half the completion) and accept
+    length, next to the rate it measured; ``None`` without that window.
     """
-    single = next((window for window in windows if window["name"] == "single"), None)
     if single is None or not single["samples"]:
         return None
     sample = single["samples"][0]

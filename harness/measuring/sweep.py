@@ -35,7 +35,8 @@ from harness.judging.disturbance import counted
 from harness.measuring.client import Sample, rate, span, time_per_output_token
 from harness.measuring.server_stats import cumulative
 
-PREFIX = "sweep@"
+NAME = "sweep"
+PREFIX = f"{NAME}@"
 
 
 def level_name(level: int) -> str:

@@ -44,6 +44,11 @@ its figures never stand in a cold window's place.
 
 A window is also left out when something else ran beside it: its readings say
 what (:mod:`harness.judging.disturbance`), and it is measured again once at the end.
+
+Each window is declared once, at the end of this module (:data:`DECLARED`): how
+it is measured, its sizes, its report's row and headline figures, and its
+comparison's columns. A report, a comparison and experiment.py's options read
+it there, so a new window is a new declaration and its tests.
 """
 
 from __future__ import annotations
@@ -52,13 +57,13 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from statistics import mean
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, PositiveFloat, PositiveInt, create_model
 
 from harness.hosts import counters
 from harness.hosts.topology import Endpoint
@@ -69,12 +74,8 @@ from harness.measuring.profile import PROFILE
 from harness.progress import reporting, say, where
 
 WARM_SUFFIX = "_warm"
-# The prefill windows, each measured cold and warm ("<name>_warm").
-PREFILLS = ("prefix", "long")
-SWEEP = "sweep"
-WINDOWS = ("single", "concurrent", SWEEP, PROFILE, "prefix", "prefix_warm", "long", "long_warm")
-# Measured from an empty cache; the others prime it, then measure warm.
-COLD = ("single", "concurrent", PROFILE, *PREFILLS)
+# The single stream, whose roofline a report sets beside it (harness.judging.roofline).
+SINGLE = "single"
 # The most simultaneous requests one level of the sweep may send.
 MAX_LEVEL = 256
 # The longest input leaves room for the few tokens a chat template (or a
@@ -82,50 +83,11 @@ MAX_LEVEL = 256
 # not refuse it.
 CHAT_TEMPLATE_ALLOWANCE = 256
 PROMPT_TEXT = "describe the cable between the two workstations"
+# The words of a figure's verdict: a higher rate is faster, a longer time slower.
+RATE = ("faster", "slower")
+LONGER = ("slower", "faster")
 
 LinkSnapshots = Callable[[], Awaitable[dict[str, counters.LinkSnapshot]]]
-
-
-class WindowSettings(BaseModel):
-    """
-    The sizes of the windows, which the CLI may shorten. The single and
-    concurrent windows, the prefix and the long window's output default to the
-    field report's request shapes (:mod:`harness.judging.field_report`); its long input
-    was 199,860 tokens, here about 200K.
-
-    + single_tokens: output tokens of the single-stream request
-    + concurrent_requests, concurrent_tokens: the concurrent window's requests and their length
-    + concurrency: the sweep's levels, simultaneous requests, ascending
-    + sweep_tokens: output tokens of each request of the sweep
-    + profile_tokens: output tokens of the profiled request
-    + prefix_tokens: the shared prefix sent twice; capped by the state's context length
-    + prefix_output_tokens: output tokens of each prefix request
-    + long_tokens: the longest input wanted; capped by the state's context length
-    + long_output_tokens: output tokens of the long request
-    + request_timeout_seconds: the longest wait for the next byte of a response
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    single_tokens: PositiveInt = field_report.SINGLE_OUTPUT_TOKENS.value
-    concurrent_requests: PositiveInt = field_report.CONCURRENT_REQUESTS.value
-    concurrent_tokens: PositiveInt = field_report.CONCURRENT_OUTPUT_TOKENS.value
-    concurrency: tuple[PositiveInt, ...] = (1, 2, 4, 8, 16)
-    sweep_tokens: PositiveInt = 256
-    profile_tokens: PositiveInt = 128
-    prefix_tokens: PositiveInt = field_report.PREFIX_TOKENS.value
-    prefix_output_tokens: PositiveInt = 16
-    long_tokens: PositiveInt = 200_000
-    long_output_tokens: PositiveInt = field_report.LONG_OUTPUT_TOKENS.value
-    request_timeout_seconds: PositiveFloat = 600.0
-
-    @field_validator("concurrency")
-    @classmethod
-    def ascending_levels(cls, levels: tuple[int, ...]) -> tuple[int, ...]:
-        if not levels or list(levels) != sorted(set(levels)) or levels[-1] > MAX_LEVEL:
-            raise ValueError(f"the sweep's levels must be ascending, distinct, and at most "
-                             f"{MAX_LEVEL}: got {','.join(map(str, levels))}")
-        return levels
 
 
 def prompt(tokens: int) -> str:
@@ -409,39 +371,347 @@ def _spread(values: list[float | None]) -> dict[str, float | None]:
     }
 
 
-RUNNERS = {"single": single, "concurrent": concurrent, PROFILE: profiled}
-PROMPTS = {"prefix": prefix, "long": long}
-Runner = Callable[[], Awaitable[tuple[list[Sample], dict[str, Any]]]]
+# The declarations: each window once, with all that a measurement, its report,
+# a comparison and experiment.py's command line know of it.
+
+Result = tuple[list[Sample], dict[str, Any]]
+Runner = Callable[[], Awaitable[Result]]
+Ready = Callable[[Measurement, str], Awaitable[Runner]]
+# A headline figure, from a window's result (empty when none of it counts) and its report.
+Reader = Callable[[dict[str, Any], dict[str, Any]], Any]
+# The report's number format, handed to a window's cells: measuring never imports a report.
+Shown = Callable[..., str]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """
+    A size of a window, which experiment.py's ``--<name>`` (dashes for
+    underscores) may change: its type as :data:`WindowSettings` checks it, its
+    default, and what it sizes.
+    """
+
+    name: str
+    kind: Any
+    default: int | float | tuple[int, ...]
+    sizes: str
+
+
+@dataclass(frozen=True)
+class Figure:
+    """
+    A figure a window gives its report's headline, as ``key``: ``read`` from the
+    window's result, or from its warm twin's (``warm``). With a ``title`` it has
+    a column of the comparison, shown to ``digits``, with a ratio and its
+    verdict's ``words`` where it has them; a ``charted`` one, a panel of its chart.
+    """
+
+    key: str
+    read: Reader
+    title: str | None = None
+    digits: int = 1
+    words: tuple[str, str] | None = None
+    charted: bool = False
+    warm: bool = False
+
+
+@dataclass(frozen=True)
+class Label:
+    """
+    The word a window's result is labelled by (a prefill's ``cold`` or
+    ``warm``), a headline figure, in a column of the comparison's table beside
+    the figure it qualifies, that one shown to ``digits`` in ``unit``.
+    """
+
+    key: str
+    title: str
+    beside: str
+    digits: int
+    unit: str
+
+
+@dataclass(frozen=True)
+class Cells:
+    """A window's own cells of its report's row; None where it has no such figure."""
+
+    rate: str | None = None
+    aggregate: str | None = None
+    ttft: str | None = None
+    tokens: str | None = None
+
+
+def one_at_a_time(settings: Any) -> int:
+    """A window's requests sent one after another, however it is sized."""
+    return 1
+
+
+@dataclass(frozen=True)
+class Window:
+    """
+    A window, declared once: how it is measured, its sizes, its report's row and
+    headline figures, and its comparison's columns.
+
+    + name: the window, as ``--window`` names it and its result is named
+    + ready: the window ready to be measured, by its result's name
+    + cells: its own cells of its report's row, from its summary
+    + settings: its sizes, each an option of experiment.py
+    + figures: what it gives its report's headline, and the comparison's columns
+    + label: what its result is labelled by, in the comparison's table
+    + at_once: the most requests it sends at once, for the client's connections
+    + warm: measured cold and, as ``<name>_warm``, warm (primed, then measured);
+      its figures in the comparison's table of cold and warm prefills
+    + levelled: measured at each level of ``--concurrency``, one window each
+      (``sweep@<level>``, :mod:`harness.measuring.sweep`)
+    + decoding: its output tokens count in the link's bytes per 1,000 of them (a
+      prefill moves its whole prompt's activations for a handful)
+    """
+
+    name: str
+    ready: Ready
+    cells: Callable[[dict[str, Any], Shown], Cells]
+    settings: tuple[Setting, ...] = ()
+    figures: tuple[Figure, ...] = ()
+    label: Label | None = None
+    at_once: Callable[[Any], int] = one_at_a_time
+    warm: bool = False
+    levelled: bool = False
+    decoding: bool = True
+
+    def names(self) -> tuple[str, ...]:
+        """What ``--window`` takes for it: its name and, measured warm too, its warm twin's."""
+        return (self.name, f"{self.name}{WARM_SUFFIX}") if self.warm else (self.name,)
+
+    def read_from(self, figure: Figure) -> str:
+        """The result one of its figures is read from: its own, or its warm twin's."""
+        return f"{self.name}{WARM_SUFFIX}" if figure.warm else self.name
+
+
+def summarised(*path: str) -> Reader:
+    """A figure of a window's summary, at ``path``; None without it."""
+
+    def read(window: dict[str, Any], report: dict[str, Any]) -> Any:
+        found = window.get("summary", {})
+        for key in path[:-1]:
+            found = found.get(key, {})
+        return found.get(path[-1])
+
+    return read
+
+
+def accept_length(window: dict[str, Any], report: dict[str, Any]) -> float | None:
+    """The accept length of the window's own requests (:func:`server_stats.window_accept`)."""
+    return window.get("server", {}).get("accept_length")
+
+
+def accept_length_cumulative(window: dict[str, Any], report: dict[str, Any]) -> bool:
+    """Whether that accept length is cumulative (:func:`server_stats.cumulative`)."""
+    return bool(window) and server_stats.cumulative(window)
+
+
+def roofline_tok_s(window: dict[str, Any], report: dict[str, Any]) -> float | None:
+    """The single stream's roofline, which its report carries (:mod:`harness.judging.roofline`)."""
+    return ((report.get("roofline") or {}).get("bound") or {}).get("tok_s")
+
+
+def one_request(summary: dict[str, Any], number: Shown) -> Cells:
+    """A window of one request: its output tok/s and its TTFT."""
+    return Cells(rate=number(summary["output_tok_s"]), ttft=number(summary["ttft_seconds"], 3))
+
+
+def per_request(summary: dict[str, Any], number: Shown) -> Cells:
+    """The concurrent window: per request the mean tok/s and their range; the aggregate."""
+    rates = summary["per_request_output_tok_s"]
+    return Cells(rate=(f"{number(rates['mean'])} per request "
+                       f"({number(rates['min'])}–{number(rates['max'])})"),
+                 aggregate=number(summary["aggregate_output_tok_s"]),
+                 ttft=number(summary["ttft_seconds"]["mean"], 3))
+
+
+def per_level(summary: dict[str, Any], number: Shown) -> Cells:
+    """A level of the sweep: per request the median tok/s and the 99th percentile; the aggregate."""
+    rates = summary["per_request_output_tok_s"]
+    return Cells(rate=f"{number(rates['p50'])} per request, p50 (p99 {number(rates['p99'])})",
+                 aggregate=number(summary["aggregate_output_tok_s"]),
+                 ttft=number(summary["ttft_seconds"]["p50"], 3))
+
+
+def prefilled(summary: dict[str, Any], number: Shown) -> Cells:
+    """
+    A prefill window: one request, and its prompt: the tokens the server found
+    cached, the hit rate of a warm one, and what it was cut from to fit.
+    """
+    tokens = (f"{number(summary['prompt_tokens'])}: cached "
+              f"{number(summary['cached_tokens'])} ({summary['prefill']} prefill)")
+    if summary.get("hit_rate") is not None:
+        tokens += f", hit rate {summary['hit_rate']:.0%} after priming"
+    if summary.get("shortened"):
+        tokens += (f"; cut from {number(summary['wanted_tokens'])} to fit "
+                   + fits(summary["context_length"], summary.get("max_req_input_len")))
+    return replace(one_request(summary, number), tokens=tokens)
+
+
+def once(run: Callable[[Measurement], Awaitable[Result]]) -> Ready:
+    """A window measured as it is: nothing to choose or prime before its counters are read."""
+
+    async def ready(measurement: Measurement, name: str) -> Runner:
+        return lambda: run(measurement)
+
+    return ready
+
+
+async def each_level(measurement: Measurement, name: str) -> Runner:
+    """A level of the sweep, the one its name holds."""
+    return lambda: sweep_level(measurement, name)
+
+
+def primed(prompts: Callable[[Measurement], Awaitable[Prefill]]) -> Ready:
+    """
+    A prefill window: its prompts chosen and, for its warm twin, the cache
+    primed, before its counters are read.
+    """
+
+    async def ready(measurement: Measurement, name: str) -> Runner:
+        prefill = await prompts(measurement)
+        primed = await prime(measurement, prefill) if name.endswith(WARM_SUFFIX) else None
+        return lambda: measure_prefill(measurement, prefill, primed)
+
+    return ready
+
+
+def cold_and_warm(name: str, prompts: Callable[[Measurement], Awaitable[Prefill]],
+                  settings: tuple[Setting, ...], labelled: bool = False) -> Window:
+    """
+    A prefill window, measured cold and warm: each one's TTFT and the warm one's
+    hit rate, in columns of their own; ``labelled``, its cold result's label
+    (:func:`_prefill`) beside its TTFT in the comparison's table.
+    """
+    ttft = summarised("ttft_seconds")
+    warm = f"{name}{WARM_SUFFIX}"
+    figures = (Figure(f"{name}_ttft_s", ttft, f"{name} TTFT s, cold", 3, LONGER),
+               Figure(f"{warm}_ttft_s", ttft, f"{name} TTFT s, warm", 3, LONGER, warm=True),
+               Figure(f"{warm}_hit_rate", summarised("hit_rate"), f"{name} hit rate, warm", 3,
+                      warm=True))
+    label = None
+    if labelled:
+        label = Label(f"{name}_prefill", f"{name} prefill", f"{name}_ttft_s", 2, "s TTFT")
+        figures += (Figure(label.key, summarised("prefill")),)
+    return Window(name, primed(prompts), prefilled, settings=settings, figures=figures,
+                  label=label, warm=True, decoding=False)
+
+
+def ascending(levels: tuple[int, ...]) -> tuple[int, ...]:
+    """The sweep's levels, refused unless ascending, distinct, and at most :data:`MAX_LEVEL`."""
+    if not levels or list(levels) != sorted(set(levels)) or levels[-1] > MAX_LEVEL:
+        raise ValueError(f"the sweep's levels must be ascending, distinct, and at most "
+                         f"{MAX_LEVEL}: got {','.join(map(str, levels))}")
+    return levels
+
+
+# The windows' sizes default to the field report's request shapes where it gives
+# them (harness.judging.field_report): its long input was 199,860 tokens, here about 200K.
+DECLARED = {window.name: window for window in (
+    Window(SINGLE, once(single), one_request, settings=(
+        Setting("single_tokens", PositiveInt, field_report.SINGLE_OUTPUT_TOKENS.value,
+                "output tokens of the single-stream request"),
+    ), figures=(
+        Figure("single_tok_s", summarised("output_tok_s"), "single tok/s", 1, RATE,
+               charted=True),
+        Figure("roofline_single_tok_s", roofline_tok_s, "roofline single tok/s", 1),
+        Figure("single_ttft_s", summarised("ttft_seconds")),
+        # The state's accept length: the comparison's column for it follows every window's.
+        Figure("accept_length", accept_length),
+        Figure("accept_length_cumulative", accept_length_cumulative),
+    )),
+    Window("concurrent", once(concurrent), per_request, settings=(
+        Setting("concurrent_requests", PositiveInt, field_report.CONCURRENT_REQUESTS.value,
+                "the concurrent window's requests"),
+        Setting("concurrent_tokens", PositiveInt, field_report.CONCURRENT_OUTPUT_TOKENS.value,
+                "output tokens of each of its requests"),
+    ), figures=(
+        Figure("aggregate_tok_s", summarised("aggregate_output_tok_s"), "aggregate tok/s", 1,
+               RATE, charted=True),
+        Figure("per_request_tok_s", summarised("per_request_output_tok_s", "mean"),
+               "per-request tok/s", 1),
+    ), at_once=lambda settings: settings.concurrent_requests),
+    Window(sweep.NAME, each_level, per_level, settings=(
+        Setting("concurrency", Annotated[tuple[PositiveInt, ...], AfterValidator(ascending)],
+                (1, 2, 4, 8, 16), "the sweep's levels, simultaneous requests, ascending"),
+        Setting("sweep_tokens", PositiveInt, 256, "output tokens of each request of the sweep"),
+    ), figures=(
+        # Each level's figures (harness.measuring.sweep), by level.
+        Figure(sweep.NAME, lambda _, report: sweep.figures(report)),
+    ), at_once=lambda settings: max(settings.concurrency), levelled=True),
+    Window(PROFILE, once(profiled), one_request, settings=(
+        Setting("profile_tokens", PositiveInt, 128, "output tokens of the profiled request"),
+    ), figures=(
+        # Each rank's shares and stalls, and NCCL's transport (harness.measuring.profile).
+        Figure(PROFILE, lambda _, report: profile.figures(report)),
+    )),
+    cold_and_warm("prefix", prefix, settings=(
+        Setting("prefix_tokens", PositiveInt, field_report.PREFIX_TOKENS.value,
+                "the shared prefix sent twice; capped by the state's context length"),
+        Setting("prefix_output_tokens", PositiveInt, 16, "output tokens of each prefix request"),
+    )),
+    cold_and_warm("long", long, settings=(
+        Setting("long_tokens", PositiveInt, 200_000,
+                "the longest input wanted; capped by the state's context length"),
+        Setting("long_output_tokens", PositiveInt, field_report.LONG_OUTPUT_TOKENS.value,
+                "output tokens of the long request"),
+    ), labelled=True),
+)}
+# Not a window's own: how long any request may wait for its next byte.
+TIMEOUT = Setting("request_timeout_seconds", PositiveFloat, 600.0,
+                  "the longest wait for the next byte of a response")
+
+
+def settings() -> tuple[Setting, ...]:
+    """Every window's settings, in the order declared, then the timeout every request shares."""
+    return (*(setting for window in DECLARED.values() for setting in window.settings), TIMEOUT)
+
+
+WindowSettings = create_model(
+    "WindowSettings", __config__=ConfigDict(extra="forbid", frozen=True), __module__=__name__,
+    __doc__="The sizes of the windows, which the command line may shorten: each one's "
+            "declared by its window, its description saying what it sizes.",
+    **{setting.name: (setting.kind, Field(setting.default, description=setting.sizes))
+       for setting in settings()})
+
+
+def names() -> list[str]:
+    """What ``--window`` takes, in the order a measurement runs them by default."""
+    return [name for window in DECLARED.values() for name in window.names()]
+
+
+def window_of(name: str) -> Window | None:
+    """The window a result of ``name`` is of (itself, its warm twin, or a level); None if none."""
+    return next((window for window in DECLARED.values() if name in window.names()
+                 or (window.levelled and sweep.level_of(name) is not None)), None)
 
 
 def both_temperatures(names: list[str]) -> list[str]:
     """``names`` with the cold and the warm window of each prefill window named, cold first."""
     planned: list[str] = []
     for name in names:
-        cold = name.removesuffix(WARM_SUFFIX)
-        twins = (cold, cold + WARM_SUFFIX) if cold in PREFILLS else (name,)
+        window = window_of(name)
+        twins = window.names() if window is not None and window.warm else (name,)
         planned += [twin for twin in twins if twin not in planned]
     return planned
 
 
 def levels(names: list[str], concurrency: tuple[int, ...]) -> list[str]:
     """``names`` with the sweep, where named, as one window per level, lowest first."""
+    levelled = {window.name for window in DECLARED.values() if window.levelled}
     return [level for name in names
-            for level in ([sweep.level_name(n) for n in concurrency] if name == SWEEP else [name])]
+            for level in ([sweep.level_name(n) for n in concurrency] if name in levelled
+                          else [name])]
 
 
 async def ready(measurement: Measurement, name: str) -> Runner:
-    """
-    The window ready to be measured: a prefill window's prompts chosen and, if
-    warm, its cache primed, before its counters are read.
-    """
-    if name in RUNNERS:
-        return lambda: RUNNERS[name](measurement)
-    if sweep.level_of(name) is not None:
-        return lambda: sweep_level(measurement, name)
-    prefill = await PROMPTS[name.removesuffix(WARM_SUFFIX)](measurement)
-    primed = await prime(measurement, prefill) if name.endswith(WARM_SUFFIX) else None
-    return lambda: measure_prefill(measurement, prefill, primed)
+    """The window ready to be measured, as its declaration readies it."""
+    window = window_of(name)
+    if window is None:
+        raise ValueError(f"no window is declared as {name!r} (have {', '.join(names())})")
+    return await window.ready(measurement, name)
 
 
 async def run_window(measurement: Measurement, name: str) -> dict[str, Any]:
@@ -532,8 +802,9 @@ async def post_all(measurement: Measurement, path: str, body: dict[str, Any] | N
 
 
 def is_cold(name: str) -> bool:
-    """Whether a window is measured from an empty cache: every level of the sweep is."""
-    return name in COLD or sweep.level_of(name) is not None
+    """Whether a window is measured from an empty cache: every declared one but a warm twin."""
+    window = window_of(name)
+    return window is not None and name != f"{window.name}{WARM_SUFFIX}"
 
 
 def cached_in_cold(name: str, samples: list[Sample], cache_report: bool) -> str | None:
@@ -577,9 +848,9 @@ async def run(endpoint: Endpoint, names: list[str], settings: WindowSettings,
     Returns the first server's ``/server_info`` (redacted, for the report's
     configuration) and each window's result.
     """
-    # Enough connections for the concurrent window, or for the snapshots'
-    # /server_info and /metrics of every server at once.
-    concurrency = max(settings.concurrent_requests, *settings.concurrency,
+    # Enough connections for the window that sends the most requests at once, or
+    # for the snapshots' /server_info and /metrics of every server at once.
+    concurrency = max(*(window.at_once(settings) for window in DECLARED.values()),
                       2 * len(endpoint.servers))
     async with session(concurrency, settings.request_timeout_seconds, endpoint.headers) as client:
         first = await server_stats.read_server(client, endpoint.servers[0])

@@ -11,6 +11,7 @@ ratio is the effect of the one layer the "changed" column names; or against a
 named baseline state. A ratio is never printed without its interval and its
 verdict; from one trial there is none, and the table says so.
 
+Each window's columns are those its declaration gives (:mod:`harness.measuring.windows`).
 Cold and warm prefills have a table of their own, a column for each: a warm
 window's figure is keyed by its own name, so it never lands in a cold column.
 
@@ -21,6 +22,7 @@ the measurements reproduce, and which it never made.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -28,28 +30,18 @@ from harness.hosts.counters import combined
 from harness.judging import field_report, intervals
 from harness.judging.field_report import NOT_REPORTED, Reported
 from harness.measuring import server_stats, sweep
+from harness.measuring.profile import PROFILE
+from harness.measuring.windows import DECLARED, LONGER, RATE, Figure, Label
 from harness.reporting.report import headline, number, percent, replaced, table
 from operations.states import STATES, layers_changed
 
-RATE = ("faster", "slower")
 # (headline key, column title, digits, the verdict's words, or None for no ratio)
-FIGURES = (
-    ("single_tok_s", "single tok/s", 1, RATE),
-    ("roofline_single_tok_s", "roofline single tok/s", 1, None),
-    ("aggregate_tok_s", "aggregate tok/s", 1, RATE),
-    ("per_request_tok_s", "per-request tok/s", 1, None),
+Column = tuple[str, str, int, tuple[str, str] | None]
+# The state's own figures, after its windows': the accept length (the single
+# window's), and the link's bytes per output token of the decoding windows.
+STATE_FIGURES: tuple[Column, ...] = (
     ("accept_length", "accept length", 2, None),
     ("gib_per_1k_tokens", "GiB / 1k output tokens", 3, ("more", "less")),
-)
-# The prefill windows' TTFT, cold and warm apart, and the warm windows' hit rates.
-LONGER = ("slower", "faster")
-COLD_AND_WARM = (
-    ("prefix_ttft_s", "prefix TTFT s, cold", 3, LONGER),
-    ("prefix_warm_ttft_s", "prefix TTFT s, warm", 3, LONGER),
-    ("prefix_warm_hit_rate", "prefix hit rate, warm", 3, None),
-    ("long_ttft_s", "long TTFT s, cold", 3, LONGER),
-    ("long_warm_ttft_s", "long TTFT s, warm", 3, LONGER),
-    ("long_warm_hit_rate", "long hit rate, warm", 3, None),
 )
 # The sweep's figures at each level (harness.measuring.sweep), and its counts.
 SWEEP_FIGURES = (
@@ -91,12 +83,9 @@ COUNTS = (
     ("retransmissions", "host-wide retransmissions"),
 )
 MAX_PER_SOCKET = ("max_socket_retransmissions", "max per socket")
-CHARTED = ("single_tok_s", "aggregate_tok_s", "accept_length", "receiver_errors",
-           "socket_retransmissions", "gib_per_1k_tokens")
-TITLES = ({key: title for key, title, *_ in (*FIGURES, *COLD_AND_WARM)} | dict(COUNTS)
-          | dict([MAX_PER_SOCKET]))
-DIGITS = {key: digits for key, _, digits, _ in (*FIGURES, *COLD_AND_WARM)} | dict.fromkeys(
-    [*dict(COUNTS), MAX_PER_SOCKET[0]], 0)
+# Charted after the windows' own charted figures.
+STATE_CHARTED = ("accept_length", "receiver_errors", "socket_retransmissions",
+                 "gib_per_1k_tokens")
 
 # The field report compares these two states: the stock driver, then the
 # candidate with tx_e2e=1, both with TP2 and NEXTN.
@@ -138,6 +127,40 @@ SIDE_BY_SIDE_NOTE = (
     "workstations. *Max retransmissions of one TP socket*: the most any one of the TP group's "
     "sockets retransmitted in one window of any trial."
 )
+
+
+def columns(figures: Iterable[Figure]) -> tuple[Column, ...]:
+    """The comparison's columns of window figures: those with a title."""
+    return tuple((figure.key, figure.title, figure.digits, figure.words)
+                 for figure in figures if figure.title)
+
+
+def table_figures() -> tuple[Column, ...]:
+    """The comparison table's figures: each window's, in order, then the state's."""
+    return (*columns(figure for window in DECLARED.values() if not window.warm
+                     for figure in window.figures), *STATE_FIGURES)
+
+
+def prefill_figures() -> tuple[Column, ...]:
+    """
+    The figures of the windows measured cold and warm, in a table of their own:
+    a warm window's figure is keyed by its own name, so it never lands in a cold column.
+    """
+    return columns(figure for window in DECLARED.values() if window.warm
+                   for figure in window.figures)
+
+
+def charted_figures() -> list[str]:
+    """The figures of the comparison's chart: the windows' charted ones, then the state's."""
+    return [*(figure.key for window in DECLARED.values() for figure in window.figures
+              if figure.charted), *STATE_CHARTED]
+
+
+def formats() -> dict[str, tuple[str, int]]:
+    """Every figure's and count's title and digits (a count's are none), by headline key."""
+    return ({key: (title, digits) for key, title, digits, _ in
+             (*table_figures(), *prefill_figures())}
+            | {key: (title, 0) for key, title in (*COUNTS, MAX_PER_SOCKET)})
 
 
 def ratio(value: float | None, reference: float | None, digits: int) -> str:
@@ -217,16 +240,21 @@ def accept_cell(rows: list[dict[str, Any]]) -> str:
     return spread_cell(trials(rows, "accept_length"), 2) + (" *" if cumulative else "")
 
 
-def long_prefill_cell(rows: list[dict[str, Any]]) -> str:
-    labels = [row["long_prefill"] for row in rows if row["long_prefill"]]
-    if not labels:
+def labels() -> list[Label]:
+    """The labels windows give their results, each a column at the end of the comparison's table."""
+    return [window.label for window in DECLARED.values() if window.label is not None]
+
+
+def label_cell(rows: list[dict[str, Any]], label: Label) -> str:
+    """The labels of a state's trials, each once, and the figure they qualify over the trials."""
+    said = [row[label.key] for row in rows if row[label.key]]
+    if not said:
         return "—"
-    return (f"{', '.join(dict.fromkeys(labels))} "
-            f"({spread_cell(trials(rows, 'long_ttft_s'), 2)} s TTFT)")
+    return (f"{', '.join(dict.fromkeys(said))} "
+            f"({spread_cell(trials(rows, label.beside), label.digits)} {label.unit})")
 
 
-def figure_titles(figures: tuple[tuple[str, str, int, tuple[str, str] | None], ...],
-                  ) -> list[str]:
+def figure_titles(figures: tuple[Column, ...]) -> list[str]:
     """Each figure's column, and its ratio's beside it where it has one."""
     header = []
     for _, title, _, words in figures:
@@ -234,9 +262,8 @@ def figure_titles(figures: tuple[tuple[str, str, int, tuple[str, str] | None], .
     return header
 
 
-def figure_cells(figures: tuple[tuple[str, str, int, tuple[str, str] | None], ...],
-                 rows: list[dict[str, Any]], reference: list[dict[str, Any]] | None,
-                 ) -> list[str]:
+def figure_cells(figures: tuple[Column, ...], rows: list[dict[str, Any]],
+                 reference: list[dict[str, Any]] | None) -> list[str]:
     """A state's figures over its trials, each ratio to ``reference`` with its verdict."""
     cells = []
     for key, _, digits, words in figures:
@@ -252,8 +279,9 @@ def figure_cells(figures: tuple[tuple[str, str, int, tuple[str, str] | None], ..
 
 def comparison_header() -> list[str]:
     """The comparison table's columns (the README quotes its header line)."""
-    return ["state", "changed", "trials", *figure_titles(FIGURES),
-            *(title for _, title in COUNTS), MAX_PER_SOCKET[1], "long prefill"]
+    return ["state", "changed", "trials", *figure_titles(table_figures()),
+            *(title for _, title in COUNTS), MAX_PER_SOCKET[1],
+            *(label.title for label in labels())]
 
 
 def comparison(reports: list[dict[str, Any]], baseline: str | None = None) -> str:
@@ -274,11 +302,11 @@ def comparison(reports: list[dict[str, Any]], baseline: str | None = None) -> st
                      else states[names[index - 1]] if index else None)
         references[state] = reference if reference is not rows else None
         first = [state, changed(names[index - 1], state) if index else "—", str(len(rows))]
-        body.append([*first, *figure_cells(FIGURES, rows, reference),
+        body.append([*first, *figure_cells(table_figures(), rows, reference),
                      *(count_cell(trials(rows, key)) for key, _ in COUNTS),
                      figure(combined(trials(rows, MAX_PER_SOCKET[0]), max), 0),
-                     long_prefill_cell(rows)])
-        prefills.append([*first, *figure_cells(COLD_AND_WARM, rows, reference)])
+                     *(label_cell(rows, label) for label in labels())])
+        prefills.append([*first, *figure_cells(prefill_figures(), rows, reference)])
     against = f"the {baseline} row" if baseline else "the row above"
     notes = [f"Figures: the median of the trials [its 95% interval]; × : ratio to {against}, "
              f"[its 95% interval] and the verdict. Method: {intervals.METHOD}. Counts: the "
@@ -302,10 +330,10 @@ def cold_and_warm(states: dict[str, list[dict[str, Any]]], body: list[list[str]]
     is slower), each warm window's hit rate.
     """
     if not any(row[key] is not None for rows in states.values() for row in rows
-               for key, *_ in COLD_AND_WARM):
+               for key, *_ in prefill_figures()):
         return []
     return ["### Cold and warm prefills, kept apart", "",
-            *table(["state", "changed", "trials", *figure_titles(COLD_AND_WARM)], body), "",
+            *table(["state", "changed", "trials", *figure_titles(prefill_figures())], body), "",
             "Cold: measured from an empty cache (`/flush_cache`), and 0 cached tokens reported. "
             "Warm: the cache primed once, unmeasured, then measured; hit rate: the share of "
             "the measured prompt the server found cached. A window that broke its "
@@ -315,12 +343,12 @@ def cold_and_warm(states: dict[str, list[dict[str, Any]]], body: list[list[str]]
 def levels_of(states: dict[str, list[dict[str, Any]]]) -> list[int]:
     """The sweep's levels any trial of any state measured, lowest first."""
     return sorted({level for rows in states.values() for row in rows
-                   for level in row.get("sweep", {})})
+                   for level in row.get(sweep.NAME, {})})
 
 
 def at_level(rows: list[dict[str, Any]], level: int) -> list[dict[str, Any]]:
     """Each trial's figures at one level of the sweep; a trial without the level, none."""
-    return [row.get("sweep", {}).get(level) or NOT_MEASURED_AT_LEVEL for row in rows]
+    return [row.get(sweep.NAME, {}).get(level) or NOT_MEASURED_AT_LEVEL for row in rows]
 
 
 def concurrency_sweep(states: dict[str, list[dict[str, Any]]],
@@ -439,7 +467,7 @@ def token_time(states: dict[str, list[dict[str, Any]]]) -> list[str]:
     """
     body = []
     for state, rows in states.items():
-        profiled = [row["profile"] for row in rows if row.get("profile", {}).get("ranks")]
+        profiled = [row[PROFILE] for row in rows if row.get(PROFILE, {}).get("ranks")]
         for rank in sorted({rank for each in profiled for rank in each["ranks"]}):
             per_trial = [each["ranks"][rank] for each in profiled if rank in each["ranks"]]
             cells = [state, rank, str(len(per_trial))]
@@ -471,7 +499,7 @@ def each_state(states: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Per state and figure: the median, the min–max, the 95% interval and every trial."""
     body = []
     for state, rows in states.items():
-        for key, title, digits, _ in (*FIGURES, *COLD_AND_WARM):
+        for key, title, digits, _ in (*table_figures(), *prefill_figures()):
             values = trials(rows, key)
             shown = intervals.spread(values)
             if shown.n == 0:
@@ -511,10 +539,11 @@ def side_by_side(reports: list[dict[str, Any]]) -> list[str]:
         return [*lines, f"No report of {' or '.join(missing)} (have {', '.join(states)}): the "
                         f"field report compares {CONTROL} with {CANDIDATE}."]
     stock, e2e = states[CONTROL], states[CANDIDATE]
-    words = {key: words for key, _, _, words in FIGURES}
+    words = {key: words for key, _, _, words in table_figures()}
+    digits_of = {key: digits for key, (_, digits) in formats().items()}
     body = []
     for key, title in SIDE_BY_SIDE:
-        digits = DIGITS[key]
+        digits = digits_of[key]
         field_stock, field_e2e = FIELD_REPORT.get(key, (None, None))
         field_ratio = (ratio(field_e2e.value, field_stock.value, digits)
                        if field_stock and field_e2e else "—")
@@ -598,9 +627,10 @@ def chart(reports: list[dict[str, Any]], path: Path) -> Path:
 
     states = by_state(reports)
     labels = [f"{state} (n={len(rows)})" for state, rows in states.items()]
-    prefills = [key for key, _, _, words in COLD_AND_WARM if words and any(
+    prefills = [key for key, _, _, words in prefill_figures() if words and any(
         row[key] is not None for rows in states.values() for row in rows)]
-    charted = [*CHARTED, *prefills]
+    charted = [*charted_figures(), *prefills]
+    titles = formats()
     curves = SWEEP_CHARTED if levels_of(states) else ()
     panels = len(charted) + len(curves)
     lines = -(-panels // 3)
@@ -619,7 +649,7 @@ def chart(reports: list[dict[str, Any]], path: Path) -> Path:
             else:
                 shown = intervals.spread(values)
                 height, interval = shown.median or 0, shown.interval
-                text = spread_cell(values, DIGITS[key])
+                text = spread_cell(values, titles[key][1])
             heights.append(height)
             spans.append(interval)
             texts.append(text)
@@ -627,7 +657,7 @@ def chart(reports: list[dict[str, Any]], path: Path) -> Path:
         draw_intervals(axis, spans)
         axis.bar_label(bars, labels=texts, fontsize=8)
         axis.set_ylim(bottom=0, top=axis_top(heights))
-        axis.set_title(TITLES[key])
+        axis.set_title(titles[key][0])
         axis.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
     drawn.suptitle("twinbolt: states over their trials, medians with 95% intervals")
     with replaced(path) as temporary:

@@ -25,10 +25,10 @@ from harness.hosts.counters import INTERFACE_COUNTERS, RETRANSMISSIONS, combined
 from harness.hosts.topology import Endpoint, Topology
 from harness.judging import disturbance
 from harness.judging.disturbance import counted
-from harness.measuring import profile, server_stats, sweep, traces
+from harness.measuring import profile, server_stats, traces
 from harness.measuring.client import THROUGHPUT
 from harness.measuring.profile import PROFILE
-from harness.measuring.windows import PREFILLS, WARM_SUFFIX, WindowSettings, fits
+from harness.measuring.windows import DECLARED, Cells, WindowSettings, window_of
 from harness.reporting import bench_serving
 
 FORMAT = "twinbolt-measurement/1"
@@ -90,39 +90,34 @@ def hosts(topology: Topology | None, windows: list[dict[str, Any]]) -> dict[str,
 
 def headline(report: dict[str, Any]) -> dict[str, Any]:
     """
-    The figures a comparison puts side by side. Link figures total every window
-    of the measurement; "GiB per 1,000 output tokens" divides the bytes put on
-    the link by the completion tokens of the same windows, the decode windows
-    only: a prefill window moves its whole prompt's activations for a handful of
-    output tokens, and the field's figure is a decode one (six requests). A window marked
-    invalid (a cold one that found cached tokens) gives no figure; a disturbed one
-    gives none, and its link counts, someone else's traffic among them, count
-    nowhere (:mod:`harness.judging.disturbance`). Each prefill
-    window's TTFT is keyed by the window's own name, cold (``long``) or warm
-    (``long_warm``, with its hit rate), so one never stands for the other.
+    The figures a comparison puts side by side: each window's, as its
+    declaration reads them (:mod:`harness.measuring.windows`), and the state's
+    own. Link figures total every window of the measurement; "GiB per 1,000
+    output tokens" divides the bytes put on the link by the completion tokens of
+    the same windows, the decoding ones only: a prefill window moves its whole
+    prompt's activations for a handful of output tokens, and the field's figure
+    is a decode one (six requests). A window marked invalid (a cold one that
+    found cached tokens) gives no figure; a disturbed one gives none, and its
+    link counts, someone else's traffic among them, count nowhere
+    (:mod:`harness.judging.disturbance`). Each prefill window's TTFT is keyed by
+    the window's own name, cold (``long``) or warm (``long_warm``, with its hit
+    rate), so one never stands for the other.
     """
-    windows = {window["name"]: window for window in report["windows"] if counted(window)}
-    summary = {name: window["summary"] for name, window in windows.items()}
+    results = {window["name"]: window for window in report["windows"] if counted(window)}
     undisturbed = [window for window in report["windows"] if not window.get("disturbed")]
     totals = [window["link"]["totals"] for window in undisturbed]
     server_info = report.get("config", {}).get("server_info") or {}
     decoding = [window for window in undisturbed
-                if window["name"].removesuffix(WARM_SUFFIX) not in PREFILLS]
+                if (declared := window_of(window["name"])) is None or declared.decoding]
     tokens = sum(sample["completion_tokens"] or 0
                  for window in decoding for sample in window["samples"])
     moved = combined([window["link"]["totals"]["bytes_moved"] for window in decoding])
     return {
         "state": report["state"],
-        "single_tok_s": summary.get("single", {}).get("output_tok_s"),
-        "roofline_single_tok_s": ((report.get("roofline") or {}).get("bound") or {}).get("tok_s"),
-        "single_ttft_s": summary.get("single", {}).get("ttft_seconds"),
-        "accept_length": windows.get("single", {}).get("server", {}).get("accept_length"),
-        "accept_length_cumulative": ("single" in windows
-                                     and server_stats.cumulative(windows["single"])),
+        # Each window's own figures, as its declaration reads them.
+        **{figure.key: figure.read(results.get(window.read_from(figure), {}), report)
+           for window in DECLARED.values() for figure in window.figures},
         "decode_log_interval": server_stats.decode_log_interval(server_info),
-        "aggregate_tok_s": summary.get("concurrent", {}).get("aggregate_output_tok_s"),
-        "per_request_tok_s": summary.get("concurrent", {}).get("per_request_output_tok_s",
-                                                                 {}).get("mean"),
         "receiver_errors": combined([total["receiver_errors"] for total in totals]),
         "socket_retransmissions": combined([total.get("socket_retransmissions")
                                             for total in totals]),
@@ -132,16 +127,9 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         "gib_per_1k_tokens": moved / GIB / tokens * 1000 if moved is not None and tokens
         else None,
         "output_tokens": tokens,
-        "sweep": sweep.figures(report),
-        "profile": profile.figures(report),
         # The memory side, from the first server's own answer.
         "kv_cache_tokens": server_info.get("max_total_num_tokens"),
         "largest_input_tokens": server_info.get("max_req_input_len"),
-        "long_prefill": summary.get("long", {}).get("prefill"),
-        **{f"{name}{warm}_ttft_s": summary.get(name + warm, {}).get("ttft_seconds")
-           for name in PREFILLS for warm in ("", WARM_SUFFIX)},
-        **{f"{name}{WARM_SUFFIX}_hit_rate": summary.get(name + WARM_SUFFIX, {}).get("hit_rate")
-           for name in PREFILLS},
     }
 
 
@@ -159,40 +147,25 @@ def number(value: float | int | None, digits: int = 1) -> str:
 
 
 def window_row(window: dict[str, Any]) -> list[str]:
+    """
+    A window's row: the cells its declaration makes of its summary
+    (:mod:`harness.measuring.windows`), then what every window has, its accept
+    length and its link's counts.
+    """
     summary, totals = window["summary"], window["link"]["totals"]
     name = window["name"]
-    rate = aggregate = ttft = tokens = "—"
-    if name in ("single", PROFILE) or name.removesuffix(WARM_SUFFIX) in PREFILLS:
-        rate = number(summary["output_tok_s"])
-        ttft = number(summary["ttft_seconds"], 3)
-    if sweep.level_of(name) is not None:
-        spread = summary["per_request_output_tok_s"]
-        rate = (f"{number(spread['p50'])} per request, p50 "
-                f"(p99 {number(spread['p99'])})")
-        aggregate = number(summary["aggregate_output_tok_s"])
-        ttft = number(summary["ttft_seconds"]["p50"], 3)
-    if name == "concurrent":
-        spread = summary["per_request_output_tok_s"]
-        rate = (f"{number(spread['mean'])} per request "
-                f"({number(spread['min'])}–{number(spread['max'])})")
-        aggregate = number(summary["aggregate_output_tok_s"])
-        ttft = number(summary["ttft_seconds"]["mean"], 3)
-    if name.removesuffix(WARM_SUFFIX) in PREFILLS:
-        tokens = (f"{number(summary['prompt_tokens'])}: cached "
-                  f"{number(summary['cached_tokens'])} ({summary['prefill']} prefill)")
-        if summary.get("hit_rate") is not None:
-            tokens += f", hit rate {summary['hit_rate']:.0%} after priming"
-    if summary.get("shortened"):
-        tokens += (f"; cut from {number(summary['wanted_tokens'])} to fit "
-                   + fits(summary["context_length"], summary.get("max_req_input_len")))
+    declared = window_of(name)
+    cells = declared.cells(summary, number) if declared is not None else Cells()
+    dash = number(None)
     moved = totals["bytes_moved"]
     marks = [mark for key, mark in (("disturbed", "disturbed"), ("again", "again"))
              if window.get(key)]
     return [
         f"{name} ({', '.join(marks)})" if marks else name,
-        str(len(window["samples"])), rate, aggregate, ttft,
+        str(len(window["samples"])), cells.rate or dash, cells.aggregate or dash,
+        cells.ttft or dash,
         accept_length_cell(window["server"]["accept_length"], server_stats.cumulative(window)),
-        tokens,
+        cells.tokens or dash,
         number(totals["receiver_errors"]),
         f"{number(totals.get('socket_retransmissions'))} "
         f"(max {number(totals.get('max_socket_retransmissions'))})",

@@ -72,9 +72,10 @@ async def single_stream_bound(topology: Topology, server_info: dict,
     reading = await remote.read(
         first.name, serving_reading.shape(first.settings), topology.ssh_config, sudo=first.sudo)
     link_gbps = report.hosts(topology, results).get(first.name, {}).get("rx_rate_gbps")
+    single = next((window for window in results if window["name"] == windows.SINGLE), None)
     return roofline.beside_measurement(reading.values.get("shape"),
                                        serving.gpu_memory_bandwidth_gb_s,
-                                       server_info, results, link_gbps)
+                                       server_info, single, link_gbps)
 
 
 def failures(built: dict) -> list[str]:

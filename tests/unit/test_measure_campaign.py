@@ -249,7 +249,7 @@ def test_the_campaign_plans_prefix_and_long_cold_and_warm(tmp_path):
     planned = Campaign(None, plan, ["single", "long", "prefix_warm"], WindowSettings(),
                        tmp_path).windows
     assert planned == ["single", "long", "long_warm", "prefix", "prefix_warm"]
-    everything = Campaign(None, plan, list(windows.WINDOWS), WindowSettings(), tmp_path).windows
+    everything = Campaign(None, plan, windows.names(), WindowSettings(), tmp_path).windows
     assert {"prefix", "prefix_warm", "long", "long_warm"} <= set(everything)
 
 

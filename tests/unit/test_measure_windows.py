@@ -382,7 +382,7 @@ def test_a_warm_window_whose_priming_did_not_hold_is_marked_invalid(plain, monke
 
 
 def test_a_campaign_plans_every_prefill_window_cold_and_warm():
-    assert windows.both_temperatures(list(windows.WINDOWS)) == list(windows.WINDOWS)
+    assert windows.both_temperatures(windows.names()) == windows.names()
     assert windows.both_temperatures(["single", "long_warm", "prefix", "concurrent"]) == [
         "single", "long", "long_warm", "prefix", "prefix_warm", "concurrent"]
     # The demo's windows stay as they are.

@@ -54,21 +54,21 @@ def single_window(tok_s: float) -> dict:
 
 
 def test_the_measurement_is_set_beside_its_bound_in_the_report() -> None:
-    beside = roofline.beside_measurement(SHAPE, RTX_5090, NEXTN, [single_window(200.0)], 40.0)
+    beside = roofline.beside_measurement(SHAPE, RTX_5090, NEXTN, single_window(200.0), 40.0)
     assert beside["bound"]["inputs"]["context_positions"] == 17 + 128
     assert beside["fraction"] == pytest.approx(200.0 / beside["bound"]["tok_s"])
     lines = "\n".join(report.roofline_lines(beside))
     assert "| measured | 200.0 |" in lines
     assert f"Measured: {beside['fraction'] * 100:.1f}% of the roofline" in lines
-    assert roofline.beside_measurement(SHAPE, RTX_5090, NEXTN, [], 40.0) is None
-    unknown = roofline.beside_measurement(None, RTX_5090, NEXTN, [single_window(200.0)], 40.0)
+    assert roofline.beside_measurement(SHAPE, RTX_5090, NEXTN, None, 40.0) is None
+    unknown = roofline.beside_measurement(None, RTX_5090, NEXTN, single_window(200.0), 40.0)
     assert unknown["bound"] is None
     assert "No roofline" in "\n".join(report.roofline_lines(unknown))
 
 
 def test_a_replicas_roofline_names_neither_draft_nor_link() -> None:
     beside = roofline.beside_measurement(SHAPE, RTX_5090, {"tp_size": 1},
-                                         [single_window(110.0)], 20.0)
+                                         single_window(110.0), 20.0)
     text = "\n".join(report.roofline_lines(beside))
     assert "over TP 1 at 1,792 GB/s, 145 positions of context. The roofline" in text
     assert "draft passes" not in text and "the link at" not in text
