@@ -92,10 +92,15 @@ def section_values(lines: list[str], facts: dict[str, FactBase]) -> dict[str, An
     status: dict[str, int] = {}
     key = None
     for line in lines:
+        # A command whose output does not end its last line (curl's -w "%{http_code}")
+        # leaves the status marker at the end of that line, after the output's last word.
+        ended = line.find(f"{MARKER}-status ")
         if line.startswith(f"{MARKER} "):
             key = line.removeprefix(f"{MARKER} ")
             found[key] = []
-        elif line.startswith(f"{MARKER}-status ") and key is not None:
+        elif ended >= 0 and key is not None:
+            if ended:
+                found[key].append(line[:ended])
             status[key] = int(line.split()[-1])
             key = None
         elif key is not None:

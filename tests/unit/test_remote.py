@@ -119,3 +119,21 @@ def test_the_harness_ssh_config_is_read_by_openssh_as_written(tmp_path: Path) ->
 def test_an_ssh_config_value_it_cannot_carry_is_refused(data: dict) -> None:
     with pytest.raises(ValueError, match="OpenSSH config"):
         ssh_config([InventoryEntry("gw0", ("gateway",), data)])
+
+
+class Unended(FactBase):
+    """A fact whose output does not end its last line, as curl's ``-w "%{http_code}"``."""
+
+    def command(self) -> str:
+        return "printf '{\"workers\": []}\\n200'"
+
+    def process(self, output: list[str]) -> list[str]:
+        return output
+
+
+def test_a_section_whose_output_does_not_end_its_line_is_read_whole() -> None:
+    queries = [remote.Query("unended", Unended()), remote.Query("tricky", Tricky())]
+    output = subprocess.run(["sh", "-c", remote.script(queries)], capture_output=True,
+                            text=True, timeout=30).stdout
+    assert remote.parse(output, queries) == {"unended": ['{"workers": []}', "200"],
+                                             "tricky": EXPECTED_TRICKY}
