@@ -304,7 +304,7 @@ def driver_rung(topology: Topology, state: State, first: dict[str, remote.Readin
             # No peer at all is the link's trouble; a peer without E2E, the candidate's.
             verdict = FAIL if peer.observed["peer"] else link_verdict(state)
         rung.saw(f"{entry.name}: {peer.observed['seen']}", verdict)
-        guard = safety_reading.judge(reading.values).observed
+        guard = safety_reading.judge(entry.settings, reading.values).observed
         if guard["armed"] != (state.driver.is_candidate):
             rung.saw(f"{entry.name}: the guard is {'' if guard['armed'] else 'not '}armed under "
                      f"the {state.driver} driver", WARN)

@@ -39,6 +39,9 @@ from operations.states import ServingMode
 NCCL_INFO = "NCCL INFO"
 
 
+# Where status shows this layer's lines of a workstation.
+SECTION = "serving"
+
 def reading(settings: WorkstationSettings) -> list[Query]:
     """The SGLang services running on a workstation."""
     return [Query("services", RunningServices(),

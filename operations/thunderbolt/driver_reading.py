@@ -23,6 +23,8 @@ from operations.thunderbolt.driver import (
     loaded_driver,
 )
 
+# Where status shows this layer's lines of a workstation.
+SECTION = "driver"
 
 def loaded(settings: WorkstationSettings) -> list[Query]:
     """The loaded module alone: the build and parameters a window's counters record."""

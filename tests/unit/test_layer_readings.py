@@ -158,7 +158,7 @@ STALL = {"kind": "stall", "time": 0, "peer": "169.254.77.2", "stalled_seconds": 
     ({"armed": False, "events": [STALL]}, False, 1, ["the guard restored stock: "]),
 ])
 def test_the_guard_judge(guard, armed, events, problems) -> None:
-    judged = safety_reading.judge({"guard": guard})
+    judged = safety_reading.judge(WORKSTATION, {"guard": guard})
     assert judged.observed["armed"] is armed and len(judged.observed["events"]) == events
     assert [problem[:len(prefix)] for problem, prefix
             in zip(judged.problems, problems, strict=True)] == problems
