@@ -39,16 +39,12 @@ from harness.hosts.counters import RECEIVER_ERRORS, socket_deltas
 from harness.hosts.status import Status, observe
 from harness.hosts.topology import Gateway, Topology, Workstation
 from operations.gateway import reading as gateway_reading
-from operations.gateway.proxy import serving_deployments
-from operations.gateway.route import answer_problems
 from operations.plumbing import probes
 from operations.safety import reading as safety_reading
 from operations.serving import reading as serving_reading
-from operations.serving import transport
-from operations.serving.sglang import TP_RANKS, server_info, server_info_problems
-from operations.states import STATES, State
+from operations.serving.sglang import server_info, server_info_problems
+from operations.states import STATES, ServingMode, State
 from operations.thunderbolt import driver_reading, link_reading
-from operations.thunderbolt.driver import TBNET_E2E
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 # Each probe is bounded: a hung rank must not hang the diagnosis.
@@ -202,12 +198,9 @@ def route_rung(gateway: remote.Reading | None, fallback: bool) -> Rung:
     if gateway.error:
         rung.saw(gateway.error, FAIL)
         return rung
-    expected = serving_deployments(fallback)
-    for role, answer in gateway.values["roles"].items():
-        found = answer_problems(role, answer, expected[role], PROBE_TOKENS)
-        served = answer.headers.get("x-litellm-model-id", "nobody")
-        rung.saw(f"role {role}: served by {served} in {answer.seconds:.2f}s")
-        for problem in found:
+    for judged in gateway_reading.judge_roles(gateway.values, fallback, PROBE_TOKENS):
+        rung.saw(judged.observed["seen"])
+        for problem in judged.problems:
             rung.saw(problem, FAIL)
     return rung
 
@@ -261,12 +254,11 @@ def sockets_rung(topology: Topology, state: State, first: dict[str, remote.Readi
         return rung
     for entry, before, after in readable(rung, topology, first, second):
         settings = entry.settings
-        process = before.values[f"process {TP_RANKS[settings.rank]}"]
-        reading = after.values["connections"]
-        held = transport.connections_of(reading, process["pid"]) if process["pid"] else []
-        for problem in transport.connection_problems(
-                held, reading["addresses"], settings.link_address, settings.peer_link_address,
-                settings.serving.port, settings.link.interface):
+        process = serving_reading.process(settings, ServingMode.TENSOR_PARALLEL, before.values)
+        judged = serving_reading.judge_connections(settings, process,
+                                                   after.values["connections"])
+        held = judged.observed["held"]
+        for problem in judged.problems:
             rung.saw(f"{entry.name}: {problem}", FAIL)
         deltas = socket_deltas(before.values["sockets"], after.values["sockets"])
         rung.saw(f"{entry.name}: {len(held)} connection(s) of the rank; {deltas['count']} "
@@ -306,16 +298,13 @@ def driver_rung(topology: Topology, state: State, first: dict[str, remote.Readin
     for entry, reading in readable(rung, topology, first):
         judged = driver_reading.judge(entry.settings, reading.values, state.driver)
         rung.saw(f"{entry.name}: {judged.observed['seen']}", FAIL if judged.problems else PASS)
-        peer = reading.values["peer"]
-        if peer is None:
-            rung.saw(f"{entry.name}: no peer advertises a ThunderboltIP service",
-                     link_verdict(state))
-        elif state.driver.is_candidate and not peer["prtcstns"] & TBNET_E2E:
-            rung.saw(f"{entry.name}: the peer does not advertise E2E (service {peer['service']} "
-                     f"prtcstns 0x{peer['prtcstns']:08x}, bit 0 clear) under tx_e2e=1", FAIL)
-        else:
-            rung.saw(f"{entry.name}: the peer advertises prtcstns 0x{peer['prtcstns']:08x}")
-        guard = safety_reading.judge(reading.values).observed
+        peer = driver_reading.judge_peer(reading.values, state.driver)
+        verdict = PASS
+        if peer.problems:
+            # No peer at all is the link's trouble; a peer without E2E, the candidate's.
+            verdict = FAIL if peer.observed["peer"] else link_verdict(state)
+        rung.saw(f"{entry.name}: {peer.observed['seen']}", verdict)
+        guard = safety_reading.judge(entry.settings, reading.values).observed
         if guard["armed"] != (state.driver.is_candidate):
             rung.saw(f"{entry.name}: the guard is {'' if guard['armed'] else 'not '}armed under "
                      f"the {state.driver} driver", WARN)

@@ -21,6 +21,7 @@ from typing import Any
 from harness.hosts import remote
 from harness.hosts.topology import Topology
 from operations.gateway import reading as gateway_reading
+from operations.plumbing.reading import Judgement
 from operations.safety import reading as safety_reading
 from operations.serving import reading as serving_reading
 from operations.serving.sglang import ROUTER, server_info, speculative_of
@@ -28,8 +29,9 @@ from operations.site.settings import GatewaySettings, WorkstationSettings
 from operations.states import DECLARED, STATES, ServingMode, Speculative, State
 from operations.thunderbolt import driver_reading, link_reading
 
-# What each workstation is read for, layer by layer, in the order status shows them.
-WORKSTATION_LAYERS = (driver_reading, link_reading, serving_reading, safety_reading)
+# A workstation's layers, in the order status shows them: each reads the host
+# (``reading``), judges what it read (``judge``) and shows it under its ``SECTION``.
+WORKSTATION_LAYERS = (driver_reading, link_reading, safety_reading, serving_reading)
 
 
 @dataclass(frozen=True)
@@ -148,27 +150,26 @@ def gateway_queries(settings: GatewaySettings) -> list[remote.Query]:
     return [*serving_reading.router(settings), *gateway_reading.reading(settings)]
 
 
-async def guard_states(topology: Topology) -> dict[str, dict[str, Any]]:
+async def guard_states(topology: Topology) -> dict[str, Judgement | str]:
     """
-    Each workstation's guard, as :class:`~operations.safety.guard.GuardState` reads it:
-    whether it is armed, and its events no run has read; an unreachable host
-    reads as its error.
+    Each workstation's guard as the safety layer judges it: whether it is armed,
+    and its events no run has read; an unreachable host reads as its error.
     """
     queries = {entry: safety_reading.reading(entry.settings) for entry in topology.workstations}
     readings = await remote.read_all(queries, topology.ssh_config)
-    return {name: ({"error": reading.error} if reading.error else reading.values["guard"])
-            for name, reading in readings.items()}
+    return {entry.name: readings[entry.name].error
+            or safety_reading.judge(entry.settings, readings[entry.name].values)
+            for entry in topology.workstations}
 
 
-def guard_fired(guards: dict[str, dict[str, Any]]) -> list[str]:
+def guard_fired(guards: dict[str, Judgement | str]) -> list[str]:
     """Why the guard is not quietly armed, by host: events, not running, unreadable."""
     found = []
     for name, guard in guards.items():
-        if "error" in guard:
-            found.append(f"{name}: the guard cannot be read: {guard['error']}")
+        if isinstance(guard, str):
+            found.append(f"{name}: the guard cannot be read: {guard}")
             continue
-        found += [f"{name}: {problem}"
-                  for problem in safety_reading.judge({"guard": guard}).problems]
+        found += [f"{name}: {problem}" for problem in guard.problems]
     return found
 
 
@@ -197,10 +198,12 @@ async def observe(topology: Topology) -> Status:
     for reading in readings.values():
         if reading.error:
             status.rows.append(("unreachable", reading.host, reading.error))
-    status.layers["driver"] = driver_layer(topology, readings, status.rows)
-    link_rows(topology, readings, status.rows)
-    guard_rows(topology, readings, status.rows)
-    status.layers["serving"] = serving_layer(topology, readings, status.rows, fronted)
+    judged = judged_workstations(topology, readings)
+    status.rows += [(section, host, line) for section, by_host in judged.items()
+                    for host, judgement in by_host.items() for line in judgement.lines]
+    status.layers["driver"] = driver_layer(topology, judged[driver_reading.SECTION])
+    status.layers["serving"] = serving_layer(topology, judged[serving_reading.SECTION],
+                                             readings, status.rows, fronted)
     status.layers["speculative"] = speculative_layer(topology, infos, status.rows)
     status.layers["gateway_fallback"] = gateway_layer(topology, readings, status.rows)
     if fronted and status.layers["serving"] == ServingMode.TENSOR_PARALLEL:
@@ -228,55 +231,43 @@ def fronted_elsewhere(topology: Topology, readings: dict[str, remote.Reading],
 # Judging each layer
 
 
-def driver_layer(topology: Topology, readings: dict[str, remote.Reading],
-                 rows: list[tuple[str, str, str]]) -> Any:
+def judged_workstations(topology: Topology, readings: dict[str, remote.Reading]
+                        ) -> dict[str, dict[str, Judgement]]:
+    """
+    Each layer's judgement of each workstation that could be read, by section
+    then host: one pass over the layers. The link and the guard are no layer of
+    a declared state, but every state needs them: shown, not matched.
+    """
+    return {layer.SECTION: {entry.name: layer.judge(entry.settings, readings[entry.name].values)
+                            for entry in topology.workstations
+                            if not readings[entry.name].error}
+            for layer in WORKSTATION_LAYERS}
+
+
+def driver_layer(topology: Topology, judged: dict[str, Judgement]) -> Any:
     seen = {}
     for entry in topology.workstations:
-        reading = readings[entry.name]
-        if reading.error:
+        if entry.name not in judged:
             seen[entry.name] = Unknown("unreachable")
             continue
-        judged = driver_reading.judge(entry.settings, reading.values).observed
-        build = judged["build_id"]
-        seen[entry.name] = judged["driver"] or Unknown(f"build {build}" if build
-                                                       else "not loaded")
-        rows.append(("driver", entry.name, judged["seen"]))
+        observed = judged[entry.name].observed
+        build = observed["build_id"]
+        seen[entry.name] = observed["driver"] or Unknown(f"build {build}" if build
+                                                         else "not loaded")
     return agreed(seen, "the driver")
 
 
-def link_rows(topology: Topology, readings: dict[str, remote.Reading],
-              rows: list[tuple[str, str, str]]) -> None:
-    """The link is no layer of a state, but every state needs it: shown, not judged."""
-    for entry in topology.workstations:
-        reading = readings[entry.name]
-        if not reading.error:
-            rows.append(("link", entry.name,
-                         link_reading.judge(entry.settings, reading.values).observed["seen"]))
-
-
-def guard_rows(topology: Topology, readings: dict[str, remote.Reading],
-               rows: list[tuple[str, str, str]]) -> None:
-    """
-    Whether the guard is armed, and what it did that no run has read yet: no
-    layer of a state, but what an operator back in the morning needs first.
-    """
-    for entry in topology.workstations:
-        reading = readings[entry.name]
-        if reading.error:
-            continue
-        guard = safety_reading.judge(reading.values).observed
-        rows.append(("guard", entry.name, "armed" if guard["armed"] else "not armed"))
-        rows.extend(("guard", entry.name, event) for event in guard["events"])
-
-
-def serving_layer(topology: Topology, readings: dict[str, remote.Reading],
-                  rows: list[tuple[str, str, str]], fronted: list[str]) -> Any:
+def serving_layer(topology: Topology, judged: dict[str, Judgement],
+                  readings: dict[str, remote.Reading], rows: list[tuple[str, str, str]],
+                  fronted: list[str]) -> Any:
     shape = {}
     for entry in topology.workstations:
-        judged = serving_reading.judge(entry.settings, readings[entry.name].values).observed
-        rows.append(("serving", entry.name, judged["seen"]))
-        shape[entry.name] = judged["serving"] or Unknown(", ".join(judged["running"])
-                                                         or "nothing")
+        if entry.name not in judged:
+            shape[entry.name] = Unknown("unreachable")
+            continue
+        observed = judged[entry.name].observed
+        shape[entry.name] = observed["serving"] or Unknown(", ".join(observed["running"])
+                                                           or "nothing")
     router = False
     if topology.gateway:
         reading = readings[topology.gateway.name]

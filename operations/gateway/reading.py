@@ -11,8 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from operations.gateway.proxy import ROLES, LiveRouting, ProxyConfig, fallback_present
-from operations.gateway.route import RoleAnswers
+from operations.gateway.proxy import (
+    ROLES,
+    LiveRouting,
+    ProxyConfig,
+    fallback_present,
+    serving_deployments,
+)
+from operations.gateway.route import RoleAnswers, answer_problems
 from operations.plumbing.reading import Judgement, Query
 from operations.services import RunningServices
 from operations.site.settings import GatewaySettings
@@ -62,3 +68,17 @@ def judge(settings: GatewaySettings, values: dict[str, Any]) -> Judgement:
                       "seen": f"{proxy}: small -> {', '.join(general) or 'nothing'} on any "
                               f"error; small -> {', '.join(context) or 'nothing'} on context "
                               f"overflow; {file_text}"})
+
+
+def judge_roles(values: dict[str, Any], fallback: bool, tokens: int) -> list[Judgement]:
+    """
+    Each role's answer (read by :func:`roles`), served as ``fallback`` implies
+    (small on large, or on its own): who served it and how fast (``seen``), and
+    why it is not the completion of ``tokens`` it should be.
+    """
+    expected = serving_deployments(fallback)
+    return [Judgement({"seen": f"role {role}: served by "
+                               f"{answer.headers.get('x-litellm-model-id', 'nobody')} "
+                               f"in {answer.seconds:.2f}s"},
+                      answer_problems(role, answer, expected[role], tokens))
+            for role, answer in values["roles"].items()]

@@ -41,3 +41,9 @@ class Judgement:
 
     observed: dict[str, Any]
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def lines(self) -> list[str]:
+        """What an operator reads of it, a line each: its ``seen``, one line or several."""
+        seen = self.observed.get("seen", [])
+        return [seen] if isinstance(seen, str) else list(seen)

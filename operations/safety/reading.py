@@ -17,6 +17,8 @@ from operations.safety.ledger import HostIdentity
 from operations.safety.lock import HostLock
 from operations.site.settings import WorkstationSettings
 
+# Where status shows this layer's lines of a workstation.
+SECTION = "guard"
 
 def reading(settings: WorkstationSettings) -> list[Query]:
     """The guard: whether it runs, and its events no run has read."""
@@ -38,15 +40,18 @@ def identity(settings: WorkstationSettings) -> list[Query]:
             for key, fact in HostIdentity.members.items()]
 
 
-def judge(values: dict[str, Any]) -> Judgement:
+def judge(settings: WorkstationSettings, values: dict[str, Any]) -> Judgement:
     """
     Whether the guard is ``armed`` and what it did (``events``, each as an
-    operator reads it); a problem for each event, or if it is neither armed
-    nor has anything to say.
+    operator reads it), and the lines an operator reads (``seen``); a problem
+    for each event, or if it is neither armed nor has anything to say. Asked
+    as every layer's judge is (``settings``, the values read); a guard needs
+    nothing of its host's settings to be judged.
     """
     guard = values["guard"]
     events = [summary(event) for event in guard["events"]]
     problems = [f"the guard {event}" for event in events]
     if not guard["armed"] and not events:
         problems.append("the guard is not armed")
-    return Judgement({"armed": guard["armed"], "events": events}, problems)
+    return Judgement({"armed": guard["armed"], "events": events,
+                      "seen": ["armed" if guard["armed"] else "not armed", *events]}, problems)

@@ -24,13 +24,23 @@ from operations.serving.sglang import (
     service_for,
     serving_of,
 )
-from operations.serving.transport import Connections, LinkCounters, ModelShape, PeerSockets
+from operations.serving.transport import (
+    Connections,
+    LinkCounters,
+    ModelShape,
+    PeerSockets,
+    connection_problems,
+    connections_of,
+)
 from operations.site.settings import GatewaySettings, WorkstationSettings
 from operations.states import ServingMode
 
 # NCCL_DEBUG=INFO's lines: NCCL's interface, channels and transport.
 NCCL_INFO = "NCCL INFO"
 
+
+# Where status shows this layer's lines of a workstation.
+SECTION = "serving"
 
 def reading(settings: WorkstationSettings) -> list[Query]:
     """The SGLang services running on a workstation."""
@@ -79,6 +89,12 @@ def ranks(settings: WorkstationSettings, serving: ServingMode, lines: int) -> li
                   {"service": name, "init_system": init_system, "lines": lines})]
 
 
+def process(settings: WorkstationSettings, serving: ServingMode,
+            values: dict[str, Any]) -> dict[str, Any]:
+    """The process of the server ``serving`` runs on this workstation, as :func:`ranks` read it."""
+    return values[f"process {service_for(serving, settings.rank)}"]
+
+
 def nccl(settings: WorkstationSettings, serving: ServingMode) -> list[Query]:
     """NCCL's INFO lines in the log of the server ``serving`` runs on this workstation."""
     return [Query("nccl", ServiceLogMatches(),
@@ -112,3 +128,15 @@ def judge(settings: WorkstationSettings, values: dict[str, Any]) -> Judgement:
     found = [] if serving else [f"runs {', '.join(running) or 'nothing'}, no declared mode"]
     return Judgement({"serving": serving, "running": running,
                       "seen": ", ".join(running) or "no SGLang service"}, found)
+
+
+def judge_connections(settings: WorkstationSettings, process: dict[str, Any],
+                      connections: dict[str, Any]) -> Judgement:
+    """
+    The connections the TP rank's ``process`` holds (``held``, from every
+    process's ``connections``); why they are not the TP group's, across the link.
+    """
+    held = connections_of(connections, process["pid"]) if process["pid"] else []
+    return Judgement({"held": held}, connection_problems(
+        held, connections["addresses"], settings.link_address, settings.peer_link_address,
+        settings.serving.port, settings.link.interface))

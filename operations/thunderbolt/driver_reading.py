@@ -14,6 +14,7 @@ from operations.plumbing.reading import Judgement, Query
 from operations.site.settings import WorkstationSettings
 from operations.states import Driver
 from operations.thunderbolt.driver import (
+    TBNET_E2E,
     CandidateModule,
     LoadedModule,
     ModuleFileBuildId,
@@ -22,6 +23,8 @@ from operations.thunderbolt.driver import (
     loaded_driver,
 )
 
+# Where status shows this layer's lines of a workstation.
+SECTION = "driver"
 
 def loaded(settings: WorkstationSettings) -> list[Query]:
     """The loaded module alone: the build and parameters a window's counters record."""
@@ -66,3 +69,22 @@ def judge(settings: WorkstationSettings, values: dict[str, Any],
     problems = [] if expected in (None, driver) else [f"the {driver} driver is loaded, "
                                                       f"not the {expected} driver"]
     return Judgement({**observed, "seen": f"{driver}  {build}"}, problems)
+
+
+def judge_peer(values: dict[str, Any], expected: Driver) -> Judgement:
+    """
+    The peer's ThunderboltIP service as the driver needs it: whether a peer
+    advertises one (``peer``) and the line an operator reads (``seen``); a
+    problem without one, or when the candidate is to run ``tx_e2e=1`` and the
+    peer does not advertise E2E (bit 0 of its protocol settings).
+    """
+    peer = values["peer"]
+    if peer is None:
+        seen = "no peer advertises a ThunderboltIP service"
+        return Judgement({"peer": False, "seen": seen}, [seen])
+    if expected.is_candidate and not peer["prtcstns"] & TBNET_E2E:
+        seen = (f"the peer does not advertise E2E (service {peer['service']} prtcstns "
+                f"0x{peer['prtcstns']:08x}, bit 0 clear) under tx_e2e=1")
+        return Judgement({"peer": True, "seen": seen}, [seen])
+    return Judgement({"peer": True,
+                      "seen": f"the peer advertises prtcstns 0x{peer['prtcstns']:08x}"})

@@ -24,6 +24,8 @@ from operations.thunderbolt.link import (
     trained_rate,
 )
 
+# Where status shows this layer's lines of a workstation.
+SECTION = "link"
 
 def trained(settings: WorkstationSettings) -> list[Query]:
     """The XDomain peer alone: the rate a window's roofline prices the link at."""

@@ -21,8 +21,10 @@ from pyinfra.operations import files
 
 from harness.hosts.status import guard_fired
 from operations.plumbing.facts import FileDigest, digest
+from operations.plumbing.reading import Judgement
 from operations.run import Run
 from operations.safety import guard, ledger
+from operations.safety import reading as safety_reading
 from operations.safety.guard import Guard, GuardState
 from operations.services import RUNSV_EXIT, RUNSV_ONCE
 from operations.thunderbolt.link import ExpectedLink
@@ -505,11 +507,12 @@ def test_an_event_is_described_for_an_operator() -> None:
 
 
 def test_a_campaign_or_soak_names_a_guard_that_did_not_stay_quietly_armed() -> None:
-    assert guard_fired({"wsa": {"armed": True, "events": []},
-                        "wsb": {"armed": True, "events": []}}) == []
-    found = guard_fired({"wsa": {"armed": False, "events": [EVENT]},
-                         "wsb": {"armed": False, "events": []},
-                         "gw": {"error": "ssh: timed out"}})
+    def judged(armed: bool, *events: dict) -> Judgement:
+        return safety_reading.judge(None, {"guard": {"armed": armed, "events": list(events)}})
+
+    assert guard_fired({"wsa": judged(True), "wsb": judged(True)}) == []
+    found = guard_fired({"wsa": judged(False, EVENT), "wsb": judged(False),
+                         "gw": "ssh: timed out"})
     assert found[0].startswith("wsa: the guard restored stock: ")
     assert found[1:] == ["wsb: the guard is not armed",
                          "gw: the guard cannot be read: ssh: timed out"]

@@ -13,10 +13,12 @@ from types import SimpleNamespace
 import pytest
 
 from operations.gateway import reading as gateway_reading
+from operations.plumbing import probes
 from operations.safety import reading as safety_reading
 from operations.serving import reading as serving_reading
 from operations.site.hosts import InventoryEntry
 from operations.site.settings import WorkstationSettings
+from operations.states import Driver
 from operations.thunderbolt import driver_reading, link_reading
 from operations.thunderbolt.driver import CandidateModule
 
@@ -156,12 +158,82 @@ STALL = {"kind": "stall", "time": 0, "peer": "169.254.77.2", "stalled_seconds": 
     ({"armed": False, "events": [STALL]}, False, 1, ["the guard restored stock: "]),
 ])
 def test_the_guard_judge(guard, armed, events, problems) -> None:
-    judged = safety_reading.judge({"guard": guard})
+    judged = safety_reading.judge(WORKSTATION, {"guard": guard})
     assert judged.observed["armed"] is armed and len(judged.observed["events"]) == events
     assert [problem[:len(prefix)] for problem, prefix
             in zip(judged.problems, problems, strict=True)] == problems
     assert [f"the guard {event}" for event in judged.observed["events"]] == \
         judged.problems[:events]
+
+
+@pytest.mark.parametrize(("peer", "expected", "observed", "problems"), [
+    (None, "stock", {"peer": False, "seen": "no peer advertises a ThunderboltIP service"},
+     ["no peer advertises a ThunderboltIP service"]),
+    ({"service": 1, "prtcstns": 0x1}, "candidate",
+     {"peer": True, "seen": "the peer advertises prtcstns 0x00000001"}, []),
+    # tx_e2e=1 needs the peer's E2E bit; the stock driver does not.
+    ({"service": 1, "prtcstns": 0x2}, "candidate",
+     {"peer": True, "seen": "the peer does not advertise E2E (service 1 prtcstns 0x00000002, "
+                            "bit 0 clear) under tx_e2e=1"},
+     ["the peer does not advertise E2E (service 1 prtcstns 0x00000002, bit 0 clear) under "
+      "tx_e2e=1"]),
+    ({"service": 1, "prtcstns": 0x2}, "stock",
+     {"peer": True, "seen": "the peer advertises prtcstns 0x00000002"}, []),
+])
+def test_the_peer_judge(peer, expected, observed, problems) -> None:
+    judged = driver_reading.judge_peer({"peer": peer}, Driver(expected))
+    assert judged.observed == observed
+    assert judged.problems == problems
+
+
+def connection(local: str, peer: str, *pids: int) -> dict:
+    return {"local": local, "peer": peer, "pids": list(pids)}
+
+
+ADDRESSES = ["127.0.0.1", "169.254.77.1", "10.0.0.1"]
+ACROSS = connection("169.254.77.1:40000", "169.254.77.2:5000", 11)
+OFF_LINK = connection("10.0.0.1:40001", "10.0.0.2:5000", 11)
+
+
+@pytest.mark.parametrize(("pid", "held", "problems"), [
+    # The rank's child holds the group's connection across the link.
+    (10, [ACROSS], []),
+    (10, [ACROSS, OFF_LINK], ["the TP group's transport is not thunderbolt0"]),
+    # A rank that is not running holds nothing, so none crosses the link.
+    (None, [], ["the TP group has no connection"]),
+])
+def test_the_connections_judge(pid, held, problems) -> None:
+    connections = {"connections": [ACROSS, OFF_LINK][:len(held)] if held else [ACROSS],
+                   "parents": {11: 10}, "addresses": ADDRESSES}
+    judged = serving_reading.judge_connections(WORKSTATION, {"pid": pid}, connections)
+    assert judged.observed["held"] == held
+    assert [problem[:len(prefix)] for problem, prefix
+            in zip(judged.problems, problems, strict=True)] == problems
+
+
+def answer(model_id: str, tokens: int = 8, status: int = 200) -> probes.Answer:
+    return probes.Answer("http://gw:4000", status, {
+        "choices": [{"message": {"content": "hello"}}], "usage": {"completion_tokens": tokens}},
+        {"x-litellm-model-id": model_id}, seconds=0.25)
+
+
+@pytest.mark.parametrize(("small", "fallback", "seen", "problems"), [
+    (answer("small-router"), False, "role small: served by small-router in 0.25s", []),
+    (answer("large-backend"), True, "role small: served by large-backend in 0.25s", []),
+    # Served, but not by whom the state says: small still on large after a return.
+    (answer("large-backend"), False, "role small: served by large-backend in 0.25s",
+     ["role small: it was served by deployment 'large-backend', not 'small-router'"]),
+    (answer("small-router", tokens=3), False, "role small: served by small-router in 0.25s",
+     ["role small: the completion has 3 tokens, 8 were asked for"]),
+])
+def test_the_roles_judge(small, fallback, seen, problems) -> None:
+    judged = gateway_reading.judge_roles(
+        {"roles": {"small": small, "large": answer("large-backend")}}, fallback, 8)
+    assert [each.observed["seen"] for each in judged] == [
+        seen, "role large: served by large-backend in 0.25s"]
+    assert [problem[:len(prefix)] for problem, prefix
+            in zip(judged[0].problems, problems, strict=True)] == problems
+    assert judged[1].problems == []
 
 
 def query_constructions(path: Path) -> list[int]:

@@ -9,6 +9,7 @@ import pytest
 from harness.hosts import remote, status
 from harness.hosts.status import Status, Unknown
 from harness.hosts.topology import Topology
+from operations.serving import reading as serving_reading
 from operations.serving.sglang import speculative_of
 from operations.site.hosts import InventoryEntry
 from operations.states import NEXTN_3_1_4, STATES
@@ -60,7 +61,10 @@ def test_the_driver_is_named_by_build_id_and_parameters():
                                                   f"build {CANDIDATE}")):
         readings = {name: reading(name, module=loaded, stock_build=STOCK)
                     for name in ("wsa", "wsb")}
-        assert status.driver_layer(TOPOLOGY, readings, []) == Unknown(reason)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(CandidateModule, "readable_build_id", property(lambda _: CANDIDATE))
+            seen = judged(driver_reading, readings)
+        assert status.driver_layer(TOPOLOGY, seen) == Unknown(reason)
 
 
 def test_nextn_is_recognised_under_the_name_sglang_reports():
@@ -81,14 +85,25 @@ def reading(host: str, **values: object) -> remote.Reading:
     return remote.Reading(host, values, 0.0)
 
 
+def judged(layer: object, readings: dict[str, remote.Reading]) -> dict:
+    """One layer's judgements of the workstations read, as status's one pass gives them."""
+    return {entry.name: layer.judge(entry.settings, readings[entry.name].values)
+            for entry in TOPOLOGY.workstations if not readings[entry.name].error}
+
+
+def serving(readings: dict[str, remote.Reading], rows: list, fronted: list) -> object:
+    return status.serving_layer(TOPOLOGY, judged(serving_reading, readings), readings, rows,
+                                fronted)
+
+
 def test_serving_is_tp2_only_with_each_rank_on_its_workstation_and_no_router():
     rows: list = []
     readings = {"wsa": reading("wsa", services=["sglang-tp2-rank0"]),
                 "wsb": reading("wsb", services=["sglang-tp2-rank1"]),
                 "gw": reading("gw", router=[])}
-    assert status.serving_layer(TOPOLOGY, readings, rows, []) == "tp2"
+    assert serving(readings, rows, []) == "tp2"
     readings["wsb"] = reading("wsb", services=["sglang-replica"])
-    value = status.serving_layer(TOPOLOGY, readings, rows, [])
+    value = serving(readings, rows, [])
     assert isinstance(value, Unknown) and "wsa tp2, wsb replicas" in value.reason
 
 
@@ -96,17 +111,17 @@ def test_replicas_without_their_router_are_not_production():
     readings = {"wsa": reading("wsa", services=["sglang-replica"]),
                 "wsb": reading("wsb", services=["sglang-replica"]),
                 "gw": reading("gw", router=["sglang-router"])}
-    assert status.serving_layer(TOPOLOGY, readings, [], []) == "replicas"
+    assert serving(readings, [], []) == "replicas"
     readings["gw"] = reading("gw", router=[])
-    assert "without sglang-router" in status.serving_layer(TOPOLOGY, readings, [], []).reason
+    assert "without sglang-router" in serving(readings, [], []).reason
 
 
 def test_a_pairs_tp_group_beside_a_router_that_fronts_other_pairs_is_tp2():
     readings = {"wsa": reading("wsa", services=["sglang-tp2-rank0"]),
                 "wsb": reading("wsb", services=["sglang-tp2-rank1"]),
                 "gw": reading("gw", router=["sglang-router"])}
-    assert "still running" in status.serving_layer(TOPOLOGY, readings, [], []).reason
-    assert status.serving_layer(TOPOLOGY, readings, [], ["http://10.0.0.14:30000"]) == "tp2"
+    assert "still running" in serving(readings, [], []).reason
+    assert serving(readings, [], ["http://10.0.0.14:30000"]) == "tp2"
 
 
 def test_observed_layers_match_exactly_one_declared_state():
@@ -137,3 +152,11 @@ def test_hosts_that_disagree_make_the_layer_unknown():
     assert status.agreed({"wsa": "stock", "wsb": "stock"}, "the driver") == "stock"
     mixed = status.agreed({"wsa": "stock", "wsb": "candidate"}, "the driver")
     assert mixed == Unknown("the driver differs: wsa stock, wsb candidate")
+
+
+def test_an_unreachable_workstation_serves_nothing_status_can_name():
+    readings = {"wsa": reading("wsa", services=["sglang-replica"]),
+                "wsb": remote.Reading("wsb", {}, 0.0, error="ssh: timed out"),
+                "gw": reading("gw", router=["sglang-router"])}
+    value = serving(readings, [], [])
+    assert isinstance(value, Unknown) and "wsb unknown: unreachable" in value.reason

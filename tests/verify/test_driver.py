@@ -115,7 +115,7 @@ def test_the_peer_advertises_e2e_while_the_candidate_runs(workstation, state: St
 def test_the_guard_is_armed_exactly_while_the_candidate_is_loaded(workstation,
                                                                   state: State) -> None:
     """A stall with no run watching is restored by the guard; a stock state needs none."""
-    armed = safety_reading.judge(read(workstation, safety_reading.reading(
+    armed = safety_reading.judge(workstation.settings, read(workstation, safety_reading.reading(
         workstation.settings))).observed["armed"]
     if state.driver == "candidate":
         assert armed, (
