@@ -15,6 +15,7 @@ the nearest state.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -244,30 +245,30 @@ def judged_workstations(topology: Topology, readings: dict[str, remote.Reading]
             for layer in WORKSTATION_LAYERS}
 
 
+def by_host(topology: Topology, judged: dict[str, Judgement],
+            value: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+    """Each workstation's ``value`` of what its layer observed; unknown where it was not read."""
+    return {entry.name: value(judged[entry.name].observed) if entry.name in judged
+            else Unknown("unreachable") for entry in topology.workstations}
+
+
+def driver_of(observed: dict[str, Any]) -> Any:
+    build = observed["build_id"]
+    return observed["driver"] or Unknown(f"build {build}" if build else "not loaded")
+
+
+def serving_of_host(observed: dict[str, Any]) -> Any:
+    return observed["serving"] or Unknown(", ".join(observed["running"]) or "nothing")
+
+
 def driver_layer(topology: Topology, judged: dict[str, Judgement]) -> Any:
-    seen = {}
-    for entry in topology.workstations:
-        if entry.name not in judged:
-            seen[entry.name] = Unknown("unreachable")
-            continue
-        observed = judged[entry.name].observed
-        build = observed["build_id"]
-        seen[entry.name] = observed["driver"] or Unknown(f"build {build}" if build
-                                                         else "not loaded")
-    return agreed(seen, "the driver")
+    return agreed(by_host(topology, judged, driver_of), "the driver")
 
 
 def serving_layer(topology: Topology, judged: dict[str, Judgement],
                   readings: dict[str, remote.Reading], rows: list[tuple[str, str, str]],
                   fronted: list[str]) -> Any:
-    shape = {}
-    for entry in topology.workstations:
-        if entry.name not in judged:
-            shape[entry.name] = Unknown("unreachable")
-            continue
-        observed = judged[entry.name].observed
-        shape[entry.name] = observed["serving"] or Unknown(", ".join(observed["running"])
-                                                           or "nothing")
+    shape = by_host(topology, judged, serving_of_host)
     router = False
     if topology.gateway:
         reading = readings[topology.gateway.name]

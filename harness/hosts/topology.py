@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar, Self
 
 from operations import bounds
 from operations.plumbing import keys
@@ -47,31 +48,37 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
-class Workstation(InventoryEntry):
-    """A workstation of the inventory with its typed settings, built once."""
+class TypedHost(InventoryEntry):
+    """
+    A host of the inventory with its typed settings (``SETTINGS``' kind),
+    built once, when the entry is.
+    """
 
-    settings: WorkstationSettings = field(init=False, hash=False, compare=False, repr=False)
+    SETTINGS: ClassVar[type[WorkstationSettings] | type[GatewaySettings]]
+    settings: Any = field(init=False, hash=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "settings", WorkstationSettings.of(self))
+        object.__setattr__(self, "settings", self.SETTINGS.of(self))
 
     @classmethod
-    def of(cls, entry: InventoryEntry) -> Workstation:
+    def of(cls, entry: InventoryEntry) -> Self:
         return entry if isinstance(entry, cls) else cls(entry.name, entry.groups, entry.data)
 
 
 @dataclass(frozen=True)
-class Gateway(InventoryEntry):
-    """The gateway of the inventory with its typed settings, built once."""
+class Workstation(TypedHost):
+    """A workstation of the inventory with its settings."""
 
+    SETTINGS = WorkstationSettings
+    settings: WorkstationSettings = field(init=False, hash=False, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Gateway(TypedHost):
+    """The gateway of the inventory with its settings."""
+
+    SETTINGS = GatewaySettings
     settings: GatewaySettings = field(init=False, hash=False, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "settings", GatewaySettings.of(self))
-
-    @classmethod
-    def of(cls, entry: InventoryEntry) -> Gateway:
-        return entry if isinstance(entry, cls) else cls(entry.name, entry.groups, entry.data)
 
 
 @dataclass(frozen=True)
